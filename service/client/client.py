@@ -1,0 +1,216 @@
+"""The cluster client: bootstrap with fail-over, one connection per broker, a metadata cache.
+
+Consumers of this class (group coordinators, fetchers) share one ``KafkaClient`` per tenant identity,
+so requests of many consumers are pipelined over the same broker connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from service.client.connection import BrokerConnection, ConnectionConfig, ManagedConnection
+from service.client.errors import (
+    BrokerResponseError,
+    KafkaConnectionError,
+    KafkaError,
+    NoBrokersAvailableError,
+)
+from service.client.metadata import ClusterMetadata
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+from service.protocol.schema import Struct
+
+log = logging.getLogger(__name__)
+
+_MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
+_CreatableTopic = M.struct("CreateTopicsRequest", "CreatableTopic")
+
+
+def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
+    items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        for prefix in ("PLAINTEXT://", "SSL://", "SASL_PLAINTEXT://", "SASL_SSL://", "tcp://"):
+            if item.upper().startswith(prefix.upper()):
+                item = item[len(prefix):]
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"bootstrap address {item!r} is not host:port")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ValueError("no bootstrap address given")
+    return out
+
+
+class KafkaClient:
+    def __init__(self, bootstrap: str | Iterable[str], config: ConnectionConfig | None = None,
+                 metadata_max_age: float = 300.0) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.config = config or ConnectionConfig()
+        self.metadata = ClusterMetadata()
+        self.metadata_max_age = metadata_max_age
+        self._conns: dict[int, ManagedConnection] = {}
+        self._bootstrap_conn: ManagedConnection | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._interest: set[str] = set()
+        self._all_topics = False
+        self._closed = False
+        self.metadata_refreshes = 0
+
+    # -- connections -------------------------------------------------------------------------------
+    def connection(self, node_id: int) -> ManagedConnection:
+        conn = self._conns.get(node_id)
+        broker = self.metadata.broker(node_id)
+        if conn is not None and broker is not None and (conn.host, conn.port) != (broker.host, broker.port):
+            # The broker moved: drop the old connection.
+            asyncio.get_running_loop().create_task(conn.close())
+            conn = None
+        if conn is None:
+            if broker is None:
+                raise KafkaConnectionError(f"broker {node_id} is not in the cluster metadata")
+            conn = ManagedConnection(broker.host, broker.port, self.config, node_id)
+            self._conns[node_id] = conn
+        return conn
+
+    async def any_connection(self) -> BrokerConnection:
+        """A live connection to some broker: known brokers first, then the bootstrap list."""
+        for mc in list(self._conns.values()):
+            if mc.current is not None:
+                return mc.current
+        candidates: list[tuple[str, int, int | None]] = [
+            (b.host, b.port, b.node_id) for b in self.metadata.brokers.values()
+        ]
+        random.shuffle(candidates)
+        candidates += [(h, p, None) for h, p in self.bootstrap]
+        errors: list[str] = []
+        for host, port, node_id in candidates:
+            try:
+                if node_id is not None:
+                    return await self.connection(node_id).get()
+                if self._bootstrap_conn is None or (self._bootstrap_conn.host, self._bootstrap_conn.port) != (host, port):
+                    if self._bootstrap_conn is not None:
+                        await self._bootstrap_conn.close()
+                    self._bootstrap_conn = ManagedConnection(host, port, self.config)
+                return await self._bootstrap_conn.get()
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                errors.append(f"{host}:{port}: {exc}")
+                if self._bootstrap_conn is not None and (self._bootstrap_conn.host, self._bootstrap_conn.port) == (host, port):
+                    await self._bootstrap_conn.close()
+                    self._bootstrap_conn = None
+        raise NoBrokersAvailableError("no broker reachable: " + "; ".join(errors))
+
+    async def send(self, node_id: int, req: Struct, version: int | None = None,
+                   timeout: float | None = None) -> Any:
+        try:
+            return await self.connection(node_id).send(req, version, timeout)
+        except KafkaConnectionError:
+            self.metadata.mark_stale()
+            raise
+
+    async def send_any(self, req: Struct, version: int | None = None, timeout: float | None = None) -> Any:
+        conn = await self.any_connection()
+        return await conn.send(req, version, timeout)
+
+    # -- metadata ----------------------------------------------------------------------------------
+    def add_interest(self, topics: Iterable[str]) -> None:
+        new = set(topics) - self._interest
+        if new:
+            self._interest |= new
+            for t in new:
+                self.metadata.mark_stale(t)
+
+    async def refresh_metadata(self, topics: Iterable[str] | None = None, *, all_topics: bool = False) -> ClusterMetadata:
+        """Fetch metadata now; concurrent callers share one request."""
+        if topics is not None:
+            self.add_interest(topics)
+        if all_topics:
+            self._all_topics = True
+        task = self._refresh_task
+        if task is None or task.done():
+            task = self._refresh_task = asyncio.create_task(self._refresh())
+        await asyncio.shield(task)
+        return self.metadata
+
+    async def _refresh(self) -> None:
+        requested = None if self._all_topics else sorted(self._interest)
+        conn = await self.any_connection()
+        version = conn.version_for(M.ApiKey.METADATA)
+        topics = None if requested is None else [_MetaTopic(name=t) for t in requested]
+        req = M.MetadataRequest(topics=topics, allow_auto_topic_creation=False)
+        resp = await conn.send(req, version)
+        self.metadata.update(resp, requested_topics=requested)
+        self.metadata_refreshes += 1
+
+    async def ensure_metadata(self, topics: Iterable[str] = ()) -> ClusterMetadata:
+        topics = list(topics)
+        missing = [t for t in topics if t not in self.metadata.topics]
+        if missing or self.metadata.needs_refresh or not self.metadata.brokers:
+            await self.refresh_metadata(topics)
+        return self.metadata
+
+    def invalidate(self, topic: str | None = None) -> None:
+        self.metadata.mark_stale(topic)
+
+    def handle_error_code(self, code: int, topic: str | None = None) -> None:
+        """Mark metadata stale for errors that mean leadership or topic identity changed."""
+        if code in EC.METADATA_REFRESH_CODES:
+            self.metadata.mark_stale(topic)
+
+    async def leader_connection(self, topic: str, partition: int) -> ManagedConnection:
+        leader = self.metadata.leader(topic, partition)
+        if leader is None:
+            await self.refresh_metadata([topic])
+            leader = self.metadata.leader(topic, partition)
+            if leader is None:
+                code = self.metadata.topic_error(topic) or EC.LEADER_NOT_AVAILABLE
+                raise BrokerResponseError(code, f"{topic}-{partition}")
+        return self.connection(leader)
+
+    # -- admin helpers (used by tests and dev tooling) ------------------------------------------------
+    async def create_topics(self, topics: dict[str, int], replication_factor: int = 1,
+                            timeout_ms: int = 10000, configs: dict[str, dict[str, str]] | None = None) -> None:
+        Cfg = M.struct("CreateTopicsRequest", "CreatableTopicConfig")
+        creatable = [
+            _CreatableTopic(
+                name=name, num_partitions=n, replication_factor=replication_factor,
+                configs=[Cfg(name=k, value=v) for k, v in (configs or {}).get(name, {}).items()],
+            )
+            for name, n in topics.items()
+        ]
+        await self.ensure_metadata()
+        target = self.metadata.controller_id
+        req = M.CreateTopicsRequest(topics=creatable, timeout_ms=timeout_ms)
+        if target is not None and target >= 0 and self.metadata.broker(target) is not None:
+            resp = await self.send(target, req)
+        else:
+            resp = await self.send_any(req)
+        for r in resp.topics:
+            if r.error_code and r.error_code != EC.TOPIC_ALREADY_EXISTS:
+                raise BrokerResponseError(r.error_code, f"CreateTopics {r.name}", r.error_message)
+        await self.refresh_metadata(list(topics))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._refresh_task is not None and not self._refresh_task.done():
+            self._refresh_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._refresh_task
+        conns = list(self._conns.values())
+        if self._bootstrap_conn is not None:
+            conns.append(self._bootstrap_conn)
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        self._conns.clear()
+
+    def with_config(self, **changes: Any) -> ConnectionConfig:
+        return replace(self.config, **changes)

@@ -1,0 +1,402 @@
+"""One asyncio connection to one broker, pipelining many requests by correlation id.
+
+The connection negotiates API versions (ApiVersions), authenticates (SASL PLAIN / SCRAM over
+SaslHandshake v1 + SaslAuthenticate) and optionally runs over TLS. Requests are written as soon as
+they are sent; a single reader task matches responses to waiters by correlation id. When the socket
+breaks, every pending request fails at once with a retriable :class:`KafkaConnectionError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.client.errors import (
+    AuthenticationError,
+    BrokerResponseError,
+    FrameTooLargeError,
+    KafkaConnectionError,
+    KafkaError,
+    RequestTimeoutError,
+)
+from service.client.versions import NegotiatedVersions, VersionRange
+from service.protocol import error_codes as EC
+from service.protocol import frames
+from service.protocol import messages as M
+from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError
+from service.protocol.schema import Struct
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+CLIENT_SOFTWARE_NAME = "kafka-consumer-gateway"
+CLIENT_SOFTWARE_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class SaslConfig:
+    mechanism: str  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    client_id: str = "kafka-consumer-gateway"
+    request_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    max_frame_bytes: int = 256 * 1024 * 1024
+    ssl_context: ssl.SSLContext | None = None
+    ssl_server_hostname: str | None = None
+    sasl: SaslConfig | None = None
+
+
+@dataclass(slots=True)
+class _Pending:
+    api_key: int
+    version: int
+    future: asyncio.Future[Any]
+    raw: bool
+
+
+class BrokerConnection:
+    """A connected, negotiated and authenticated socket. Create with :meth:`open`."""
+
+    def __init__(self, host: str, port: int, config: ConnectionConfig, node_id: int | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.config = config
+        self.versions: NegotiatedVersions | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._next_corr = 0
+        self._read_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._close_reason: KafkaError | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def __repr__(self) -> str:
+        return f"BrokerConnection(node={self.node_id}, {self.host}:{self.port})"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and self._writer is not None
+
+    @classmethod
+    async def open(
+        cls, host: str, port: int, config: ConnectionConfig, node_id: int | None = None
+    ) -> BrokerConnection:
+        conn = cls(host, port, config, node_id)
+        try:
+            await conn._connect()
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _connect(self) -> None:
+        cfg = self.config
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.host,
+                    self.port,
+                    ssl=cfg.ssl_context,
+                    server_hostname=(cfg.ssl_server_hostname or self.host) if cfg.ssl_context else None,
+                    limit=1 << 20,
+                ),
+                cfg.connect_timeout,
+            )
+        except ssl.SSLError as exc:
+            raise AuthenticationError(f"TLS handshake with {self.address} failed: {exc}") from exc
+        except TimeoutError as exc:
+            raise KafkaConnectionError(f"connecting to {self.address} timed out") from exc
+        except OSError as exc:
+            raise KafkaConnectionError(f"cannot connect to {self.address}: {exc}") from exc
+        self._read_task = asyncio.create_task(self._read_loop(), name=f"kafka-read-{self.address}")
+        self.versions = await self._negotiate()
+        if cfg.sasl is not None:
+            await self._authenticate(cfg.sasl)
+
+    # -- negotiation -------------------------------------------------------------------------
+    async def _negotiate(self) -> NegotiatedVersions:
+        ours_lo, ours_hi = M.REQUESTS[M.ApiKey.API_VERSIONS].schema.versions
+        version = ours_hi
+        for _ in range(3):
+            req = M.ApiVersionsRequest(
+                client_software_name=CLIENT_SOFTWARE_NAME, client_software_version=CLIENT_SOFTWARE_VERSION
+            )
+            raw = await self._send_raw(req, version, raw=True)
+            try:
+                resp = frames.decode_response(M.ApiKey.API_VERSIONS, version, raw)
+            except ProtocolDecodeError:
+                # A broker that does not know our version answers in v0 format.
+                resp = frames.decode_response(M.ApiKey.API_VERSIONS, 0, raw)
+            if resp.error_code == EC.UNSUPPORTED_VERSION:
+                theirs = {k.api_key: (k.min_version, k.max_version) for k in resp.api_keys}
+                rng = theirs.get(M.ApiKey.API_VERSIONS, (0, 0))
+                nxt = min(ours_hi, rng[1])
+                if nxt >= version or nxt < ours_lo:
+                    break
+                version = nxt
+                continue
+            if resp.error_code:
+                raise BrokerResponseError(resp.error_code, f"ApiVersions from {self.address}")
+            broker: dict[int, VersionRange] = {
+                k.api_key: (k.min_version, k.max_version) for k in resp.api_keys
+            }
+            return NegotiatedVersions(broker)
+        raise KafkaConnectionError(f"{self.address} rejected every ApiVersions version", retriable=False)
+
+    # -- SASL ------------------------------------------------------------------------------------
+    async def _authenticate(self, sasl_cfg: SaslConfig) -> None:
+        from service.client.sasl import SaslAuthenticationError, create_mechanism
+
+        mech = create_mechanism(sasl_cfg.mechanism, sasl_cfg.username, sasl_cfg.password)
+        hs = await self.send(M.SaslHandshakeRequest(mechanism=sasl_cfg.mechanism))
+        if hs.error_code == EC.UNSUPPORTED_SASL_MECHANISM:
+            raise AuthenticationError(
+                f"{self.address} does not enable SASL mechanism {sasl_cfg.mechanism}; "
+                f"enabled: {', '.join(hs.mechanisms) or 'none'}"
+            )
+        if hs.error_code:
+            raise AuthenticationError(f"SaslHandshake with {self.address} failed: {EC.describe(hs.error_code).name}")
+        if not self.versions or not self.versions.has(M.ApiKey.SASL_AUTHENTICATE):
+            raise AuthenticationError(f"{self.address} does not support SaslAuthenticate (Kafka < 1.0)")
+        token: bytes | None = mech.initial_response()
+        try:
+            while token is not None:
+                resp = await self.send(M.SaslAuthenticateRequest(auth_bytes=token))
+                if resp.error_code:
+                    detail = resp.error_message or EC.describe(resp.error_code).name
+                    raise AuthenticationError(
+                        f"SASL {sasl_cfg.mechanism} authentication as {sasl_cfg.username!r} "
+                        f"to {self.address} failed: {detail}"
+                    )
+                token = mech.respond(resp.auth_bytes or b"")
+        except SaslAuthenticationError as exc:
+            raise AuthenticationError(f"SASL {sasl_cfg.mechanism} with {self.address} failed: {exc}") from exc
+        except KafkaConnectionError as exc:
+            raise AuthenticationError(
+                f"{self.address} closed the connection during SASL {sasl_cfg.mechanism} authentication"
+            ) from exc
+        if not mech.complete:
+            raise AuthenticationError(f"SASL {sasl_cfg.mechanism} with {self.address} did not complete")
+
+    # -- requests ----------------------------------------------------------------------------------
+    def version_for(self, api_key: int) -> int:
+        assert self.versions is not None
+        return self.versions.version(api_key)
+
+    async def send(self, req: Struct, version: int | None = None, timeout: float | None = None) -> Any:
+        """Send ``req`` (at the negotiated version unless given) and await its decoded response."""
+        api_key = frames.api_key_of(req)
+        if version is None:
+            version = self.version_for(api_key)
+        return await self._send_raw(req, version, raw=False, timeout=timeout)
+
+    async def _send_raw(self, req: Struct, version: int, *, raw: bool, timeout: float | None = None) -> Any:
+        if self._closed or self._writer is None:
+            raise self._close_reason or KafkaConnectionError(f"connection to {self.address} is closed")
+        corr = self._next_corr
+        self._next_corr = (corr + 1) & 0x7FFFFFFF
+        frame = frames.encode_request(req, version, corr, self.config.client_id)
+        api_key = frames.api_key_of(req)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[corr] = _Pending(api_key, version, fut, raw)
+        self._writer.write(frame)
+        self.bytes_sent += len(frame)
+        try:
+            if self._writer.transport.get_write_buffer_size() > 1 << 20:
+                await self._writer.drain()
+            return await asyncio.wait_for(fut, timeout if timeout is not None else self.config.request_timeout)
+        except TimeoutError:
+            self._pending.pop(corr, None)
+            raise RequestTimeoutError(
+                f"{type(req).__name__} v{version} to {self.address} timed out after "
+                f"{timeout if timeout is not None else self.config.request_timeout:.1f}s"
+            ) from None
+        except (ConnectionError, OSError) as exc:
+            self._pending.pop(corr, None)
+            err = KafkaConnectionError(f"connection to {self.address} lost: {exc}")
+            self._fail(err)
+            raise err from exc
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        reader = self._reader
+        guard = self.config.max_frame_bytes
+        err: KafkaError
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = _SIZE.unpack(head)
+                if size < 4 or size > guard:
+                    raise FrameTooLargeError(
+                        f"{self.address} sent a frame of {size} bytes (guard {guard}); "
+                        "is this a Kafka listener with the right security protocol?"
+                    )
+                payload = await reader.readexactly(size)
+                self.bytes_received += size + 4
+                corr = frames.response_correlation_id(payload)
+                p = self._pending.pop(corr, None)
+                if p is None or p.future.done():
+                    continue  # the waiter timed out or was cancelled
+                if p.raw:
+                    p.future.set_result(payload)
+                    continue
+                try:
+                    p.future.set_result(frames.decode_response(p.api_key, p.version, payload))
+                except KafkaProtocolError as exc:
+                    p.future.set_exception(exc)
+        except asyncio.IncompleteReadError:
+            err = KafkaConnectionError(f"{self.address} closed the connection")
+        except (ConnectionError, OSError) as exc:
+            err = KafkaConnectionError(f"connection to {self.address} lost: {exc}")
+        except KafkaError as exc:
+            err = exc
+        except asyncio.CancelledError:
+            err = KafkaConnectionError(f"connection to {self.address} closed")
+            self._fail(err)
+            raise
+        except Exception as exc:  # pragma: no cover - defensive: never kill the loop silently
+            log.exception("unexpected error reading from %s", self.address)
+            err = KafkaConnectionError(f"connection to {self.address} failed: {exc!r}")
+        self._fail(err)
+
+    def _fail(self, err: KafkaError) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_reason = err
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+        if self._writer is not None:
+            self._writer.close()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def close(self) -> None:
+        self._fail(KafkaConnectionError(f"connection to {self.address} closed"))
+        if self._read_task is not None and not self._read_task.done():
+            self._read_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._read_task
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+
+    async def wait_closed(self) -> None:
+        if self._read_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(self._read_task)
+
+
+class Backoff:
+    """Exponential backoff with jitter (pure; the caller sleeps)."""
+
+    def __init__(self, initial: float = 0.1, maximum: float = 10.0, factor: float = 2.0, jitter: float = 0.2,
+                 rng: Any = None) -> None:
+        import random
+
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self.jitter = jitter
+        self.failures = 0
+        self._rng = rng or random.Random()
+        self.not_before = 0.0
+
+    def failure(self, now: float | None = None) -> float:
+        base = min(self.maximum, self.initial * (self.factor**self.failures))
+        self.failures += 1
+        delay = base * (1 + self.jitter * (2 * self._rng.random() - 1))
+        self.not_before = (time.monotonic() if now is None else now) + delay
+        return delay
+
+    def success(self) -> None:
+        self.failures = 0
+        self.not_before = 0.0
+
+    def remaining(self, now: float | None = None) -> float:
+        return max(0.0, self.not_before - (time.monotonic() if now is None else now))
+
+
+class ManagedConnection:
+    """A connection to one broker that reconnects on demand with backoff; safe for concurrent senders."""
+
+    def __init__(self, host: str, port: int, config: ConnectionConfig, node_id: int | None = None,
+                 backoff: Backoff | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.config = config
+        self.backoff = backoff or Backoff()
+        self._conn: BrokerConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.reconnects = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def current(self) -> BrokerConnection | None:
+        return self._conn if self._conn is not None and self._conn.connected else None
+
+    async def get(self) -> BrokerConnection:
+        conn = self._conn
+        if conn is not None and conn.connected:
+            return conn
+        async with self._lock:
+            if self._closed:
+                raise KafkaConnectionError(f"connection to {self.address} was closed by its owner",
+                                           retriable=False)
+            conn = self._conn
+            if conn is not None and conn.connected:
+                return conn
+            wait = self.backoff.remaining()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                conn = await BrokerConnection.open(self.host, self.port, self.config, self.node_id)
+            except AuthenticationError:
+                self.backoff.failure()
+                raise
+            except KafkaError:
+                self.backoff.failure()
+                raise
+            if self._conn is not None:
+                self.reconnects += 1
+            self._conn = conn
+            self.backoff.success()
+            return conn
+
+    async def send(self, req: Struct, version: int | None = None, timeout: float | None = None) -> Any:
+        conn = await self.get()
+        return await conn.send(req, version, timeout)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            await self._conn.close()

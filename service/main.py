@@ -1,0 +1,51 @@
+"""Process entry point (``consumer-gateway``): settings, embedded broker when needed, HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import uvicorn
+
+from service.embedded import EmbeddedBroker
+from service.settings import Settings
+
+log = logging.getLogger("gateway")
+
+
+async def serve(settings: Settings) -> None:
+    from api.app import create_app
+
+    broker: EmbeddedBroker | None = None
+    bootstrap = settings.kafka_bootstrap
+    if not bootstrap:
+        broker = EmbeddedBroker(port=settings.embedded_broker_port, storage=settings.embedded_broker_storage)
+        await broker.astart()
+        bootstrap = broker.bootstrap
+        print(f"embedded Tansu broker listening; Kafka bootstrap address: {bootstrap}", flush=True)
+    try:
+        app = create_app(settings, bootstrap)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                                lifespan="on", access_log=False)
+        server = uvicorn.Server(config)
+        print(f"gateway HTTP on http://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
+        await server.serve()
+    finally:
+        if broker is not None:
+            await broker.astop()
+            print("embedded broker stopped", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

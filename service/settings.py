@@ -1,0 +1,67 @@
+"""Gateway configuration from environment variables with the ``GATEWAY_`` prefix (pydantic-settings)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.client.connection import ConnectionConfig, SaslConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="HTTP listen address")
+    port: int = Field(8080, ge=0, le=65535, description="HTTP listen port")
+    kafka_bootstrap: str | None = Field(
+        None, description="Kafka bootstrap servers (host:port,...). Unset: start an embedded Tansu broker"
+    )
+    embedded_broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0: a free port)")
+    embedded_broker_storage: str | None = Field(None, description="Tansu storage URL (default memory://)")
+    client_id: str = "kafka-consumer-gateway"
+    request_timeout_ms: int = Field(30000, gt=0)
+    connect_timeout_ms: int = Field(10000, gt=0)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    log_level: str = "INFO"
+
+    def connection_config(self) -> ConnectionConfig:
+        ctx = None
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            ctx = build_ssl_context(
+                self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile,
+                self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+                self.ssl_check_hostname,
+            )
+        sasl = None
+        if self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError("SASL needs GATEWAY_SASL_USERNAME and GATEWAY_SASL_PASSWORD")
+            sasl = SaslConfig(self.sasl_mechanism, self.sasl_username, self.sasl_password.get_secret_value())
+        return ConnectionConfig(
+            client_id=self.client_id,
+            request_timeout=self.request_timeout_ms / 1000,
+            connect_timeout=self.connect_timeout_ms / 1000,
+            ssl_context=ctx,
+            sasl=sasl,
+        )
+
+
+def build_ssl_context(cafile: str | None = None, certfile: str | None = None, keyfile: str | None = None,
+                      key_password: str | None = None, check_hostname: bool = True) -> ssl.SSLContext:
+    """A client TLS context: system CAs or ``cafile``; a client certificate for mutual TLS when given."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    ctx.check_hostname = check_hostname
+    if certfile:
+        ctx.load_cert_chain(certfile, keyfile, key_password)
+    return ctx

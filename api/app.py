@@ -6,9 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Response
-from fastapi.responses import ORJSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.responses import OrjsonResponse
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.metrics import GatewayMetrics
@@ -28,7 +28,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             await client.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
-                  default_response_class=ORJSONResponse)
+                  default_response_class=OrjsonResponse)
     app.state.settings = settings
     app.state.client = client
     app.state.metrics = metrics
@@ -42,9 +42,9 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         try:
             await client.refresh_metadata()
         except KafkaError as exc:
-            return ORJSONResponse({"status": "unavailable", "error_code": 50302, "message": str(exc)},
+            return OrjsonResponse({"status": "unavailable", "error_code": 50302, "message": str(exc)},
                                   status_code=503)
-        return ORJSONResponse({"status": "ready", "brokers": len(client.metadata.brokers)})
+        return OrjsonResponse({"status": "ready", "brokers": len(client.metadata.brokers)})
 
     @app.get("/metrics", tags=["ops"])
     async def prom_metrics() -> Response:

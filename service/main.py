@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -21,7 +23,8 @@ async def serve(settings: Settings) -> None:
     bootstrap = settings.kafka_bootstrap
     if not bootstrap:
         broker = EmbeddedBroker(port=settings.embedded_broker_port, storage=settings.embedded_broker_storage)
-        await broker.astart()
+        # Started from the main thread: PR_SET_PDEATHSIG follows the thread that forks the child.
+        broker.start()
         bootstrap = broker.bootstrap
         print(f"embedded Tansu broker listening; Kafka bootstrap address: {bootstrap}", flush=True)
     try:
@@ -29,11 +32,23 @@ async def serve(settings: Settings) -> None:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False)
         server = uvicorn.Server(config)
+        # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
+        # process before the embedded broker is stopped).
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+
+        def _stop() -> None:
+            if server.should_exit:
+                server.force_exit = True
+            server.should_exit = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _stop)
         print(f"gateway HTTP on http://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
         await server.serve()
     finally:
         if broker is not None:
-            await broker.astop()
+            broker.stop()
             print("embedded broker stopped", flush=True)
 
 

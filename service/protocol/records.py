@@ -1,0 +1,695 @@
+"""Kafka record batches (magic 2): walking a fetch's records blob, decoding, encoding.
+
+Everything here is sans-io and side-effect free. The hot path is:
+
+    it = iter_batches(blob, topic=t, partition=p)
+    for batch in it:                       # header parsed, CRC checked, nothing decoded yet
+        if batch.is_control: ...           # e.g. batch.control_type() for COMMIT/ABORT markers
+        records = batch.decode()           # list[Record]; decompresses first if needed
+    if it.oversized_first_batch: ...       # nothing fit: the first batch is bigger than the fetch size
+
+``decode_records`` does the same eagerly and returns a :class:`RecordSet`.
+
+Record decoding has two interchangeable implementations: the C accelerator
+``service.protocol._crecords`` (built by ``hatch_build.py``) and a pure-Python fallback. The C one is
+used when it can be imported unless ``KCG_NO_CEXT=1`` is set in the environment at import time;
+``use_c_extension()`` switches at run time (tests use it to cover both paths).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import cramjam
+import crc32c as _crc32c
+
+from service.protocol.errors import (
+    CorruptRecordError,
+    ProtocolDecodeError,
+    UnsupportedMessageFormatError,
+)
+from service.protocol.primitives import read_uvarint, write_varint
+
+__all__ = [
+    "BATCH_HEADER_SIZE",
+    "C_EXTENSION_AVAILABLE",
+    "LOG_OVERHEAD",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "BatchIterator",
+    "Compression",
+    "ControlType",
+    "Header",
+    "Record",
+    "RecordBatch",
+    "RecordSet",
+    "build_batch",
+    "build_control_batch",
+    "compress",
+    "decode_records",
+    "decompress",
+    "iter_batches",
+    "use_c_extension",
+    "using_c_extension",
+]
+
+# -- layout ---------------------------------------------------------------------------------------
+# base offset, batch length | partition leader epoch, magic, crc, attributes, last offset delta,
+# base timestamp, max timestamp, producer id, producer epoch, base sequence, records count
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_CONTROL_KEY = struct.Struct(">hh")
+_TXN_MARKER_VALUE = struct.Struct(">hi")
+_INT32 = struct.Struct(">i")
+
+LOG_OVERHEAD = 12  # base offset + batch length: the part not counted by batch length
+BATCH_HEADER_SIZE = _BATCH_HEADER.size  # 61
+_MIN_BATCH_LENGTH = BATCH_HEADER_SIZE - LOG_OVERHEAD  # 49
+_MAGIC_POS = 16
+_CRC_START = 21  # the CRC covers attributes .. end of batch
+_MIN_RECORD_SIZE = 7  # length varint + attributes, ts delta, offset delta, key len, value len, header count
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+_COMPRESSION_MASK = 0x07
+_LOG_APPEND_TIME = 0x08
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER_SIZE = 16
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class ControlType(enum.IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+Header = tuple[str, bytes | None]
+
+
+class Record(NamedTuple):
+    """One decoded record; a plain tuple underneath (the C decoder builds these directly)."""
+
+    offset: int  # absolute
+    timestamp: int  # absolute, ms since the epoch (the batch's max timestamp under log-append time)
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+
+
+# -- codecs ---------------------------------------------------------------------------------------
+def _snappy_decompress(data: bytes | memoryview) -> bytes:
+    mv = memoryview(data)
+    if len(mv) < _XERIAL_HEADER_SIZE or mv[:8] != _XERIAL_MAGIC:
+        return bytes(cramjam.snappy.decompress_raw(mv))
+    # xerial framing: 16-byte header, then (int32 length, raw snappy chunk)*
+    parts: list[bytes] = []
+    pos = _XERIAL_HEADER_SIZE
+    end = len(mv)
+    while pos < end:
+        if end - pos < 4:
+            raise ValueError("truncated xerial snappy block length")
+        (n,) = _INT32.unpack_from(mv, pos)
+        pos += 4
+        if n < 0 or pos + n > end:
+            raise ValueError("xerial snappy block runs past the end of the data")
+        parts.append(bytes(cramjam.snappy.decompress_raw(mv[pos:pos + n])))
+        pos += n
+    return b"".join(parts)
+
+
+def _lz4_compress(data: bytes) -> bytes:
+    # Independent blocks: Kafka's Java reader decompresses each frame block on its own.
+    c = cramjam.lz4.Compressor(block_linked=False, content_checksum=False)
+    c.compress(data)
+    return bytes(c.finish())
+
+
+def _gzip_decompress(data: bytes | memoryview) -> bytes:
+    return bytes(cramjam.gzip.decompress(data))
+
+
+def decompress(compression: int, data: bytes | memoryview) -> bytes:
+    """Decompress a batch's records section. Raises ValueError for an unknown codec."""
+    if compression == Compression.LZ4:
+        return bytes(cramjam.lz4.decompress(data))
+    if compression == Compression.ZSTD:
+        return bytes(cramjam.zstd.decompress(data))
+    if compression == Compression.SNAPPY:
+        return _snappy_decompress(data)
+    if compression == Compression.GZIP:
+        return _gzip_decompress(data)
+    if compression == Compression.NONE:
+        return bytes(data)
+    raise ValueError(f"unknown compression type {compression}")
+
+
+def compress(compression: int, data: bytes) -> bytes:
+    """Compress a records section the way the common Kafka clients do (raw snappy, lz4 frame...)."""
+    if compression == Compression.NONE:
+        return data
+    if compression == Compression.GZIP:
+        return bytes(cramjam.gzip.compress(data))
+    if compression == Compression.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if compression == Compression.LZ4:
+        return _lz4_compress(data)
+    if compression == Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data, level=3))
+    raise ValueError(f"unknown compression type {compression}")
+
+
+# -- record section decoders ----------------------------------------------------------------------
+# Signature shared by both implementations:
+#   (buf, start, end, count, base_offset, base_timestamp, log_append_timestamp | None, record_type)
+# They raise ValueError on malformed input; callers turn that into CorruptRecordError.
+SectionDecoder = Callable[[Any, int, int, int, int, int, "int | None", type], list[Record]]
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    u, pos = read_uvarint(buf, pos)
+    return (u >> 1) ^ -(u & 1), pos
+
+
+def _decode_section_py(buf: Any, start: int, end: int, count: int, base_offset: int,
+                       base_timestamp: int, append_timestamp: int | None,
+                       record_type: type = Record) -> list[Record]:
+    if not isinstance(buf, bytes):
+        buf = bytes(memoryview(buf)[start:end])
+        end -= start
+        start = 0
+    if count < 0:
+        raise ValueError(f"negative records count {count}")
+    if count * _MIN_RECORD_SIZE > end - start:
+        raise ValueError(f"records count {count} cannot fit in {end - start} bytes")
+    new = tuple.__new__
+    out: list[Record] = []
+    append = out.append
+    pos = start
+    try:
+        for i in range(count):
+            b = buf[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos)
+            rec_end = pos + length
+            if length < _MIN_RECORD_SIZE - 1 or rec_end > end:
+                raise ValueError(f"record {i} has a bad length {length}")
+            pos += 1  # attributes: unused
+            b = buf[pos]
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                ts_delta, pos = _varint(buf, pos)
+            b = buf[pos]
+            if b < 0x80:
+                off_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                off_delta, pos = _varint(buf, pos)
+            b = buf[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            if n >= 0:
+                key: bytes | None = buf[pos:pos + n]
+                pos += n
+            elif n == -1:
+                key = None
+            else:
+                raise ValueError(f"record {i} has a bad key length {n}")
+            b = buf[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            if n >= 0:
+                value: bytes | None = buf[pos:pos + n]
+                pos += n
+            elif n == -1:
+                value = None
+            else:
+                raise ValueError(f"record {i} has a bad value length {n}")
+            b = buf[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            headers: list[Header] = []
+            if n:
+                if n < 0:
+                    raise ValueError(f"record {i} has a bad header count {n}")
+                for _ in range(n):
+                    hk, pos = _varint(buf, pos)
+                    if hk < 0 or pos + hk > rec_end:
+                        raise ValueError(f"record {i} has a bad header key length {hk}")
+                    hkey = str(buf[pos:pos + hk], "utf-8")
+                    pos += hk
+                    hv, pos = _varint(buf, pos)
+                    if hv >= 0:
+                        hval: bytes | None = buf[pos:pos + hv]
+                        pos += hv
+                    elif hv == -1:
+                        hval = None
+                    else:
+                        raise ValueError(f"record {i} has a bad header value length {hv}")
+                    if pos > rec_end:
+                        raise ValueError(f"record {i}: header runs past the record")
+                    headers.append((hkey, hval))
+            if pos != rec_end:
+                raise ValueError(f"record {i}: fields take {pos - rec_end + length} bytes, "
+                                 f"its length says {length}")
+            append(new(record_type, (
+                base_offset + off_delta,
+                base_timestamp + ts_delta if append_timestamp is None else append_timestamp,
+                key, value, headers)))
+    except (IndexError, ProtocolDecodeError) as e:
+        raise ValueError(f"record runs past the end of the batch ({e})") from None
+    if pos != end:
+        raise ValueError(f"{end - pos} bytes left over after {count} records")
+    return out
+
+
+try:
+    if os.environ.get("KCG_NO_CEXT", "") not in ("", "0"):
+        raise ImportError("disabled by KCG_NO_CEXT")
+    from service.protocol import _crecords  # type: ignore[attr-defined]
+
+    C_EXTENSION_AVAILABLE = True
+    _C_IMPORT_ERROR: str | None = None
+except ImportError as _e:  # not built, or disabled
+    _crecords = None
+    C_EXTENSION_AVAILABLE = False
+    _C_IMPORT_ERROR = str(_e)
+
+_decode_section: SectionDecoder = (
+    _crecords.decode_records if _crecords is not None else _decode_section_py)
+
+
+def use_c_extension(enabled: bool) -> None:
+    """Select the record decoder. ``True`` raises ImportError when the extension is not available."""
+    global _decode_section
+    if enabled:
+        if _crecords is None:
+            raise ImportError(f"service.protocol._crecords is not available: {_C_IMPORT_ERROR}")
+        _decode_section = _crecords.decode_records
+    else:
+        _decode_section = _decode_section_py
+
+
+def using_c_extension() -> bool:
+    return _decode_section is not _decode_section_py
+
+
+# -- batches --------------------------------------------------------------------------------------
+class RecordBatch:
+    """A magic-2 batch header plus a reference to its (possibly compressed) records section.
+
+    ``records`` stays ``None`` until ``decode()`` is called (``decode_records`` does it eagerly).
+    """
+
+    __slots__ = (
+        "_buf",
+        "_end",
+        "_start",
+        "attributes",
+        "base_offset",
+        "base_sequence",
+        "base_timestamp",
+        "batch_length",
+        "crc",
+        "last_offset_delta",
+        "magic",
+        "max_timestamp",
+        "partition",
+        "partition_leader_epoch",
+        "producer_epoch",
+        "producer_id",
+        "records",
+        "records_count",
+        "topic",
+    )
+
+    def __init__(self, header: tuple[int, ...], buf: Any, start: int, end: int,
+                 topic: str | None = None, partition: int | None = None) -> None:
+        (self.base_offset, self.batch_length, self.partition_leader_epoch, self.magic, self.crc,
+         self.attributes, self.last_offset_delta, self.base_timestamp, self.max_timestamp,
+         self.producer_id, self.producer_epoch, self.base_sequence, self.records_count) = header
+        self._buf = buf
+        self._start = start
+        self._end = end
+        self.topic = topic
+        self.partition = partition
+        self.records: list[Record] | None = None
+
+    # header-derived properties
+    @property
+    def first_timestamp(self) -> int:
+        return self.base_timestamp
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & _COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 = create time, 1 = log-append time (every record's timestamp is ``max_timestamp``)."""
+        return 1 if self.attributes & _LOG_APPEND_TIME else 0
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & _LOG_APPEND_TIME)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL)
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def size(self) -> int:
+        """Bytes this batch takes in the blob."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def raw_records(self) -> memoryview:
+        """The records section as on the wire (compressed if the batch is)."""
+        return memoryview(self._buf)[self._start:self._end]
+
+    def _corrupt(self, message: str) -> CorruptRecordError:
+        return CorruptRecordError(message, topic=self.topic, partition=self.partition,
+                                  offset=self.base_offset)
+
+    def decode(self) -> list[Record]:
+        """Decompress (if needed) and decode the records; the result is also kept in ``records``."""
+        compression = self.attributes & _COMPRESSION_MASK
+        if compression:
+            try:
+                buf: Any = decompress(compression, memoryview(self._buf)[self._start:self._end])
+            except Exception as e:  # codec libraries raise their own error types
+                raise self._corrupt(f"cannot decompress record batch ({Compression(compression).name if compression <= 4 else compression}): {e}") from None
+            start, end = 0, len(buf)
+        else:
+            buf, start, end = self._buf, self._start, self._end
+        append_ts = self.max_timestamp if self.attributes & _LOG_APPEND_TIME else None
+        try:
+            records = _decode_section(buf, start, end, self.records_count, self.base_offset,
+                                      self.base_timestamp, append_ts, Record)
+        except ValueError as e:
+            raise self._corrupt(f"corrupt record batch: {e}") from None
+        self.records = records
+        return records
+
+    def control_type(self) -> ControlType | int | None:
+        """For a control batch, the marker type of its (single) control record: ABORT or COMMIT.
+
+        Returns None for a non-control batch; an unknown type is returned as a plain int.
+        """
+        if not self.attributes & _CONTROL:
+            return None
+        records = self.records if self.records is not None else self.decode()
+        if not records:
+            raise self._corrupt("control batch without records")
+        key = records[0].key
+        if key is None or len(key) < _CONTROL_KEY.size:
+            raise self._corrupt("control record with a short key")
+        _version, ctype = _CONTROL_KEY.unpack_from(key)
+        try:
+            return ControlType(ctype)
+        except ValueError:
+            return ctype
+
+    def __repr__(self) -> str:
+        flags = "".join((" txn" if self.is_transactional else "", " control" if self.is_control else "",
+                         " log-append" if self.is_log_append_time else ""))
+        return (f"<RecordBatch offsets={self.base_offset}..{self.last_offset} count={self.records_count} "
+                f"compression={self.compression} producer={self.producer_id}/{self.producer_epoch}{flags}>")
+
+
+class BatchIterator:
+    """Iterates over the complete batches of a records blob (see ``iter_batches``).
+
+    After iteration stops: ``partial_bytes`` is how many trailing bytes did not form a complete
+    batch (brokers cut responses at the fetch size), and ``oversized_first_batch`` is the size the
+    first batch needs when not even one batch fitted (a record too large for the fetch size), else
+    ``None``. ``first_batch_truncated`` is True in that case even when the size could not be read.
+    """
+
+    __slots__ = ("_count", "_data", "_pos", "_verify_crc", "first_batch_truncated", "oversized_first_batch",
+                 "partial_bytes", "partition", "topic")
+
+    def __init__(self, data: bytes | bytearray | memoryview, *, topic: str | None = None,
+                 partition: int | None = None, verify_crc: bool = True) -> None:
+        self._data = data
+        self._pos = 0
+        self._count = 0
+        self._verify_crc = verify_crc
+        self.topic = topic
+        self.partition = partition
+        self.partial_bytes = 0
+        self.first_batch_truncated = False
+        self.oversized_first_batch: int | None = None
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def _stop(self, remaining: int, needed: int | None) -> None:
+        self.partial_bytes = remaining
+        if remaining and self._count == 0:
+            self.first_batch_truncated = True
+            self.oversized_first_batch = needed
+        self._pos = len(self._data)
+        raise StopIteration
+
+    def __next__(self) -> RecordBatch:
+        data = self._data
+        pos = self._pos
+        remaining = len(data) - pos
+        if remaining < LOG_OVERHEAD:
+            self._stop(remaining, None)
+        base_offset, batch_length = _OFFSET_AND_LENGTH.unpack_from(data, pos)
+        size = LOG_OVERHEAD + batch_length
+        magic = data[pos + _MAGIC_POS] if remaining > _MAGIC_POS else None
+        complete = remaining >= size
+        if magic in (0, 1) and (complete or self._count == 0):
+            raise UnsupportedMessageFormatError(
+                f"unsupported message format (magic {magic}): pre-0.11 message sets are not supported"
+                f" (topic={self.topic}, partition={self.partition}, offset={base_offset})")
+        if batch_length < _MIN_BATCH_LENGTH and (magic is None or magic >= 2):
+            raise CorruptRecordError(f"record batch length {batch_length} is below the minimum",
+                                     topic=self.topic, partition=self.partition, offset=base_offset)
+        if not complete:
+            self._stop(remaining, size)
+        if magic != 2:
+            raise UnsupportedMessageFormatError(
+                f"unsupported message format (magic {magic})"
+                f" (topic={self.topic}, partition={self.partition}, offset={base_offset})")
+        header = _BATCH_HEADER.unpack_from(data, pos)
+        end = pos + size
+        if self._verify_crc:
+            crc = header[4]
+            actual = _crc32c.crc32c(memoryview(data)[pos + _CRC_START:end])
+            if actual != crc:
+                raise CorruptRecordError(
+                    f"record batch CRC mismatch (stored {crc:#010x}, computed {actual:#010x})",
+                    topic=self.topic, partition=self.partition, offset=base_offset)
+        if header[12] < 0:
+            raise CorruptRecordError(f"negative records count {header[12]}",
+                                     topic=self.topic, partition=self.partition, offset=base_offset)
+        self._pos = end
+        self._count += 1
+        return RecordBatch(header, data, pos + BATCH_HEADER_SIZE, end, self.topic, self.partition)
+
+
+def iter_batches(data: bytes | bytearray | memoryview, *, topic: str | None = None,
+                 partition: int | None = None, verify_crc: bool = True) -> BatchIterator:
+    """Walk the batches of a records blob without decoding records.
+
+    Raises UnsupportedMessageFormatError for magic 0/1 message sets and CorruptRecordError (naming
+    topic, partition and the batch's base offset) for a CRC mismatch or an impossible header; both
+    are raised when the bad batch is reached, after the batches before it were yielded.
+    """
+    return BatchIterator(data, topic=topic, partition=partition, verify_crc=verify_crc)
+
+
+class RecordSet:
+    """Eagerly decoded contents of a records blob (see ``decode_records``)."""
+
+    __slots__ = ("batches", "error", "first_batch_truncated", "oversized_first_batch", "partial_bytes")
+
+    def __init__(self, batches: list[RecordBatch], partial_bytes: int, first_batch_truncated: bool,
+                 oversized_first_batch: int | None, error: Exception | None) -> None:
+        self.batches = batches
+        self.partial_bytes = partial_bytes
+        self.first_batch_truncated = first_batch_truncated
+        self.oversized_first_batch = oversized_first_batch
+        self.error = error
+
+    def records(self) -> Iterator[Record]:
+        """All data records in order (control batches skipped; no transactional filtering)."""
+        for b in self.batches:
+            if not b.is_control and b.records:
+                yield from b.records
+
+    @property
+    def next_offset(self) -> int | None:
+        """Offset after the last complete batch, or None when there was none."""
+        return self.batches[-1].next_offset if self.batches else None
+
+
+def decode_records(data: bytes | bytearray | memoryview, *, topic: str | None = None,
+                   partition: int | None = None, verify_crc: bool = True,
+                   defer_errors: bool = False) -> RecordSet:
+    """Decode every complete batch in ``data`` (headers and records).
+
+    With ``defer_errors`` a corrupt or unsupported batch stops decoding without raising: the
+    batches before it are returned and the exception is stored in ``RecordSet.error`` (a consumer
+    can hand out what it has and report the error at the right offset).
+    """
+    it = BatchIterator(data, topic=topic, partition=partition, verify_crc=verify_crc)
+    batches: list[RecordBatch] = []
+    error: Exception | None = None
+    try:
+        for batch in it:
+            batch.decode()
+            batches.append(batch)
+    except (CorruptRecordError, UnsupportedMessageFormatError) as e:
+        if not defer_errors:
+            raise
+        error = e
+    return RecordSet(batches, it.partial_bytes, it.first_batch_truncated, it.oversized_first_batch, error)
+
+
+# -- encoding -------------------------------------------------------------------------------------
+RecordInput = Record | tuple[Any, ...]
+
+
+def _write_bytes(out: bytearray, v: bytes | None) -> None:
+    if v is None:
+        out.append(1)  # zigzag(-1)
+    else:
+        write_varint(out, len(v))
+        out += v
+
+
+def _encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, key: bytes | None,
+                   value: bytes | None, headers: Iterable[Header]) -> None:
+    body = bytearray(b"\x00")  # attributes
+    write_varint(body, timestamp_delta)
+    write_varint(body, offset_delta)
+    _write_bytes(body, key)
+    _write_bytes(body, value)
+    hs = list(headers)
+    write_varint(body, len(hs))
+    for hk, hv in hs:
+        k = hk.encode()
+        write_varint(body, len(k))
+        body += k
+        _write_bytes(body, hv)
+    write_varint(out, len(body))
+    out += body
+
+
+def build_batch(records: Iterable[RecordInput], *, base_offset: int = 0, compression: int = 0,
+                producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                base_sequence: int = NO_SEQUENCE, transactional: bool = False, control: bool = False,
+                partition_leader_epoch: int = -1, base_timestamp: int | None = None,
+                log_append_time: bool = False, max_timestamp: int | None = None,
+                last_offset_delta: int | None = None) -> bytes:
+    """Encode one magic-2 batch (complete, CRC included).
+
+    Each item of ``records`` is either a ``Record`` (its absolute offset must be >= ``base_offset``;
+    ``timestamp`` may be None) or a tuple ``(key, value[, headers[, timestamp]])`` placed at
+    ``base_offset + index``. Missing timestamps default to ``base_timestamp``, or the current time.
+    ``base_timestamp`` defaults to the first record's timestamp; ``max_timestamp`` to the largest
+    record timestamp (with ``log_append_time`` pass the append time as ``max_timestamp``).
+    """
+    rows: list[tuple[int, int | None, bytes | None, bytes | None, Iterable[Header]]] = []
+    for i, r in enumerate(records):
+        if isinstance(r, Record):
+            if r.offset < base_offset:
+                raise ValueError(f"record offset {r.offset} is below the base offset {base_offset}")
+            rows.append((r.offset - base_offset, r.timestamp, r.key, r.value, r.headers or ()))
+        else:
+            n = len(r)
+            if not 2 <= n <= 4:
+                raise ValueError("a record tuple is (key, value[, headers[, timestamp]])")
+            rows.append((i, r[3] if n > 3 else None, r[0], r[1], (r[2] or ()) if n > 2 else ()))
+    if base_timestamp is None:
+        base_timestamp = next((ts for _, ts, *_ in rows if ts is not None), None)
+        if base_timestamp is None:
+            base_timestamp = int(time.time() * 1000)
+    body = bytearray()
+    max_ts = -1
+    max_delta = 0
+    for delta, ts, key, value, headers in rows:
+        if ts is None:
+            ts = base_timestamp
+        max_ts = max(max_ts, ts)
+        max_delta = max(max_delta, delta)
+        _encode_record(body, delta, ts - base_timestamp, key, value, headers)
+    if max_timestamp is None:
+        max_timestamp = max_ts if rows else base_timestamp
+    if last_offset_delta is None:
+        last_offset_delta = max_delta
+    payload = compress(compression, bytes(body)) if compression else bytes(body)
+    attributes = compression & _COMPRESSION_MASK
+    if log_append_time:
+        attributes |= _LOG_APPEND_TIME
+    if transactional:
+        attributes |= _TRANSACTIONAL
+    if control:
+        attributes |= _CONTROL
+    batch_length = _MIN_BATCH_LENGTH + len(payload)
+    out = bytearray(_BATCH_HEADER.pack(
+        base_offset, batch_length, partition_leader_epoch, 2, 0, attributes, last_offset_delta,
+        base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, len(rows)))
+    out += payload
+    struct.pack_into(">I", out, 17, _crc32c.crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
+def build_control_batch(control_type: ControlType | int, *, base_offset: int, producer_id: int,
+                        producer_epoch: int, timestamp: int | None = None, coordinator_epoch: int = 0,
+                        partition_leader_epoch: int = -1) -> bytes:
+    """A transaction marker batch (COMMIT or ABORT) as the transaction coordinator writes it."""
+    key = _CONTROL_KEY.pack(0, int(control_type))
+    value = _TXN_MARKER_VALUE.pack(0, coordinator_epoch)
+    ts = int(time.time() * 1000) if timestamp is None else timestamp
+    return build_batch([(key, value, (), ts)], base_offset=base_offset, producer_id=producer_id,
+                       producer_epoch=producer_epoch, transactional=True, control=True,
+                       partition_leader_epoch=partition_leader_epoch)

@@ -1,0 +1,107 @@
+"""`make run`'s process: the gateway starts an embedded Tansu, serves /healthz and /metrics, and
+stops the broker on SIGTERM/SIGINT without leaving an orphan process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from service.embedded import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
+    port = free_port()
+    broker_port = free_port()
+    env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_EMBEDDED_BROKER_PORT": str(broker_port),
+           "GATEWAY_LOG_LEVEL": "warning"}
+    env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
+    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the broker is up and the address printed
+        assert re.search(rf"bootstrap address: 127\.0\.0\.1:{broker_port}", line), line
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line, line
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # waiting for an external process to bind its port
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert ready.status_code == 200 and ready.json()["brokers"] == 1
+        m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert m.status_code == 200 and "kcg_build_info" in m.text
+        kids = _children(proc.pid)
+        assert kids, "the embedded broker should be a child process"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert "embedded broker stopped" in out
+        assert not any(_alive(k) for k in kids), "the embedded broker outlived the gateway"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_embedded_broker_dies_with_a_killed_gateway() -> None:
+    """Even kill -9 of the gateway leaves no broker behind (PR_SET_PDEATHSIG)."""
+    port = free_port()
+    env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning"}
+    env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
+    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "bootstrap address" in proc.stdout.readline()
+        kids = _children(proc.pid)
+        assert kids
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the kernel delivers the parent-death signal asynchronously
+        assert not any(_alive(k) for k in kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

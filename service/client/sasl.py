@@ -300,7 +300,7 @@ class ScramMechanism:
         if len(attrs) < 3 or [k for k, _ in attrs[:3]] != ["r", "s", "i"]:
             raise self._fail(f"malformed {self.name} server-first message")
         server_nonce, salt_b64, iter_text = attrs[0][1], attrs[1][1], attrs[2][1]
-        if not server_nonce.startswith(self._nonce) or len(server_nonce) <= len(self._nonce):
+        if not server_nonce.startswith(self._nonce):
             raise self._fail(f"{self.name} server nonce does not extend the client nonce")
         if not _valid_nonce(server_nonce):
             raise self._fail(f"{self.name} server nonce has invalid characters")

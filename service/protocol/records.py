@@ -1,10 +1,10 @@
 """Kafka record batches (magic 2): walking a fetch's records blob, decoding, encoding.
 
-Everything here is sans-io and side-effect free. The hot path is:
+Everything here is sans-io (no I/O, no global state besides the decoder switch). The hot path is:
 
     it = iter_batches(blob, topic=t, partition=p)
     for batch in it:                       # header parsed, CRC checked, nothing decoded yet
-        if batch.is_control: ...           # e.g. batch.control_type() for COMMIT/ABORT markers
+        if batch.is_control: ...           # e.g. batch.control_type: COMMIT/ABORT marker
         records = batch.decode()           # list[Record]; decompresses first if needed
     if it.oversized_first_batch: ...       # nothing fit: the first batch is bigger than the fetch size
 
@@ -111,7 +111,7 @@ class Record(NamedTuple):
     timestamp: int  # absolute, ms since the epoch (the batch's max timestamp under log-append time)
     key: bytes | None
     value: bytes | None
-    headers: list[Header]
+    headers: tuple[Header, ...]  # () when the record has none
 
 
 # -- codecs ---------------------------------------------------------------------------------------
@@ -259,10 +259,11 @@ def _decode_section_py(buf: Any, start: int, end: int, count: int, base_offset: 
                 pos += 1
             else:
                 n, pos = _varint(buf, pos)
-            headers: list[Header] = []
+            headers: tuple[Header, ...] = ()
             if n:
                 if n < 0:
                     raise ValueError(f"record {i} has a bad header count {n}")
+                hlist: list[Header] = []
                 for _ in range(n):
                     hk, pos = _varint(buf, pos)
                     if hk < 0 or pos + hk > rec_end:
@@ -279,7 +280,8 @@ def _decode_section_py(buf: Any, start: int, end: int, count: int, base_offset: 
                         raise ValueError(f"record {i} has a bad header value length {hv}")
                     if pos > rec_end:
                         raise ValueError(f"record {i}: header runs past the record")
-                    headers.append((hkey, hval))
+                    hlist.append((hkey, hval))
+                headers = tuple(hlist)
             if pos != rec_end:
                 raise ValueError(f"record {i}: fields take {pos - rec_end + length} bytes, "
                                  f"its length says {length}")
@@ -330,6 +332,7 @@ class RecordBatch:
     """A magic-2 batch header plus a reference to its (possibly compressed) records section.
 
     ``records`` stays ``None`` until ``decode()`` is called (``decode_records`` does it eagerly).
+    A batch references the blob it came from (no copy); decoded records are independent copies.
     """
 
     __slots__ = (
@@ -421,7 +424,8 @@ class RecordBatch:
             try:
                 buf: Any = decompress(compression, memoryview(self._buf)[self._start:self._end])
             except Exception as e:  # codec libraries raise their own error types
-                raise self._corrupt(f"cannot decompress record batch ({Compression(compression).name if compression <= 4 else compression}): {e}") from None
+                codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
+                raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
             start, end = 0, len(buf)
         else:
             buf, start, end = self._buf, self._start, self._end
@@ -434,10 +438,12 @@ class RecordBatch:
         self.records = records
         return records
 
+    @property
     def control_type(self) -> ControlType | int | None:
         """For a control batch, the marker type of its (single) control record: ABORT or COMMIT.
 
-        Returns None for a non-control batch; an unknown type is returned as a plain int.
+        None for a non-control batch; an unknown type is a plain int. Decodes the batch if needed
+        (raising CorruptRecordError like ``decode()``).
         """
         if not self.attributes & _CONTROL:
             return None
@@ -469,12 +475,17 @@ class BatchIterator:
     ``None``. ``first_batch_truncated`` is True in that case even when the size could not be read.
     """
 
-    __slots__ = ("_count", "_data", "_pos", "_verify_crc", "first_batch_truncated", "oversized_first_batch",
-                 "partial_bytes", "partition", "topic")
+    __slots__ = ("_count", "_data", "_len", "_mv", "_pos", "_verify_crc", "first_batch_truncated",
+                 "oversized_first_batch", "partial_bytes", "partition", "topic")
 
     def __init__(self, data: bytes | bytearray | memoryview, *, topic: str | None = None,
                  partition: int | None = None, verify_crc: bool = True) -> None:
-        self._data = data
+        mv = memoryview(data)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        self._mv = mv
+        self._data = data if isinstance(data, bytes) else mv
+        self._len = len(mv)
         self._pos = 0
         self._count = 0
         self._verify_crc = verify_crc
@@ -492,13 +503,35 @@ class BatchIterator:
         if remaining and self._count == 0:
             self.first_batch_truncated = True
             self.oversized_first_batch = needed
-        self._pos = len(self._data)
+        self._pos = self._len
         raise StopIteration
 
     def __next__(self) -> RecordBatch:
+        # Fast path: a complete, plausible magic-2 batch. Everything else goes to _next_slow.
+        pos = self._pos
+        if self._len - pos >= BATCH_HEADER_SIZE:
+            header = _BATCH_HEADER.unpack_from(self._data, pos)
+            end = pos + LOG_OVERHEAD + header[1]
+            if (header[3] == 2 and end <= self._len and header[1] >= _MIN_BATCH_LENGTH
+                    and header[12] >= 0):
+                if self._verify_crc and _crc32c.crc32c(self._mv[pos + _CRC_START:end]) != header[4]:
+                    self._crc_error(header[0], header[4], pos, end)
+                self._pos = end
+                self._count += 1
+                return RecordBatch(header, self._data, pos + BATCH_HEADER_SIZE, end, self.topic,
+                                   self.partition)
+        return self._next_slow()
+
+    def _crc_error(self, base_offset: int, crc: int, pos: int, end: int) -> None:
+        actual = _crc32c.crc32c(self._mv[pos + _CRC_START:end])
+        raise CorruptRecordError(
+            f"record batch CRC mismatch (stored {crc:#010x}, computed {actual:#010x})",
+            topic=self.topic, partition=self.partition, offset=base_offset)
+
+    def _next_slow(self) -> RecordBatch:
         data = self._data
         pos = self._pos
-        remaining = len(data) - pos
+        remaining = self._len - pos
         if remaining < LOG_OVERHEAD:
             self._stop(remaining, None)
         base_offset, batch_length = _OFFSET_AND_LENGTH.unpack_from(data, pos)
@@ -520,13 +553,8 @@ class BatchIterator:
                 f" (topic={self.topic}, partition={self.partition}, offset={base_offset})")
         header = _BATCH_HEADER.unpack_from(data, pos)
         end = pos + size
-        if self._verify_crc:
-            crc = header[4]
-            actual = _crc32c.crc32c(memoryview(data)[pos + _CRC_START:end])
-            if actual != crc:
-                raise CorruptRecordError(
-                    f"record batch CRC mismatch (stored {crc:#010x}, computed {actual:#010x})",
-                    topic=self.topic, partition=self.partition, offset=base_offset)
+        if self._verify_crc and _crc32c.crc32c(self._mv[pos + _CRC_START:end]) != header[4]:
+            self._crc_error(base_offset, header[4], pos, end)
         if header[12] < 0:
             raise CorruptRecordError(f"negative records count {header[12]}",
                                      topic=self.topic, partition=self.partition, offset=base_offset)

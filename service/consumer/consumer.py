@@ -1,0 +1,592 @@
+"""One Kafka consumer living inside the gateway (no HTTP here).
+
+A consumer is a few asyncio tasks — group membership (join/sync/heartbeat), the fetcher, and
+auto-commit — over a :class:`KafkaClient` that may be shared with many other consumers. ``poll``
+waits on the prefetch buffer (true long-poll): it returns as soon as records are buffered, or after
+its timeout. The first poll after ``subscribe`` waits for the group assignment within its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.client.client import KafkaClient
+from service.client.errors import BrokerResponseError, KafkaError
+from service.consumer.subscription import (
+    FetchState,
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionError,
+    SubscriptionState,
+    SubscriptionType,
+    TopicPartition,
+)
+from service.fetch.fetcher import FetchConfig, Fetcher
+from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
+from service.group.assignors import get_assignor
+from service.group.coordinator import CommitFailedError, GroupCoordinator, OffsetAndMetadata
+from service.group.member import GroupMember
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+from service.protocol.records import Record
+
+log = logging.getLogger(__name__)
+
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+ListTopic = M.struct("ListOffsetsRequest", "ListOffsetsTopic")
+ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
+
+
+class ConsumerClosedError(KafkaError):
+    retriable = False
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    group_id: str | None = None
+    client_id: str = "kafka-consumer-gateway"
+    group_instance_id: str | None = None
+    session_timeout_ms: int = 45000
+    rebalance_timeout_ms: int | None = None  # defaults to max_poll_interval_ms, as in Java
+    heartbeat_interval_ms: int = 3000
+    max_poll_interval_ms: int = 300000
+    auto_offset_reset: str = "latest"
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5000
+    isolation_level: str = "read_uncommitted"
+    fetch_min_bytes: int = 1
+    fetch_max_bytes: int = 52428800
+    max_partition_fetch_bytes: int = 1048576
+    fetch_max_wait_ms: int = 500
+    prefetch_max_bytes: int = 8 * 1024 * 1024
+    assignment_strategies: tuple[str, ...] = ("range", "cooperative-sticky")
+    retry_backoff_ms: int = 100
+    client_rack: str = ""
+
+    @property
+    def isolation(self) -> int:
+        v = self.isolation_level.strip().lower()
+        if v not in ("read_committed", "read_uncommitted"):
+            raise ValueError(f"isolation level must be read_committed or read_uncommitted, not {v!r}")
+        return READ_COMMITTED if v == "read_committed" else READ_UNCOMMITTED
+
+
+@dataclass(slots=True)
+class ConsumerRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+RevocationHook = Callable[[list[TopicPartition]], Awaitable[None]]
+
+
+@dataclass
+class ConsumerStats:
+    polls: int = 0
+    records: int = 0
+    rebalances: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    last_commit_latency: float | None = None
+    poll_wait_seconds: float = 0.0
+    wakeups: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Consumer:
+    def __init__(self, client: KafkaClient, config: ConsumerConfig,
+                 on_revoke: RevocationHook | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.subs = SubscriptionState(OffsetResetStrategy.parse(config.auto_offset_reset))
+        self.fetcher = Fetcher(client, self.subs, FetchConfig(
+            isolation_level=config.isolation,
+            min_bytes=config.fetch_min_bytes,
+            max_bytes=config.fetch_max_bytes,
+            partition_max_bytes=config.max_partition_fetch_bytes,
+            max_wait_ms=config.fetch_max_wait_ms,
+            prefetch_max_bytes=config.prefetch_max_bytes,
+            rack_id=config.client_rack,
+        ))
+        self.stats = ConsumerStats()
+        self._user_revoke = on_revoke
+        self._closed = False
+        self._fatal: KafkaError | None = None
+        self._positions_task: asyncio.Task[None] | None = None
+        self._positions_wake = asyncio.Event()
+        self._autocommit_task: asyncio.Task[None] | None = None
+        self._assignment_event = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self.coordinator: GroupCoordinator | None = None
+        self.member: GroupMember | None = None
+        if config.group_id is not None:
+            assignors = [get_assignor(n) for n in config.assignment_strategies]
+            self.member = GroupMember(
+                config.group_id, assignors, group_instance_id=config.group_instance_id,
+                session_timeout_ms=config.session_timeout_ms,
+                rebalance_timeout_ms=config.rebalance_timeout_ms or config.max_poll_interval_ms,
+                rack_id=config.client_rack or None,
+            )
+            self.coordinator = GroupCoordinator(
+                client, self.member,
+                heartbeat_interval_ms=config.heartbeat_interval_ms,
+                max_poll_interval_ms=config.max_poll_interval_ms,
+                retry_backoff_ms=config.retry_backoff_ms,
+                partition_counts=self._partition_counts,
+                on_revoke=self._on_revoke,
+                on_assign=self._on_assign,
+                on_lost=self._on_lost,
+                on_fatal=self._on_group_fatal,
+                topics=self._group_topics,
+            )
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError("the consumer is closed")
+        if self._started:
+            return
+        self._started = True
+        self.fetcher.start()
+        self._positions_task = asyncio.create_task(self._positions_loop(), name="positions")
+        if self.coordinator is not None and self.config.enable_auto_commit:
+            self._autocommit_task = asyncio.create_task(self._autocommit_loop(), name="autocommit")
+
+    async def close(self, leave_group: bool = True, *, force_static_leave: bool = False,
+                    commit: bool | None = None) -> None:
+        if self._closed:
+            return
+        do_commit = self.config.enable_auto_commit if commit is None else commit
+        if do_commit and self.coordinator is not None and self.subs.assignment:
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(self.commit_consumed(), 5.0)
+        self._closed = True
+        for t in (self._positions_task, self._autocommit_task):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+        if self.coordinator is not None:
+            await self.coordinator.close(leave=leave_group, force_static_leave=force_static_leave)
+        await self.fetcher.close()
+
+    # -- subscription ------------------------------------------------------------------------------
+    def _require_group(self, what: str) -> GroupCoordinator:
+        if self.coordinator is None:
+            raise SubscriptionError(f"{what} needs a group id")
+        return self.coordinator
+
+    async def subscribe(self, topics: Sequence[str] | None = None, pattern: str | None = None) -> None:
+        coord = self._require_group("subscribe")
+        self._ensure_started()
+        if (topics is None) == (pattern is None):
+            raise SubscriptionError("give either topics or a pattern")
+        if pattern is not None:
+            self.subs.subscribe_pattern(pattern)
+            md = await self.client.refresh_metadata(all_topics=True)
+            self.subs.match_pattern(md.topics)
+            changed = True
+        else:
+            changed = self.subs.subscribe(topics or [])
+        await self.client.ensure_metadata(self.subs.topics)
+        if changed and self.member is not None:
+            self.member.request_rejoin("subscription changed")
+        coord.start()
+        coord.wake()
+
+    async def unsubscribe(self) -> None:
+        revoked = self.subs.assigned()
+        if self.coordinator is not None and revoked and self.config.enable_auto_commit:
+            with contextlib.suppress(KafkaError):
+                await self.commit_consumed()
+        self.subs.unsubscribe()
+        self.fetcher.purge()
+        if self.coordinator is not None:
+            self.coordinator.wake()
+
+    async def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._ensure_started()
+        parts = [TopicPartition(*tp) for tp in partitions]
+        self.subs.assign(parts)
+        await self.client.ensure_metadata({tp.topic for tp in parts})
+        for tp in parts:
+            err = self.client.metadata.topic_error(tp.topic)
+            if err:
+                raise BrokerResponseError(err, f"assign {tp}")
+            if tp.partition not in self.client.metadata.topics[tp.topic].partitions:
+                raise BrokerResponseError(EC.UNKNOWN_TOPIC_OR_PARTITION, f"assign {tp}")
+        self.fetcher.purge([tp for tp in self.fetcher.buffer if tp not in set(parts)])
+        self._assignment_event.set()
+        self._positions_wake.set()
+
+    def assignment(self) -> list[TopicPartition]:
+        return self.subs.assigned()
+
+    def subscription(self) -> set[str]:
+        return set(self.subs.topics)
+
+    def _group_topics(self) -> Sequence[str]:
+        return sorted(self.subs.topics) if self.subs.is_group_managed else []
+
+    # -- group hooks --------------------------------------------------------------------------------
+    async def _partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        md = await self.client.refresh_metadata(topics)
+        return {t: len(md.topics[t].partitions) for t in topics
+                if t in md.topics and not md.topics[t].error_code}
+
+    async def _on_revoke(self, partitions: list[TopicPartition]) -> None:
+        if self.config.enable_auto_commit:
+            offsets = {tp: OffsetAndMetadata(pos, "", epoch)
+                       for tp, (pos, epoch) in self.subs.all_consumed().items() if tp in set(partitions)}
+            if offsets and self.coordinator is not None:
+                try:
+                    await self.coordinator.commit(offsets, timeout=5.0)
+                except KafkaError as exc:
+                    log.warning("commit before revocation failed: %s", exc)
+        if self._user_revoke is not None:
+            try:
+                await self._user_revoke(partitions)
+            except Exception:
+                log.exception("revocation hook failed")
+        self.subs.remove_partitions(partitions)
+        self.fetcher.purge(partitions)
+
+    async def _on_lost(self, partitions: list[TopicPartition]) -> None:
+        self.subs.remove_partitions(partitions)
+        self.fetcher.purge(partitions)
+
+    async def _on_assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
+        self.stats.rebalances += 1
+        keep = set(assigned)
+        stale = [tp for tp in self.subs.assigned() if tp not in keep]
+        if stale:
+            self.subs.remove_partitions(stale)
+            self.fetcher.purge(stale)
+        self.subs.add_partitions(assigned)
+        self._assignment_event.set()
+        self._positions_wake.set()
+        self.fetcher.wake()
+
+    def _on_group_fatal(self, exc: KafkaError) -> None:
+        self._fatal = exc
+        self.fetcher.data_event.set()
+
+    # -- positions ----------------------------------------------------------------------------------
+    async def _positions_loop(self) -> None:
+        while not self._closed:
+            try:
+                await self._update_positions()
+            except asyncio.CancelledError:
+                raise
+            except NoOffsetForPartitionError as exc:
+                for tp in exc.partitions:
+                    self.fetcher.errors[tp] = exc
+                self.fetcher.data_event.set()
+            except KafkaError as exc:
+                log.info("position update failed: %s", exc)
+                await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+                continue
+            except Exception:  # pragma: no cover
+                log.exception("position update failed")
+                await asyncio.sleep(1)
+                continue
+            self._positions_wake.clear()
+            if self.subs.initializing() or self.subs.awaiting_reset():
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._positions_wake.wait(), 5.0)
+
+    async def _update_positions(self) -> None:
+        init = [tp for tp in self.subs.initializing() if tp not in self.fetcher.errors]
+        if init:
+            if self.coordinator is not None:
+                committed = await self.coordinator.committed(init)
+            else:
+                committed = {tp: None for tp in init}
+            missing = []
+            for tp, om in committed.items():
+                if not self.subs.is_assigned(tp) or self.subs.assignment[tp].state is not FetchState.INITIALIZING:
+                    continue
+                if om is not None:
+                    self.subs.seek(tp, om.offset, om.leader_epoch)
+                else:
+                    missing.append(tp)
+            if missing:
+                if self.subs.default_reset is OffsetResetStrategy.NONE:
+                    raise NoOffsetForPartitionError(missing)
+                for tp in missing:
+                    self.subs.request_reset(tp)
+        resets = self.subs.awaiting_reset()
+        if resets:
+            await self._reset_offsets(resets)
+        self.fetcher.wake()
+
+    async def _reset_offsets(self, partitions: list[TopicPartition]) -> None:
+        targets: dict[TopicPartition, int] = {}
+        for tp in partitions:
+            st = self.subs.assignment[tp]
+            if st.reset_timestamp is not None:
+                targets[tp] = st.reset_timestamp
+            elif st.reset_strategy is OffsetResetStrategy.EARLIEST:
+                targets[tp] = EARLIEST_TIMESTAMP
+            elif st.reset_strategy is OffsetResetStrategy.LATEST:
+                targets[tp] = LATEST_TIMESTAMP
+            else:
+                raise NoOffsetForPartitionError([tp])
+        found = await self.list_offsets(targets)
+        for tp, off in found.items():
+            if self.subs.is_assigned(tp) and self.subs.assignment[tp].state is FetchState.AWAIT_RESET:
+                if off is None:  # timestamp beyond the last record: go to the end
+                    end = await self.list_offsets({tp: LATEST_TIMESTAMP})
+                    off = end.get(tp) or 0
+                self.subs.seek(tp, off)
+
+    async def list_offsets(self, targets: dict[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        """Offsets for timestamps (-1 latest, -2 earliest); under read_committed "latest" is the LSO."""
+        await self.client.ensure_metadata({tp.topic for tp in targets})
+        by_leader: dict[int, dict[TopicPartition, int]] = {}
+        for tp, ts in targets.items():
+            leader = self.client.metadata.leader(tp.topic, tp.partition)
+            if leader is None:
+                await self.client.refresh_metadata([tp.topic])
+                leader = self.client.metadata.leader(tp.topic, tp.partition)
+                if leader is None:
+                    raise BrokerResponseError(self.client.metadata.topic_error(tp.topic) or EC.LEADER_NOT_AVAILABLE,
+                                              f"ListOffsets {tp}")
+            by_leader.setdefault(leader, {})[tp] = ts
+        out: dict[TopicPartition, int | None] = {}
+        results = await asyncio.gather(*(self._list_offsets_node(n, t) for n, t in by_leader.items()))
+        for r in results:
+            out.update(r)
+        return out
+
+    async def _list_offsets_node(self, node: int, targets: dict[TopicPartition, int]
+                                 ) -> dict[TopicPartition, int | None]:
+        iso = self.config.isolation
+        by_topic: dict[str, list[Any]] = {}
+        for tp, ts in targets.items():
+            by_topic.setdefault(tp.topic, []).append(ListPartition(
+                partition_index=tp.partition, timestamp=ts,
+                current_leader_epoch=self.client.metadata.leader_epoch(tp.topic, tp.partition)))
+        req = M.ListOffsetsRequest(replica_id=-1, isolation_level=iso,
+                                   topics=[ListTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
+        resp = await self.client.send(node, req)
+        out: dict[TopicPartition, int | None] = {}
+        for t in resp.topics:
+            for p in t.partitions:
+                tp = TopicPartition(t.name, p.partition_index)
+                if p.error_code:
+                    self.client.handle_error_code(p.error_code, t.name)
+                    raise BrokerResponseError(p.error_code, f"ListOffsets {tp}")
+                out[tp] = p.offset if p.offset >= 0 else None
+        if iso == READ_COMMITTED:
+            latest = [tp for tp, ts in targets.items() if ts == LATEST_TIMESTAMP]
+            if latest:
+                # Some brokers (Tansu) answer ListOffsets(latest, read_committed) with 0; the Fetch
+                # response's last stable offset is authoritative, so probe it.
+                out.update(await self._probe_lso(node, latest))
+        return out
+
+    async def _probe_lso(self, node: int, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        ulist = M.ListOffsetsRequest(replica_id=-1, isolation_level=READ_UNCOMMITTED, topics=[
+            ListTopic(name=t, partitions=[ListPartition(partition_index=tp.partition, timestamp=LATEST_TIMESTAMP)
+                                          for tp in partitions if tp.topic == t])
+            for t in {tp.topic for tp in partitions}])
+        hw_resp = await self.client.send(node, ulist)
+        hws = {TopicPartition(t.name, p.partition_index): p.offset for t in hw_resp.topics for p in t.partitions}
+        from service.fetch.session import (
+            FetchPartitionData,
+            FetchSessionHandler,
+            choose_version,
+            to_fetch_request,
+        )
+
+        handler = FetchSessionHandler(node)
+        b = handler.builder()
+        md = self.client.metadata
+        for tp in partitions:
+            b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
+                                     fetch_offset=max(0, hws.get(tp, 0)), partition_max_bytes=1))
+        data = b.build()
+        conn = await self.client.connection(node).get()
+        version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
+        req = to_fetch_request(data, version=version, max_wait_ms=0, min_bytes=0, max_bytes=1,
+                               isolation_level=READ_COMMITTED)
+        req.session_epoch = -1  # sessionless
+        resp = await conn.send(req, version)
+        handler.handle_response(resp, version)
+        out: dict[TopicPartition, int] = {}
+        for tp, p in handler.response_partitions(resp, version).items():
+            tp = TopicPartition(*tp)
+            if p.error_code == 0 and p.last_stable_offset >= 0:
+                out[tp] = p.last_stable_offset
+            elif tp in hws:
+                out[tp] = hws[tp]
+        return out
+
+    # -- poll -----------------------------------------------------------------------------------------
+    async def poll(self, max_records: int = 500, max_bytes: int | None = None,
+                   timeout: float = 1.0) -> list[ConsumerRecord]:
+        """Records as soon as any are buffered, or [] after ``timeout`` seconds."""
+        self._ensure_started()
+        if self._fatal is not None:
+            raise self._fatal
+        if self.subs.type is SubscriptionType.NONE:
+            raise SubscriptionError("the consumer is not subscribed to any topic and has no assignment")
+        self.stats.polls += 1
+        started = time.monotonic()
+        deadline = started + max(0.0, timeout)
+        if self.coordinator is not None and self.subs.is_group_managed:
+            self.coordinator.polled()
+            if not self.subs.assignment and not self.coordinator.stable:
+                await self.coordinator.wait_stable(max(0.0, deadline - time.monotonic()))
+        while True:
+            err = self.fetcher.take_error()
+            if err is not None:
+                raise err
+            if self._fatal is not None:
+                raise self._fatal
+            batch = self.fetcher.drain(max_records, max_bytes)
+            if batch:
+                self.stats.records += len(batch)
+                self.stats.poll_wait_seconds += time.monotonic() - started
+                return [ConsumerRecord(tp.topic, tp.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+                        for tp, r in batch]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stats.poll_wait_seconds += time.monotonic() - started
+                return []
+            self.fetcher.data_event.clear()
+            if self.fetcher.has_data() or self.fetcher.errors:
+                continue
+            try:
+                await asyncio.wait_for(self.fetcher.data_event.wait(), remaining)
+                self.stats.wakeups += 1
+            except TimeoutError:
+                pass
+
+    async def poll_raw(self, max_records: int = 500, max_bytes: int | None = None,
+                       timeout: float = 1.0) -> list[tuple[TopicPartition, Record]]:
+        """Like :meth:`poll` without building :class:`ConsumerRecord` objects (HTTP hot path)."""
+        recs = await self.poll(max_records, max_bytes, timeout)
+        return [(TopicPartition(r.topic, r.partition), Record(r.offset, r.timestamp, r.key, r.value, r.headers))
+                for r in recs]
+
+    # -- commits --------------------------------------------------------------------------------------
+    async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     timeout: float = 30.0) -> None:
+        """Commit ``offsets`` (the *next* offset to consume per partition) or, if None, everything consumed."""
+        coord = self._require_group("commit")
+        if offsets is None:
+            offs = {tp: OffsetAndMetadata(pos, "", epoch) for tp, (pos, epoch) in self.subs.all_consumed().items()}
+        else:
+            offs = {TopicPartition(*tp): (om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om)))
+                    for tp, om in offsets.items()}
+        for tp, om in offs.items():
+            if om.offset < 0:
+                raise SubscriptionError(f"offset {om.offset} for {tp} must be >= 0")
+        started = time.monotonic()
+        async with self._commit_lock:
+            try:
+                await coord.commit(offs, manual=self.subs.type is SubscriptionType.ASSIGNED, timeout=timeout)
+            except (CommitFailedError, KafkaError):
+                self.stats.commit_failures += 1
+                raise
+        self.stats.commits += 1
+        self.stats.last_commit_latency = time.monotonic() - started
+
+    async def commit_consumed(self) -> None:
+        await self.commit(None)
+
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        coord = self._require_group("committed")
+        return await coord.committed([TopicPartition(*tp) for tp in partitions])
+
+    async def _autocommit_loop(self) -> None:
+        interval = self.config.auto_commit_interval_ms / 1000
+        while not self._closed:
+            await asyncio.sleep(interval)
+            if not self.subs.assignment or self.coordinator is None or not self.coordinator.stable:
+                continue
+            try:
+                await self.commit_consumed()
+            except KafkaError as exc:
+                log.info("auto-commit failed: %s", exc)
+
+    # -- seeking ---------------------------------------------------------------------------------------
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        tp = TopicPartition(*tp)
+        self.subs.seek(tp, offset)
+        self.fetcher.purge([tp])
+
+    def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        self._request_reset(partitions, OffsetResetStrategy.EARLIEST)
+
+    def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        self._request_reset(partitions, OffsetResetStrategy.LATEST)
+
+    def seek_to_timestamp(self, timestamps: dict[TopicPartition, int]) -> None:
+        for tp, ts in timestamps.items():
+            if ts < 0:
+                raise SubscriptionError(f"timestamp {ts} for {tp} must be >= 0")
+            self.subs.request_reset(TopicPartition(*tp), timestamp=ts)
+        self.fetcher.purge([TopicPartition(*tp) for tp in timestamps])
+        self._positions_wake.set()
+
+    def _request_reset(self, partitions: Iterable[TopicPartition] | None, strategy: OffsetResetStrategy) -> None:
+        parts = self.subs.assigned() if partitions is None else [TopicPartition(*tp) for tp in partitions]
+        for tp in parts:
+            self.subs.request_reset(tp, strategy)
+        self.fetcher.purge(parts)
+        self._positions_wake.set()
+
+    async def position(self, tp: TopicPartition, timeout: float = 30.0) -> int:
+        """The next offset to fetch, resolving committed offsets or resets first if needed."""
+        tp = TopicPartition(*tp)
+        deadline = time.monotonic() + timeout
+        while True:
+            pos = self.subs.position(tp)
+            if pos is not None and self.subs.assignment[tp].state is FetchState.FETCHING:
+                return pos
+            await self._update_positions()
+            if time.monotonic() > deadline:
+                raise KafkaError(f"position of {tp} not available within {timeout}s", retriable=True)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self.subs.pause([TopicPartition(*tp) for tp in partitions])
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self.subs.resume([TopicPartition(*tp) for tp in partitions])
+        self.fetcher.wake()
+
+    def paused(self) -> set[TopicPartition]:
+        return self.subs.paused()
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return await self.list_offsets({TopicPartition(*tp): LATEST_TIMESTAMP for tp in partitions})
+
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return await self.list_offsets({TopicPartition(*tp): EARLIEST_TIMESTAMP for tp in partitions})
+
+    def lag(self) -> dict[TopicPartition, int | None]:
+        rc = self.config.isolation == READ_COMMITTED
+        return {tp: self.subs.lag(tp, rc) for tp in self.subs.assigned()}
+
+    async def wait_for_assignment(self, timeout: float) -> bool:
+        if self.coordinator is None:
+            return bool(self.subs.assignment)
+        return await self.coordinator.wait_stable(timeout)

@@ -1,0 +1,429 @@
+"""The asyncio fetcher of one consumer: one fetch session and at most one in-flight fetch per leader.
+
+Each round it groups the consumer's fetchable partitions (assigned, positioned, not paused, nothing
+buffered) by leader, and for every leader without an in-flight fetch builds a request through that
+broker's :class:`FetchSessionHandler`. Responses are decoded, filtered (read_committed) and buffered
+as :class:`CompletedFetch` objects until ``poll`` drains them; the buffer is bounded in bytes, so a
+slow owner pauses fetching (never heartbeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.client.client import KafkaClient
+from service.client.errors import KafkaError
+from service.consumer.subscription import (
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionState,
+    TopicPartition,
+)
+from service.fetch.read_committed import READ_COMMITTED, TxnTracker, filter_batches
+from service.fetch.session import (
+    FetchPartitionData,
+    FetchSessionHandler,
+    FetchSessionStateError,
+    choose_version,
+    to_fetch_request,
+)
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
+from service.protocol.records import Record, decode_records
+
+log = logging.getLogger(__name__)
+
+
+class RecordTooLargeError(KafkaError):
+    retriable = False
+
+
+class FetchPartitionError(KafkaError):
+    """A per-partition error the owner must see (authorization, corrupt data, …)."""
+
+    retriable = False
+
+
+@dataclass(slots=True)
+class CompletedFetch:
+    tp: TopicPartition
+    fetch_offset: int
+    records: list[Record]
+    next_offset: int
+    size: int
+    index: int = 0
+    leader_epoch: int | None = None
+
+    @property
+    def drained(self) -> bool:
+        return self.index >= len(self.records)
+
+
+@dataclass
+class FetcherStats:
+    fetches: int = 0
+    full_fetches: int = 0
+    incremental_fetches: int = 0
+    session_errors: int = 0
+    request_bytes: int = 0
+    records: int = 0
+    bytes: int = 0
+    aborted_batches: int = 0
+    aborted_after_delivery: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    isolation_level: int = 0
+    min_bytes: int = 1
+    max_bytes: int = 52428800
+    partition_max_bytes: int = 1048576
+    max_wait_ms: int = 500
+    prefetch_max_bytes: int = 8 * 1024 * 1024
+    rack_id: str = ""
+
+
+class Fetcher:
+    def __init__(self, client: KafkaClient, subs: SubscriptionState, config: FetchConfig) -> None:
+        self.client = client
+        self.subs = subs
+        self.config = config
+        self.stats = FetcherStats()
+        self.sessions: dict[int, FetchSessionHandler] = {}
+        self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
+        self.buffered_bytes = 0
+        self.data_event = asyncio.Event()
+        self.errors: dict[TopicPartition, Exception] = {}
+        self.trackers: dict[TopicPartition, TxnTracker] = {}
+        self._wake = asyncio.Event()
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._rotation = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="fetcher")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        for t in list(self._in_flight.values()):
+            t.cancel()
+        for t in list(self._in_flight.values()):
+            with contextlib.suppress(BaseException):
+                await t
+        self._in_flight.clear()
+        await self._close_sessions()
+
+    async def _close_sessions(self) -> None:
+        """Free the brokers' session slots (epoch -1) on shutdown; best effort."""
+        for node, handler in list(self.sessions.items()):
+            if handler.in_flight:
+                handler.handle_error(None)
+            data = handler.close_request()
+            if data is None:
+                continue
+            try:
+                conn = await asyncio.wait_for(self.client.connection(node).get(), 2.0)
+                version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
+                req = to_fetch_request(data, version=version, max_wait_ms=0, min_bytes=0,
+                                       isolation_level=self.config.isolation_level)
+                await conn.send(req, version, timeout=2.0)
+            except (KafkaError, TimeoutError, ValueError) as exc:
+                log.debug("closing fetch session on node %s failed: %s", node, exc)
+        self.sessions.clear()
+
+    # -- buffer ----------------------------------------------------------------------------------------
+    def has_buffered(self, tp: TopicPartition) -> bool:
+        return bool(self.buffer.get(tp))
+
+    def purge(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Drop buffered data (after seek, revocation or unsubscribe)."""
+        targets = list(self.buffer) if partitions is None else partitions
+        for tp in targets:
+            q = self.buffer.pop(tp, None)
+            if q:
+                self.buffered_bytes -= sum(cf.size for cf in q)
+            self.errors.pop(tp, None)
+        if self.buffered_bytes < 0:
+            self.buffered_bytes = 0
+        self.wake()
+
+    def drain(self, max_records: int, max_bytes: int | None = None) -> list[tuple[TopicPartition, Record]]:
+        """Take up to ``max_records`` buffered records (at least one if any is available, even when it is
+        larger than ``max_bytes``) and advance positions."""
+        out: list[tuple[TopicPartition, Record]] = []
+        budget = max_bytes if max_bytes is not None else -1
+        used = 0
+        for tp in list(self.buffer):
+            q = self.buffer[tp]
+            while q and len(out) < max_records:
+                cf = q[0]
+                pos = self.subs.position(tp) if self.subs.is_assigned(tp) else None
+                if pos is None or (cf.index == 0 and pos != cf.fetch_offset) or self.subs.assignment[tp].paused:
+                    if pos is None or pos != cf.fetch_offset:
+                        q.popleft()  # stale: the position moved (seek) while it was buffered
+                        self.buffered_bytes -= cf.size
+                        continue
+                    break  # paused: keep it for later
+                recs = cf.records
+                i = cf.index
+                while i < len(recs) and len(out) < max_records:
+                    r = recs[i]
+                    if budget >= 0 and out:
+                        sz = len(r.value or b"") + len(r.key or b"")
+                        if used + sz > budget:
+                            break
+                        used += sz
+                    elif budget >= 0:
+                        used += len(r.value or b"") + len(r.key or b"")
+                    out.append((tp, r))
+                    i += 1
+                cf.index = i
+                if cf.drained:
+                    q.popleft()
+                    self.buffered_bytes -= cf.size
+                    self.subs.advance(tp, cf.next_offset, cf.leader_epoch)
+                    cf.fetch_offset = cf.next_offset
+                elif i > 0:
+                    self.subs.advance(tp, recs[i - 1].offset + 1, cf.leader_epoch)
+                    cf.fetch_offset = recs[i - 1].offset + 1
+                if budget >= 0 and used >= budget and out:
+                    break
+                if not cf.drained:
+                    break
+            if not q:
+                self.buffer.pop(tp, None)
+            if len(out) >= max_records or (budget >= 0 and used >= budget and out):
+                break
+        if self.buffered_bytes < 0:
+            self.buffered_bytes = 0
+        if not self.buffer:
+            self.data_event.clear()
+        self.wake()
+        return out
+
+    def has_data(self) -> bool:
+        return any(self.buffer.values())
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # pragma: no cover - never let the fetcher die
+                log.exception("fetcher round failed")
+                await asyncio.sleep(0.1)
+
+    async def _round(self) -> None:
+        self._wake.clear()
+        if self.buffered_bytes < self.config.prefetch_max_bytes:
+            await self._send_fetches()
+        waiters: list[asyncio.Future[Any]] = list(self._in_flight.values())
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([*waiters, wake], return_when=asyncio.FIRST_COMPLETED,
+                               timeout=None if (waiters or self._wake.is_set()) else 1.0)
+        finally:
+            wake.cancel()
+
+    def _fetchable_by_leader(self) -> dict[int, list[TopicPartition]]:
+        md = self.client.metadata
+        out: dict[int, list[TopicPartition]] = {}
+        fetchable = self.subs.fetchable()
+        if fetchable:
+            # rotate so that no partition is always last in line (brokers fill responses in order)
+            k = self._rotation % len(fetchable)
+            fetchable = fetchable[k:] + fetchable[:k]
+            self._rotation += 1
+        for tp in fetchable:
+            if self.has_buffered(tp) or tp in self.errors:
+                continue
+            leader = md.leader(tp.topic, tp.partition)
+            if leader is None:
+                self.client.invalidate(tp.topic)
+                continue
+            out.setdefault(leader, []).append(tp)
+        return out
+
+    async def _send_fetches(self) -> None:
+        if self.client.metadata.needs_refresh and self.subs.assignment:
+            try:
+                await self.client.refresh_metadata({tp.topic for tp in self.subs.assignment})
+            except KafkaError as exc:
+                log.debug("metadata refresh failed: %s", exc)
+        for node, tps in self._fetchable_by_leader().items():
+            if node in self._in_flight:
+                continue
+            self._in_flight[node] = asyncio.create_task(self._fetch(node, tps), name=f"fetch-{node}")
+
+    async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
+        try:
+            await self._fetch_inner(node, tps)
+        finally:
+            self._in_flight.pop(node, None)
+            self._wake.set()
+
+    async def _fetch_inner(self, node: int, tps: list[TopicPartition]) -> None:
+        cfg = self.config
+        md = self.client.metadata
+        handler = self.sessions.get(node)
+        if handler is None:
+            handler = self.sessions[node] = FetchSessionHandler(node)
+        try:
+            conn = await self.client.connection(node).get()
+        except KafkaError as exc:
+            log.debug("fetch: cannot reach node %s: %s", node, exc)
+            self.client.invalidate()
+            await asyncio.sleep(0.1)
+            return
+        builder = handler.builder()
+        for tp in tps:
+            st = self.subs.assignment.get(tp)
+            if st is None or st.position is None:
+                continue
+            builder.add(FetchPartitionData(
+                topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
+                fetch_offset=st.position, log_start_offset=-1, partition_max_bytes=cfg.partition_max_bytes,
+                current_leader_epoch=md.leader_epoch(tp.topic, tp.partition),
+                last_fetched_epoch=-1,
+            ))
+        data = builder.build()
+        try:
+            version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
+        except KafkaError:
+            handler.handle_error(None)
+            raise
+        req = to_fetch_request(data, version=version, max_wait_ms=cfg.max_wait_ms, min_bytes=cfg.min_bytes,
+                               max_bytes=cfg.max_bytes, isolation_level=cfg.isolation_level, rack_id=cfg.rack_id)
+        positions = {tp: d.fetch_offset for tp, d in data.session_partitions.items()}
+        sent_before = conn.bytes_sent
+        try:
+            resp = await conn.send(req, version, timeout=conn.config.request_timeout + cfg.max_wait_ms / 1000)
+        except (KafkaError, asyncio.CancelledError) as exc:
+            with contextlib.suppress(FetchSessionStateError):
+                handler.handle_error(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            self.client.invalidate()
+            return
+        finally:
+            handler.add_request_bytes(conn.bytes_sent - sent_before)
+            self.stats.request_bytes += conn.bytes_sent - sent_before
+        self.stats.fetches += 1
+        if data.is_full:
+            self.stats.full_fetches += 1
+        else:
+            self.stats.incremental_fetches += 1
+        if not handler.handle_response(resp, version):
+            self.stats.session_errors += 1
+            log.info("fetch session with node %s: %s", node, handler.last_problem)
+            return
+        for tp, part in handler.response_partitions(resp, version).items():
+            self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
+
+    def _handle_partition(self, tp: TopicPartition, part: Any, fetch_offset: int | None) -> None:
+        subs = self.subs
+        st = subs.assignment.get(tp)
+        if st is None or fetch_offset is None or st.position != fetch_offset or self.has_buffered(tp):
+            return  # revoked, seeked or already buffered meanwhile: ignore
+        code = part.error_code
+        if code:
+            self._partition_error(tp, code)
+            return
+        subs.update_marks(tp, high_watermark=part.high_watermark, last_stable_offset=part.last_stable_offset,
+                          log_start_offset=part.log_start_offset)
+        raw = part.records
+        if not raw:
+            return
+        try:
+            rs = decode_records(raw, topic=tp.topic, partition=tp.partition, defer_errors=True)
+        except (CorruptRecordError, UnsupportedMessageFormatError) as exc:  # pragma: no cover - deferred
+            self.errors[tp] = exc
+            return
+        tracker = self.trackers.get(tp)
+        if tracker is None:
+            tracker = self.trackers[tp] = TxnTracker()
+        res = filter_batches(
+            rs.batches, fetch_offset, isolation_level=self.config.isolation_level,
+            aborted_transactions=part.aborted_transactions, last_stable_offset=part.last_stable_offset,
+            tracker=tracker,
+        )
+        self.stats.aborted_batches += res.aborted_batches
+        if res.new_aborted_after_delivery:
+            self.stats.aborted_after_delivery += res.new_aborted_after_delivery
+            if not tracker.warned:
+                tracker.warned = True
+                log.warning(
+                    "%s: an ABORT marker arrived for a transaction whose records were already delivered; "
+                    "the broker does not filter aborted transactions (no aborted-transaction index)", tp)
+        if rs.error is not None and not rs.batches:
+            self.errors[tp] = rs.error
+            return
+        if not rs.batches and rs.first_batch_truncated:
+            self.errors[tp] = RecordTooLargeError(
+                f"{tp}: the batch at offset {fetch_offset} is larger than max.partition.fetch.bytes "
+                f"({self.config.partition_max_bytes})")
+            return
+        if res.next_offset == fetch_offset and not res.records:
+            return
+        size = len(raw)
+        cf = CompletedFetch(tp, fetch_offset, res.records, res.next_offset, size, leader_epoch=res.last_epoch)
+        if not res.records:
+            subs.advance(tp, res.next_offset)  # only control/aborted batches: move past them
+            return
+        self.buffer.setdefault(tp, deque()).append(cf)
+        self.buffered_bytes += size
+        self.stats.records += len(res.records)
+        self.stats.bytes += size
+        self.data_event.set()
+        if rs.error is not None:
+            self.errors[tp] = rs.error
+
+    def _partition_error(self, tp: TopicPartition, code: int) -> None:
+        name = EC.describe(code).name
+        self.stats.errors[name] = self.stats.errors.get(name, 0) + 1
+        if code == EC.OFFSET_OUT_OF_RANGE:
+            if self.subs.default_reset is OffsetResetStrategy.NONE:
+                self.errors[tp] = NoOffsetForPartitionError([tp], "fetch position out of range")
+                self.data_event.set()
+            else:
+                log.info("%s: offset out of range; resetting to %s", tp, self.subs.default_reset.value)
+                self.subs.request_reset(tp)
+            return
+        if code in EC.METADATA_REFRESH_CODES or code == EC.LEADER_NOT_AVAILABLE:
+            self.client.invalidate(tp.topic)
+            return
+        if code in (EC.TOPIC_AUTHORIZATION_FAILED, 10, 87):  # auth, message too large, invalid record
+            self.errors[tp] = FetchPartitionError(f"fetch of {tp} failed: {name}", code=code)
+            self.data_event.set()
+            return
+        log.info("%s: fetch error %s; will retry", tp, name)
+        self.client.invalidate(tp.topic)
+
+    def take_error(self) -> Exception | None:
+        """The first pending per-partition error (raised to the owner once)."""
+        for tp in list(self.errors):
+            err = self.errors.pop(tp)
+            return err
+        return None
+
+    def is_read_committed(self) -> bool:
+        return self.config.isolation_level == READ_COMMITTED

@@ -1,0 +1,444 @@
+"""The asyncio driver of group membership and offset storage for one consumer.
+
+A single background task per member joins the group, keeps it alive with heartbeats, and rejoins
+when needed; it never depends on the owner polling (except for the max-poll-interval rule, which
+makes an idle owner leave so it cannot stall its group's rebalances). Commits and committed-offset
+lookups go to the same coordinator, rediscovered on NOT_COORDINATOR/COORDINATOR_NOT_AVAILABLE or
+a lost connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.client.client import KafkaClient
+from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
+from service.consumer.subscription import TopicPartition
+from service.group.member import Action, GroupMember, MemberState
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+
+log = logging.getLogger(__name__)
+
+RevokeHook = Callable[[list[TopicPartition]], Awaitable[None]]
+AssignHook = Callable[[list[TopicPartition], list[TopicPartition]], Awaitable[None]]
+PartitionCounts = Callable[[Sequence[str]], Awaitable[dict[str, int]]]
+
+
+class CommitFailedError(KafkaError):
+    """The commit was rejected because this member is no longer in the group's current generation."""
+
+    retriable = False
+
+
+class GroupFatalError(KafkaError):
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndMetadata:
+    offset: int
+    metadata: str | None = ""
+    leader_epoch: int | None = None
+
+
+CommitPart = M.struct("OffsetCommitRequest", "OffsetCommitRequestPartition")
+CommitTopic = M.struct("OffsetCommitRequest", "OffsetCommitRequestTopic")
+FetchTopicOld = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopic")
+FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
+FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        client: KafkaClient,
+        member: GroupMember,
+        *,
+        heartbeat_interval_ms: int = 3000,
+        max_poll_interval_ms: int = 300000,
+        retry_backoff_ms: int = 100,
+        partition_counts: PartitionCounts,
+        on_revoke: RevokeHook,
+        on_assign: AssignHook,
+        on_lost: RevokeHook | None = None,
+        on_fatal: Callable[[KafkaError], None] | None = None,
+        topics: Callable[[], Sequence[str]],
+    ) -> None:
+        self.client = client
+        self.member = member
+        self.group_id = member.group_id
+        self.heartbeat_interval = heartbeat_interval_ms / 1000
+        self.max_poll_interval = max_poll_interval_ms / 1000
+        self.retry_backoff = retry_backoff_ms / 1000
+        self._partition_counts = partition_counts
+        self._on_revoke = on_revoke
+        self._on_assign = on_assign
+        self._on_lost = on_lost or on_revoke
+        self._on_fatal = on_fatal
+        self._topics = topics
+        self.coordinator_id: int | None = None
+        self._coord_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._stable = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.last_poll = time.monotonic()
+        self.left_for_poll_timeout = False
+        self.heartbeat_latency: float | None = None
+        self.heartbeats = 0
+        self.fatal: KafkaError | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"group-{self.group_id}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def polled(self) -> None:
+        self.last_poll = time.monotonic()
+        if self.left_for_poll_timeout:
+            self.left_for_poll_timeout = False
+            self.member.request_rejoin("owner polled again after max poll interval")
+            self.wake()
+
+    @property
+    def stable(self) -> bool:
+        return self.member.state is MemberState.STABLE and not self.member.rejoin_needed
+
+    async def wait_stable(self, timeout: float) -> bool:
+        if self.stable:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stable.wait(), timeout)
+        return self.stable
+
+    async def close(self, leave: bool = True, force_static_leave: bool = False) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if leave:
+            await self._leave("consumer closing", force_static=force_static_leave)
+
+    # -- coordinator discovery -----------------------------------------------------------------------
+    async def ensure_coordinator(self) -> int:
+        if self.coordinator_id is not None:
+            return self.coordinator_id
+        async with self._coord_lock:
+            while self.coordinator_id is None:
+                try:
+                    self.coordinator_id = await self._find_coordinator()
+                except KafkaError as exc:
+                    if not exc.retriable:
+                        raise
+                    log.debug("FindCoordinator for %s failed: %s", self.group_id, exc)
+                    await asyncio.sleep(self.retry_backoff)
+            return self.coordinator_id
+
+    async def _find_coordinator(self) -> int:
+        conn = await self.client.any_connection()
+        version = conn.version_for(M.ApiKey.FIND_COORDINATOR)
+        req = M.FindCoordinatorRequest(key=self.group_id, key_type=0, coordinator_keys=[self.group_id])
+        resp = await conn.send(req, version)
+        if version >= 4:
+            c = next((c for c in resp.coordinators if c.key == self.group_id), None)
+            if c is None:
+                raise BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator")
+            code, node, host, port, msg = c.error_code, c.node_id, c.host, c.port, c.error_message
+        else:
+            code, node, host, port, msg = resp.error_code, resp.node_id, resp.host, resp.port, resp.error_message
+        if code:
+            raise BrokerResponseError(code, f"FindCoordinator({self.group_id})", msg)
+        if self.client.metadata.broker(node) is None:
+            from service.client.metadata import BrokerInfo
+
+            self.client.metadata.brokers[node] = BrokerInfo(node, host, port)
+        return node
+
+    def coordinator_dead(self, reason: str) -> None:
+        if self.coordinator_id is not None:
+            log.info("group %s: coordinator %s marked unknown (%s)", self.group_id, self.coordinator_id, reason)
+        self.coordinator_id = None
+
+    async def _send(self, req: Any, timeout: float | None = None) -> Any:
+        node = await self.ensure_coordinator()
+        try:
+            return await self.client.send(node, req, timeout=timeout)
+        except KafkaError as exc:
+            if exc.retriable:
+                self.coordinator_dead(str(exc))
+            raise
+
+    # -- the membership loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._closing:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except GroupFatalError as exc:
+                self.fatal = exc
+                if self._on_fatal:
+                    self._on_fatal(exc)
+                return
+            except KafkaError as exc:
+                log.info("group %s: %s; retrying", self.group_id, exc)
+                if exc.retriable:
+                    self.coordinator_dead(str(exc))
+                await self._pause(self.retry_backoff)
+            except Exception:  # pragma: no cover - never let the member task die silently
+                log.exception("group %s: unexpected error in membership loop", self.group_id)
+                await self._pause(1.0)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+    async def _tick(self) -> None:
+        m = self.member
+        topics = list(self._topics())
+        if not topics:
+            # Nothing to consume: leave if we are in the group, then idle until woken.
+            if m.member_id and m.state is not MemberState.UNJOINED:
+                await self._leave("subscription is empty")
+            self._stable.clear()
+            await self._pause(3600)
+            return
+        if self.left_for_poll_timeout:
+            await self._pause(3600)
+            return
+        if time.monotonic() - self.last_poll > self.max_poll_interval and m.state is MemberState.STABLE:
+            log.warning("group %s: member %s did not poll within max.poll.interval.ms; leaving the group",
+                        self.group_id, m.member_id)
+            await self._leave("max poll interval exceeded")
+            self.left_for_poll_timeout = True
+            return
+        if m.rejoin_needed or m.state is not MemberState.STABLE:
+            self._stable.clear()
+            await self._join(topics)
+            return
+        # steady state: heartbeat
+        started = time.monotonic()
+        resp = await self._send(m.heartbeat_request())
+        self.heartbeat_latency = time.monotonic() - started
+        self.heartbeats += 1
+        step = m.on_heartbeat_response(resp)
+        if step.action is Action.OK:
+            await self._pause(self.heartbeat_interval)
+        elif step.action is Action.REDISCOVER:
+            self.coordinator_dead("heartbeat")
+        elif step.action is Action.RETRY:
+            await self._pause(self.retry_backoff)
+        elif step.action is Action.FATAL:
+            await self._lose_partitions()
+            raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
+        else:  # REJOIN
+            if m.state is MemberState.UNJOINED and m.generation_id < 0:
+                await self._lose_partitions()
+
+    async def _lose_partitions(self) -> None:
+        lost, self.member.owned = self.member.owned, []
+        if lost:
+            await self._on_lost(lost)
+
+    async def _join(self, topics: list[str]) -> None:
+        m = self.member
+        revoked = m.prepare_join()
+        if revoked:
+            await self._on_revoke(revoked)
+        elif not m.cooperative or m.generation_id < 0:
+            pass
+        await self.ensure_coordinator()
+        join_timeout = m.rebalance_timeout_ms / 1000 + 5.0
+        while not self._closing:
+            req = m.join_request(topics)
+            resp = await self._send(req, timeout=join_timeout)
+            step = m.on_join_response(resp)
+            if step.action is Action.REJOIN:
+                continue
+            if step.action is Action.RETRY:
+                await asyncio.sleep(self.retry_backoff)
+                continue
+            if step.action is Action.REDISCOVER:
+                self.coordinator_dead("join")
+                return
+            if step.action is Action.FATAL:
+                await self._lose_partitions()
+                raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
+            if step.action is Action.ASSIGN:
+                counts = await self._partition_counts(step.topics)
+                step = m.leader_sync(counts)
+                if step.action is Action.FATAL:
+                    raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
+            resp = await self._send(step.request, timeout=join_timeout)
+            step = m.on_sync_response(resp)
+            if step.action is Action.DONE:
+                if step.revoked:
+                    await self._on_revoke(step.revoked)
+                await self._on_assign(step.assigned, step.added)
+                if not m.rejoin_needed:
+                    self._stable.set()
+                return
+            if step.action is Action.REDISCOVER:
+                self.coordinator_dead("sync")
+                return
+            if step.action is Action.FATAL:
+                await self._lose_partitions()
+                raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
+            if step.action is Action.RETRY:
+                await asyncio.sleep(self.retry_backoff)
+            if m.generation_id < 0:
+                await self._lose_partitions()
+            # REJOIN: loop
+
+    async def _leave(self, reason: str, force_static: bool = False) -> None:
+        m = self.member
+        req = m.leave_request(reason, force_static=force_static)
+        revoked = m.after_leave(reason)
+        self._stable.clear()
+        if revoked:
+            with contextlib.suppress(Exception):
+                await self._on_revoke(revoked)
+        if req is None or self.coordinator_id is None:
+            return
+        try:
+            resp = await self._send(req, timeout=5.0)
+            if resp.error_code:
+                log.info("group %s: LeaveGroup answered %s", self.group_id, EC.describe(resp.error_code).name)
+        except KafkaError as exc:
+            log.info("group %s: LeaveGroup failed: %s", self.group_id, exc)
+
+    # -- offsets ------------------------------------------------------------------------------------
+    async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], *, manual: bool = False,
+                     timeout: float = 30.0) -> None:
+        """Commit offsets; retriable errors are retried (after coordinator rediscovery) until ``timeout``.
+
+        Generation errors (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) are raised as
+        :class:`CommitFailedError` without touching membership: the heartbeat loop handles that.
+        """
+        if not offsets:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            if manual:
+                gen, member_id, instance = -1, "", None
+            else:
+                gen, member_id, instance = self.member.commit_identity()
+            by_topic: dict[str, list[Any]] = {}
+            for tp, om in offsets.items():
+                by_topic.setdefault(tp.topic, []).append(
+                    CommitPart(partition_index=tp.partition, committed_offset=om.offset,
+                               committed_leader_epoch=-1 if om.leader_epoch is None else om.leader_epoch,
+                               committed_metadata=om.metadata)
+                )
+            req = M.OffsetCommitRequest(
+                group_id=self.group_id, generation_id_or_member_epoch=gen, member_id=member_id,
+                group_instance_id=instance, retention_time_ms=-1,
+                topics=[CommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+            )
+            try:
+                resp = await self._send(req)
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(self.retry_backoff)
+                continue
+            retry_code = 0
+            for t in resp.topics:
+                for p in t.partitions:
+                    code = p.error_code
+                    if not code:
+                        continue
+                    if code in (EC.NOT_COORDINATOR, EC.COORDINATOR_NOT_AVAILABLE):
+                        self.coordinator_dead("commit")
+                        retry_code = code
+                    elif code in (EC.REBALANCE_IN_PROGRESS, EC.ILLEGAL_GENERATION, EC.UNKNOWN_MEMBER_ID,
+                                  EC.FENCED_INSTANCE_ID):
+                        raise CommitFailedError(
+                            f"commit for group {self.group_id!r} rejected: {EC.describe(code).name}; "
+                            "the group rebalanced and these partitions may now belong to another member",
+                            code=code,
+                        )
+                    elif EC.describe(code).retriable:
+                        retry_code = code
+                    else:
+                        raise BrokerResponseError(code, f"OffsetCommit {t.name}-{p.partition_index}")
+            if not retry_code:
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerResponseError(retry_code, "OffsetCommit (retries exhausted)")
+            await asyncio.sleep(self.retry_backoff)
+
+    async def committed(self, partitions: Sequence[TopicPartition], timeout: float = 30.0
+                        ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """Committed offsets (None where nothing is committed), with RequireStable where supported."""
+        if not partitions:
+            return {}
+        deadline = time.monotonic() + timeout
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        while True:
+            try:
+                node = await self.ensure_coordinator()
+                conn = await self.client.connection(node).get()
+                version = conn.version_for(M.ApiKey.OFFSET_FETCH)
+                if version >= 8:
+                    req = M.OffsetFetchRequest(
+                        groups=[FetchGroup(group_id=self.group_id,
+                                           topics=[FetchTopics(name=t, partition_indexes=ps)
+                                                   for t, ps in by_topic.items()])],
+                        require_stable=True,
+                    )
+                else:
+                    req = M.OffsetFetchRequest(
+                        group_id=self.group_id,
+                        topics=[FetchTopicOld(name=t, partition_indexes=ps) for t, ps in by_topic.items()],
+                        require_stable=True,
+                    )
+                resp = await conn.send(req, version)
+            except (KafkaError, RequestTimeoutError) as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+                self.coordinator_dead(str(exc))
+                await asyncio.sleep(self.retry_backoff)
+                continue
+            if version >= 8:
+                grp = next((g for g in resp.groups if g.group_id == self.group_id), None)
+                top_code = grp.error_code if grp else EC.COORDINATOR_NOT_AVAILABLE
+                topics = grp.topics if grp else []
+            else:
+                top_code = resp.error_code
+                topics = resp.topics
+            codes = [top_code] + [p.error_code for t in topics for p in t.partitions]
+            retry = next((c for c in codes if c and EC.describe(c).retriable), 0)
+            if retry:
+                if retry in (EC.NOT_COORDINATOR, EC.COORDINATOR_NOT_AVAILABLE):
+                    self.coordinator_dead("offset fetch")
+                if time.monotonic() >= deadline:
+                    raise BrokerResponseError(retry, "OffsetFetch (retries exhausted)")
+                await asyncio.sleep(self.retry_backoff)
+                continue
+            fatal = next((c for c in codes if c), 0)
+            if fatal:
+                raise BrokerResponseError(fatal, f"OffsetFetch for group {self.group_id!r}")
+            out: dict[TopicPartition, OffsetAndMetadata | None] = {tp: None for tp in partitions}
+            for t in topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.name, p.partition_index)
+                    if p.committed_offset >= 0:
+                        epoch = p.committed_leader_epoch
+                        out[tp] = OffsetAndMetadata(p.committed_offset, p.metadata,
+                                                    None if epoch is None or epoch < 0 else epoch)
+            return out

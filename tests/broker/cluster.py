@@ -1,0 +1,282 @@
+"""``TestCluster``: n test brokers on 127.0.0.1 sharing one :class:`ClusterState`, fault injectors and a
+request log. Use it as ``async with TestCluster(n_brokers=3, topics={"t": 6}) as cluster: ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import ssl
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+from tests.broker.faults import Fault, FaultInjector, RequestPredicate
+from tests.broker.handlers import default_registry
+from tests.broker.log import Predicate, RequestLog, RequestLogEntry
+from tests.broker.registry import HandlerRegistry
+from tests.broker.sasl_server import ALL_MECHANISMS, CredentialStore
+from tests.broker.server import MAX_REQUEST_SIZE, BrokerServer, ClientConnection
+from tests.broker.state import BrokerInfo, ClusterState, PartitionState, TopicState
+
+VersionRange = tuple[int, int]
+
+
+class BrokerHandlerError(AssertionError):
+    """A handler (or the broker itself) raised while serving a request; the test should not pass."""
+
+
+class TestCluster:
+    """A cluster of protocol-level test brokers.
+
+    Example::
+
+        async with TestCluster(3, topics={"orders": 6}, sasl_mechanisms=["SCRAM-SHA-512"],
+                               users={"alice": "secret"}) as cluster:
+            cluster.error(ApiKey.METADATA, EC.LEADER_NOT_AVAILABLE, node_id=0)
+            cluster.drop_connection(ApiKey.FETCH, count=2)
+            ... point the client under test at cluster.bootstrap_servers ...
+            await cluster.wait_for_requests(ApiKey.METADATA, count=2)
+            assert cluster.api_keys(node_id=1) == [ApiKey.API_VERSIONS, ...]
+            cluster.move_leader("orders", 0, to=2)          # leader epoch + 1
+            await cluster.stop_broker(1)                      # fail-over; start_broker(1) brings it back
+
+    Args:
+        n_brokers: number of brokers; node ids are ``node_ids`` or ``0..n-1``.
+        topics: topics to create up front, name -> partition count.
+        sasl_mechanisms: enable SASL on every broker with these mechanisms (``"PLAIN"``,
+            ``"SCRAM-SHA-256"``, ``"SCRAM-SHA-512"``); ``None`` disables SASL.
+        users: user name -> password, for PLAIN and SCRAM.
+        scram_iterations: PBKDF2 iterations of the stored SCRAM credentials.
+        api_versions: cluster-wide ApiVersions override, api key -> (min, max) to narrow the advertised
+            range or ``None`` to remove the API; per broker: ``set_api_versions(..., node_id=)``.
+        cluster_id, controller_id: reported in Metadata (defaults: random id, lowest live node id).
+        auto_create_topics: Metadata creates unknown topics (``default_partitions`` partitions) when the
+            request allows it.
+        replication_factor: default replication factor (default ``min(3, n_brokers)``).
+        racks: node id -> rack, reported in Metadata.
+        registry: handler registry (default :func:`tests.broker.handlers.default_registry`).
+        advertise_all_codecs: ApiVersions lists every API our codecs implement, not only the ones with
+            a handler (a request for an API without a handler closes the connection).
+        raise_handler_errors: leaving ``async with`` raises :class:`BrokerHandlerError` if a handler
+            crashed during the test (and the test itself did not fail).
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(
+        self,
+        n_brokers: int = 1,
+        *,
+        node_ids: Sequence[int] | None = None,
+        host: str = "127.0.0.1",
+        topics: Mapping[str, int] | None = None,
+        sasl_mechanisms: Sequence[str] | None = None,
+        users: Mapping[str, str] | None = None,
+        scram_iterations: int = 4096,
+        api_versions: Mapping[int, VersionRange | None] | None = None,
+        cluster_id: str | None = None,
+        controller_id: int | None = None,
+        auto_create_topics: bool = False,
+        default_partitions: int = 1,
+        replication_factor: int | None = None,
+        racks: Mapping[int, str] | None = None,
+        registry: HandlerRegistry | None = None,
+        advertise_all_codecs: bool = False,
+        max_request_size: int = MAX_REQUEST_SIZE,
+        raise_handler_errors: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        ids = list(node_ids) if node_ids is not None else list(range(n_brokers))
+        if len(ids) != n_brokers or len(set(ids)) != len(ids) or n_brokers < 1:
+            raise ValueError("need n_brokers >= 1 distinct node ids")
+        if sasl_mechanisms is not None:
+            unknown = set(sasl_mechanisms) - set(ALL_MECHANISMS)
+            if unknown:
+                raise ValueError(f"unsupported SASL mechanisms {sorted(unknown)}")
+        self.host = host
+        self.state = ClusterState(
+            cluster_id=cluster_id,
+            controller_id=controller_id,
+            auto_create_topics=auto_create_topics,
+            default_partitions=default_partitions,
+            default_replication_factor=replication_factor,
+        )
+        self.registry = registry if registry is not None else default_registry()
+        self.credentials = CredentialStore(scram_iterations)
+        for name, password in (users or {}).items():
+            self.credentials.add_user(name, password)
+        self.api_versions_override: dict[int, VersionRange | None] = dict(api_versions or {})
+        self.faults = FaultInjector()  # cluster-wide faults; each broker has its own too
+        self.log = RequestLog()
+        self.errors: list[BaseException] = []
+        self.max_request_size = max_request_size
+        self.advertise_all_codecs = advertise_all_codecs
+        self.raise_handler_errors = raise_handler_errors
+        self._conn_ids = itertools.count(1)
+        self.brokers: dict[int, BrokerServer] = {}
+        for node_id in ids:
+            mechs = list(sasl_mechanisms) if sasl_mechanisms is not None else None
+            self.brokers[node_id] = BrokerServer(self, node_id, host, 0, sasl_mechanisms=mechs,
+                                                 ssl_context=ssl_context)
+            self.state.add_broker(BrokerInfo(node_id, host, 0, rack=(racks or {}).get(node_id), alive=True))
+        for name, partitions in (topics or {}).items():
+            self.state.create_topic(name, partitions)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> TestCluster:
+        try:
+            for node_id, broker in self.brokers.items():
+                await broker.start()
+                self.state.brokers[node_id].port = broker.port
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def stop(self) -> None:
+        for broker in self.brokers.values():
+            await broker.stop()
+
+    async def __aenter__(self) -> TestCluster:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+        if exc_type is None and self.errors and self.raise_handler_errors:
+            raise BrokerHandlerError(f"test broker handler errors: {self.errors!r}") from self.errors[0]
+
+    def next_connection_id(self) -> int:
+        return next(self._conn_ids)
+
+    # -- brokers -------------------------------------------------------------------------------------
+    def broker(self, node_id: int) -> BrokerServer:
+        return self.brokers[node_id]
+
+    @property
+    def node_ids(self) -> list[int]:
+        return sorted(self.brokers)
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        return [self.brokers[n].address for n in self.node_ids]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port,host:port,...`` of every broker (running or not)."""
+        return ",".join(f"{h}:{p}" for h, p in self.addresses)
+
+    async def stop_broker(self, node_id: int, *, failover: bool = True) -> list[tuple[str, int]]:
+        """Stop one broker's listener and close its connections. With ``failover`` the partitions it led
+        move to another in-sync replica (leader epoch bumped) or become leaderless; without, they stay
+        leaderless until it is back. Returns the (topic, partition) pairs whose leader changed."""
+        changed = self.state.broker_stopped(node_id, failover=failover)
+        await self.brokers[node_id].stop()
+        return changed
+
+    async def start_broker(self, node_id: int) -> list[tuple[str, int]]:
+        """Start a stopped broker again on the same port; it rejoins ISRs and leads leaderless partitions."""
+        broker = self.brokers[node_id]
+        await broker.start()
+        self.state.brokers[node_id].port = broker.port
+        return self.state.broker_started(node_id)
+
+    async def restart_broker(self, node_id: int, *, failover: bool = True) -> None:
+        await self.stop_broker(node_id, failover=failover)
+        await self.start_broker(node_id)
+
+    def connections(self, node_id: int | None = None) -> list[ClientConnection]:
+        brokers = [self.brokers[node_id]] if node_id is not None else list(self.brokers.values())
+        return [c for b in brokers for c in b.connections]
+
+    async def close_connections(self, node_id: int | None = None) -> int:
+        """Close every current client connection (of one broker, or all); returns how many."""
+        brokers = [self.brokers[node_id]] if node_id is not None else list(self.brokers.values())
+        n = 0
+        for b in brokers:
+            n += await b.close_connections()
+        return n
+
+    def set_api_versions(self, overrides: Mapping[int, VersionRange | None], *, node_id: int | None = None) -> None:
+        """Replace the ApiVersions override of one broker (or the cluster-wide one)."""
+        target = self.brokers[node_id].api_versions_override if node_id is not None else self.api_versions_override
+        target.clear()
+        target.update(overrides)
+
+    # -- topics --------------------------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int | None = None, *, replication_factor: int | None = None,
+                     topic_id: uuid.UUID | None = None, assignments: Mapping[int, Sequence[int]] | None = None,
+                     internal: bool = False, configs: Mapping[str, str] | None = None) -> TopicState:
+        return self.state.create_topic(name, partitions, replication_factor=replication_factor, topic_id=topic_id,
+                                       assignments=assignments, internal=internal, configs=configs)
+
+    def delete_topic(self, name: str) -> TopicState:
+        return self.state.delete_topic(name)
+
+    def topic(self, name: str) -> TopicState:
+        return self.state.topic(name)
+
+    def partition(self, topic: str, partition: int) -> PartitionState:
+        return self.state.partition(topic, partition)
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        return self.state.partition(topic, partition).leader
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        """partition -> leader node id (-1: none)."""
+        return {p.index: p.leader for p in self.state.topic(topic).partitions}
+
+    def move_leader(self, topic: str, partition: int, to: int | None = None) -> PartitionState:
+        """Move a partition's leadership (default: to the next live replica) and bump its leader epoch."""
+        return self.state.move_leader(topic, partition, to)
+
+    # -- users ---------------------------------------------------------------------------------------
+    def add_user(self, username: str, password: str, *, iterations: int | None = None) -> None:
+        self.credentials.add_user(username, password, iterations=iterations)
+
+    def remove_user(self, username: str) -> None:
+        self.credentials.remove_user(username)
+
+    # -- faults --------------------------------------------------------------------------------------
+    def _injector(self, node_id: int | None) -> FaultInjector:
+        return self.faults if node_id is None else self.brokers[node_id].faults
+
+    def drop_connection(self, api_key: int, count: int = 1, *, node_id: int | None = None,
+                        when: RequestPredicate | None = None) -> Fault:
+        """Close the connection on the next ``count`` requests of ``api_key`` (on one broker or any)."""
+        return self._injector(node_id).drop_connection(api_key, count, when=when)
+
+    def delay(self, api_key: int, seconds: float = math.inf, count: int = 1, *, node_id: int | None = None,
+              until: asyncio.Event | None = None, when: RequestPredicate | None = None) -> Fault:
+        """Answer the next ``count`` requests of ``api_key`` late (see :meth:`FaultInjector.delay`)."""
+        return self._injector(node_id).delay(api_key, seconds, count, until=until, when=when)
+
+    def error(self, api_key: int, error_code: int, count: int = 1, *, node_id: int | None = None,
+              depth: int | None = None, when: RequestPredicate | None = None) -> Fault:
+        """Answer the next ``count`` requests of ``api_key`` with ``error_code`` (see :meth:`FaultInjector.error`)."""
+        return self._injector(node_id).error(api_key, error_code, count, depth=depth, when=when)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+        for b in self.brokers.values():
+            b.faults.clear()
+
+    # -- request log ---------------------------------------------------------------------------------
+    def requests(self, api_key: int | None = None, *, node_id: int | None = None, since: int = 0,
+                 where: Predicate | None = None) -> list[RequestLogEntry]:
+        return self.log.select(api_key, node_id=node_id, since=since, where=where)
+
+    def api_keys(self, *, node_id: int | None = None, since: int = 0) -> list[int]:
+        """The api keys of the logged requests, in arrival order."""
+        return [e.api_key for e in self.requests(node_id=node_id, since=since)]
+
+    async def wait_for_requests(self, api_key: int | None = None, *, count: int = 1, node_id: int | None = None,
+                                since: int = 0, where: Predicate | None = None,
+                                timeout: float = 10.0) -> list[RequestLogEntry]:
+        return await self.log.wait_for(api_key, count=count, node_id=node_id, since=since, where=where,
+                                       timeout=timeout)
+
+
+__all__ = ["BrokerHandlerError", "TestCluster"]

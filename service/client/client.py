@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,12 @@ class KafkaClient:
         self.metadata = ClusterMetadata()
         self.metadata_max_age = metadata_max_age
         self._conns: dict[int, ManagedConnection] = {}
+        # Idle connections for requests the broker may hold (JoinGroup, SyncGroup, long-poll Fetch).
+        # A Kafka broker reads a connection's next request only after answering the previous one, so
+        # such requests must not share the pipelined control connection with heartbeats and commits.
+        self._idle: dict[int, list[ManagedConnection]] = {}
+        self.max_idle_per_broker = 32
+        self.leased = 0
         self._bootstrap_conn: ManagedConnection | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._interest: set[str] = set()
@@ -114,6 +120,44 @@ class KafkaClient:
                    timeout: float | None = None) -> Any:
         try:
             return await self.connection(node_id).send(req, version, timeout)
+        except KafkaConnectionError:
+            self.metadata.mark_stale()
+            raise
+
+    @contextlib.asynccontextmanager
+    async def lease(self, node_id: int) -> AsyncIterator[ManagedConnection]:
+        """An exclusive connection to ``node_id`` for one blocking request; returned to a pool after."""
+        broker = self.metadata.broker(node_id)
+        if broker is None:
+            raise KafkaConnectionError(f"broker {node_id} is not in the cluster metadata")
+        idle = self._idle.setdefault(node_id, [])
+        mc = None
+        while idle:
+            cand = idle.pop()
+            if (cand.host, cand.port) == (broker.host, broker.port) and cand.current is not None:
+                mc = cand
+                break
+            await cand.close()
+        if mc is None:
+            mc = ManagedConnection(broker.host, broker.port, self.config, node_id)
+        self.leased += 1
+        ok = False
+        try:
+            yield mc
+            ok = True
+        finally:
+            self.leased -= 1
+            if ok and not self._closed and mc.current is not None and len(idle) < self.max_idle_per_broker:
+                idle.append(mc)
+            else:
+                await mc.close()
+
+    async def send_blocking(self, node_id: int, req: Struct, version: int | None = None,
+                            timeout: float | None = None) -> Any:
+        """Send a request the broker may hold for a long time on a leased connection."""
+        try:
+            async with self.lease(node_id) as mc:
+                return await mc.send(req, version, timeout)
         except KafkaConnectionError:
             self.metadata.mark_stale()
             raise
@@ -207,6 +251,9 @@ class KafkaClient:
             with contextlib.suppress(BaseException):
                 await self._refresh_task
         conns = list(self._conns.values())
+        for idle in self._idle.values():
+            conns.extend(idle)
+        self._idle.clear()
         if self._bootstrap_conn is not None:
             conns.append(self._bootstrap_conn)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)

@@ -129,6 +129,9 @@ class Consumer:
         self._positions_wake = asyncio.Event()
         self._autocommit_task: asyncio.Task[None] | None = None
         self._assignment_event = asyncio.Event()
+        #: set whenever the assignment changes (assign, revoke, lose); waiters clear it themselves
+        self.assignment_changed = asyncio.Event()
+        self.revoked_history: list[list[TopicPartition]] = []
         self._commit_lock = asyncio.Lock()
         self.coordinator: GroupCoordinator | None = None
         self.member: GroupMember | None = None
@@ -264,10 +267,13 @@ class Consumer:
                 log.exception("revocation hook failed")
         self.subs.remove_partitions(partitions)
         self.fetcher.purge(partitions)
+        self.revoked_history.append(list(partitions))
+        self.assignment_changed.set()
 
     async def _on_lost(self, partitions: list[TopicPartition]) -> None:
         self.subs.remove_partitions(partitions)
         self.fetcher.purge(partitions)
+        self.assignment_changed.set()
 
     async def _on_assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
@@ -278,6 +284,7 @@ class Consumer:
             self.fetcher.purge(stale)
         self.subs.add_partitions(assigned)
         self._assignment_event.set()
+        self.assignment_changed.set()
         self._positions_wake.set()
         self.fetcher.wake()
 
@@ -305,10 +312,13 @@ class Consumer:
                 await asyncio.sleep(1)
                 continue
             self._positions_wake.clear()
-            if self.subs.initializing() or self.subs.awaiting_reset():
-                continue
+            pending = [tp for tp in (*self.subs.initializing(), *self.subs.awaiting_reset())
+                       if tp not in self.fetcher.errors]
+            # Work left over (e.g. a partition missing from a response) is retried after a backoff;
+            # partitions blocked by an error wait until the owner has seen it and seeks.
+            wait = self.config.retry_backoff_ms / 1000 if pending else 5.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._positions_wake.wait(), 5.0)
+                await asyncio.wait_for(self._positions_wake.wait(), wait)
 
     async def _update_positions(self) -> None:
         init = [tp for tp in self.subs.initializing() if tp not in self.fetcher.errors]
@@ -386,6 +396,7 @@ class Consumer:
                                    topics=[ListTopic(name=t, partitions=ps) for t, ps in by_topic.items()])
         resp = await self.client.send(node, req)
         out: dict[TopicPartition, int | None] = {}
+        unreliable: list[TopicPartition] = []
         for t in resp.topics:
             for p in t.partitions:
                 tp = TopicPartition(t.name, p.partition_index)
@@ -393,21 +404,25 @@ class Consumer:
                     self.client.handle_error_code(p.error_code, t.name)
                     raise BrokerResponseError(p.error_code, f"ListOffsets {tp}")
                 out[tp] = p.offset if p.offset >= 0 else None
-        if iso == READ_COMMITTED:
-            latest = [tp for tp, ts in targets.items() if ts == LATEST_TIMESTAMP]
-            if latest:
-                # Some brokers (Tansu) answer ListOffsets(latest, read_committed) with 0; the Fetch
-                # response's last stable offset is authoritative, so probe it.
-                out.update(await self._probe_lso(node, latest))
+                if targets.get(tp, -1) >= 0 and p.offset >= 0 and p.timestamp < 0:
+                    # Kafka answers a timestamp lookup with the matching record's timestamp, or with
+                    # offset -1 when none matches; an offset without a timestamp means the broker has no
+                    # time index (Tansu): search by fetching instead.
+                    unreliable.append(tp)
+        # The end of a partition is confirmed from a Fetch response (high watermark, or the last stable
+        # offset under read_committed), which every broker computes correctly; some (Tansu) answer
+        # ListOffsets(latest) wrongly for multi-record batches and ignore read_committed there.
+        latest = [tp for tp, ts in targets.items() if ts == LATEST_TIMESTAMP]
+        if latest:
+            ends = await self._probe_end_offsets(node, {tp: out.get(tp) or 0 for tp in latest})
+            out.update(ends)
+        for tp in unreliable:
+            out[tp] = await self._search_timestamp(node, tp, targets[tp])
         return out
 
-    async def _probe_lso(self, node: int, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        ulist = M.ListOffsetsRequest(replica_id=-1, isolation_level=READ_UNCOMMITTED, topics=[
-            ListTopic(name=t, partitions=[ListPartition(partition_index=tp.partition, timestamp=LATEST_TIMESTAMP)
-                                          for tp in partitions if tp.topic == t])
-            for t in {tp.topic for tp in partitions}])
-        hw_resp = await self.client.send(node, ulist)
-        hws = {TopicPartition(t.name, p.partition_index): p.offset for t in hw_resp.topics for p in t.partitions}
+    async def _probe_fetch(self, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
+                           isolation: int) -> dict[TopicPartition, Any]:
+        """A one-off sessionless Fetch (max wait 0) of ``offsets``; partition responses by partition."""
         from service.fetch.session import (
             FetchPartitionData,
             FetchSessionHandler,
@@ -418,25 +433,64 @@ class Consumer:
         handler = FetchSessionHandler(node)
         b = handler.builder()
         md = self.client.metadata
-        for tp in partitions:
+        for tp, off in offsets.items():
             b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
-                                     fetch_offset=max(0, hws.get(tp, 0)), partition_max_bytes=1))
+                                     fetch_offset=off, partition_max_bytes=max_bytes))
         data = b.build()
         conn = await self.client.connection(node).get()
         version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-        req = to_fetch_request(data, version=version, max_wait_ms=0, min_bytes=0, max_bytes=1,
-                               isolation_level=READ_COMMITTED)
-        req.session_epoch = -1  # sessionless
+        # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
+        req = to_fetch_request(data, version=version, max_wait_ms=5, min_bytes=1,
+                               isolation_level=isolation)
         resp = await conn.send(req, version)
         handler.handle_response(resp, version)
+        return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
+
+    async def _probe_end_offsets(self, node: int, guesses: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        iso = self.config.isolation
+        parts = await self._probe_fetch(node, guesses, max_bytes=1, isolation=iso)
         out: dict[TopicPartition, int] = {}
-        for tp, p in handler.response_partitions(resp, version).items():
-            tp = TopicPartition(*tp)
-            if p.error_code == 0 and p.last_stable_offset >= 0:
-                out[tp] = p.last_stable_offset
-            elif tp in hws:
-                out[tp] = hws[tp]
+        retry: dict[TopicPartition, int] = {}
+        for tp, p in parts.items():
+            if p.error_code == EC.OFFSET_OUT_OF_RANGE and guesses[tp] != 0:
+                retry[tp] = 0
+                continue
+            if p.error_code:
+                self.client.handle_error_code(p.error_code, tp.topic)
+                raise BrokerResponseError(p.error_code, f"end offset of {tp}")
+            end = p.last_stable_offset if iso == READ_COMMITTED and p.last_stable_offset >= 0 else p.high_watermark
+            out[tp] = end
+        if retry:
+            out.update(await self._probe_end_offsets(node, retry))
         return out
+
+    async def _search_timestamp(self, node: int, tp: TopicPartition, target: int) -> int | None:
+        """First offset whose record timestamp is >= ``target``, by binary search over fetched batches
+        (log2(n) small fetches); None when every record is older."""
+        from service.protocol.records import decode_records
+
+        first = (await self._list_offsets_node(node, {tp: EARLIEST_TIMESTAMP}))[tp] or 0
+        end = (await self._probe_end_offsets(node, {tp: first}))[tp]
+        lo, hi = first, end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            p = (await self._probe_fetch(node, {tp: mid}, max_bytes=1, isolation=READ_UNCOMMITTED))[tp]
+            if p.error_code:
+                raise BrokerResponseError(p.error_code, f"timestamp search in {tp}")
+            rs = decode_records(p.records or b"", topic=tp.topic, partition=tp.partition)
+            if not rs.batches:
+                break
+            recs = [r for r in (rs.batches[0].records or []) if lo <= r.offset < hi]
+            idx = next((i for i, r in enumerate(recs) if r.timestamp >= target), None)
+            if idx is None:
+                lo = max(rs.batches[0].next_offset, mid + 1)  # everything up to the batch end is older
+            elif idx > 0:
+                return recs[idx].offset  # an older record precedes it in offset order: found
+            else:
+                hi = min(recs[0].offset, mid)  # the batch starts at or after the target: look before it
+                if hi <= lo:
+                    return lo
+        return lo if lo < end else None
 
     # -- poll -----------------------------------------------------------------------------------------
     async def poll(self, max_records: int = 500, max_bytes: int | None = None,

@@ -282,18 +282,26 @@ class Fetcher:
             self._wake.set()
 
     async def _fetch_inner(self, node: int, tps: list[TopicPartition]) -> None:
-        cfg = self.config
-        md = self.client.metadata
         handler = self.sessions.get(node)
         if handler is None:
             handler = self.sessions[node] = FetchSessionHandler(node)
         try:
-            conn = await self.client.connection(node).get()
+            async with self.client.lease(node) as mc:
+                try:
+                    conn = await mc.get()
+                except KafkaError as exc:
+                    log.debug("fetch: cannot reach node %s: %s", node, exc)
+                    self.client.invalidate()
+                    await asyncio.sleep(0.1)
+                    return
+                await self._fetch_on(conn, node, handler, tps)
         except KafkaError as exc:
-            log.debug("fetch: cannot reach node %s: %s", node, exc)
+            log.debug("fetch: node %s: %s", node, exc)
             self.client.invalidate()
-            await asyncio.sleep(0.1)
-            return
+
+    async def _fetch_on(self, conn: Any, node: int, handler: FetchSessionHandler, tps: list[TopicPartition]) -> None:
+        cfg = self.config
+        md = self.client.metadata
         builder = handler.builder()
         for tp in tps:
             st = self.subs.assignment.get(tp)

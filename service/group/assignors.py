@@ -68,7 +68,9 @@ class MemberSubscription:
     """What the leader knows about one member: its JoinGroup identity plus its decoded subscription.
 
     ``owned_partitions`` accepts ``{topic: [partitions]}`` or ``(topic, partition)`` pairs. Only
-    ``cooperative-sticky`` looks at owned partitions, generation and (not yet) rack.
+    ``cooperative-sticky`` looks at owned partitions and generation; no assignor uses the rack yet
+    (rack-aware assignment needs partition replica racks, which the assign() input does not carry).
+    Assignors key their output by the key of the ``members`` mapping, not by ``member_id``.
     """
 
     member_id: str
@@ -82,11 +84,21 @@ class MemberSubscription:
     @classmethod
     def from_subscription(cls, member_id: str, subscription: Subscription,
                           group_instance_id: str | None = None) -> MemberSubscription:
+        """From a decoded subscription.
+
+        Before v2 the payload has no generation field; Java's cooperative-sticky assignor then carries the
+        generation as a 4-byte int32 in ``user_data`` (see :meth:`CooperativeStickyAssignor.user_data`),
+        and that is used when present.
+        """
+        generation = subscription.generation_id
+        ud = subscription.user_data
+        if subscription.version < 2 and ud is not None and len(ud) == 4:
+            generation = int.from_bytes(ud, "big", signed=True)
         return cls(
             member_id=member_id,
             topics=list(subscription.topics),
             owned_partitions=subscription.owned_partitions,
-            generation_id=subscription.generation_id,
+            generation_id=generation,
             group_instance_id=group_instance_id,
             rack_id=subscription.rack_id,
             user_data=subscription.user_data,
@@ -414,6 +426,14 @@ class CooperativeStickyAssignor:
 
     name = "cooperative-sticky"
     rebalance_protocol = COOPERATIVE
+
+    @staticmethod
+    def user_data(generation_id: int) -> bytes:
+        """Subscription ``user_data`` as Java's cooperative-sticky writes it: the generation as an int32.
+
+        Leaders that read subscriptions older than v2 take the generation from here.
+        """
+        return generation_id.to_bytes(4, "big", signed=True)
 
     def assign(self, partitions_per_topic: Mapping[str, int],
                members: Mapping[str, MemberSubscription]) -> GroupAssignment:

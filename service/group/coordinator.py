@@ -170,9 +170,11 @@ class GroupCoordinator:
             log.info("group %s: coordinator %s marked unknown (%s)", self.group_id, self.coordinator_id, reason)
         self.coordinator_id = None
 
-    async def _send(self, req: Any, timeout: float | None = None) -> Any:
+    async def _send(self, req: Any, timeout: float | None = None, blocking: bool = False) -> Any:
         node = await self.ensure_coordinator()
         try:
+            if blocking:
+                return await self.client.send_blocking(node, req, timeout=timeout)
             return await self.client.send(node, req, timeout=timeout)
         except KafkaError as exc:
             if exc.retriable:
@@ -263,7 +265,7 @@ class GroupCoordinator:
         join_timeout = m.rebalance_timeout_ms / 1000 + 5.0
         while not self._closing:
             req = m.join_request(topics)
-            resp = await self._send(req, timeout=join_timeout)
+            resp = await self._send(req, timeout=join_timeout, blocking=True)
             step = m.on_join_response(resp)
             if step.action is Action.REJOIN:
                 continue
@@ -279,9 +281,12 @@ class GroupCoordinator:
             if step.action is Action.ASSIGN:
                 counts = await self._partition_counts(step.topics)
                 step = m.leader_sync(counts)
+                for member_id, problem in m.bad_subscriptions:
+                    log.warning("group %s: member %s sent an unreadable subscription (%s); it gets no partitions",
+                                self.group_id, member_id, problem)
                 if step.action is Action.FATAL:
                     raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
-            resp = await self._send(step.request, timeout=join_timeout)
+            resp = await self._send(step.request, timeout=join_timeout, blocking=True)
             step = m.on_sync_response(resp)
             if step.action is Action.DONE:
                 if step.revoked:
@@ -303,13 +308,18 @@ class GroupCoordinator:
             # REJOIN: loop
 
     async def _leave(self, reason: str, force_static: bool = False) -> None:
+        """onLeavePrepare then LeaveGroup: the revocation hook (which may commit) runs while this
+        member still holds its generation, then the member leaves and forgets it."""
         m = self.member
-        req = m.leave_request(reason, force_static=force_static)
-        revoked = m.after_leave(reason)
         self._stable.clear()
-        if revoked:
-            with contextlib.suppress(Exception):
-                await self._on_revoke(revoked)
+        owned = list(m.owned)
+        if owned:
+            try:
+                await self._on_revoke(owned)
+            except Exception:
+                log.exception("group %s: revocation hook failed while leaving", self.group_id)
+        req = m.leave_request(reason, force_static=force_static)
+        m.after_leave(reason)
         if req is None or self.coordinator_id is None:
             return
         try:

@@ -21,6 +21,7 @@ from service.group import protocol as cp
 from service.group.assignors import Assignor, MemberSubscription
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
+from service.protocol.errors import ProtocolDecodeError
 
 JoinProtocol = M.struct("JoinGroupRequest", "JoinGroupRequestProtocol")
 SyncAssignment = M.struct("SyncGroupRequest", "SyncGroupRequestAssignment")
@@ -97,6 +98,7 @@ class GroupMember:
         self.fatal_error: BrokerResponseError | None = None
         self._members: list[Any] = []  # leader only: JoinGroup members of the current generation
         self.rebalances = 0
+        self.bad_subscriptions: list[tuple[str, str]] = []
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -175,7 +177,10 @@ class GroupMember:
                 self._members = list(resp.members)
                 topics: set[str] = set()
                 for m in self._members:
-                    topics.update(cp.decode_subscription(m.metadata).topics)
+                    try:
+                        topics.update(cp.decode_subscription(m.metadata).topics)
+                    except ProtocolDecodeError:
+                        continue  # reported by leader_sync
                 return Step(Action.ASSIGN, topics=sorted(topics))
             return Step(Action.SYNC, request=self._sync_request([]))
         self.state = MemberState.UNJOINED
@@ -206,8 +211,15 @@ class GroupMember:
         if assignor is None:
             return self._fatal(EC.BY_NAME["INCONSISTENT_GROUP_PROTOCOL"], "JoinGroup",
                                f"coordinator chose unknown assignor {self.protocol_name!r}")
-        subs = {m.member_id: MemberSubscription.from_metadata(m.member_id, m.metadata, m.group_instance_id)
-                for m in self._members}
+        subs: dict[str, MemberSubscription] = {}
+        self.bad_subscriptions = []
+        for m in self._members:
+            try:
+                subs[m.member_id] = MemberSubscription.from_metadata(m.member_id, m.metadata, m.group_instance_id)
+            except ProtocolDecodeError as exc:
+                # A member sent garbage: it gets nothing (instead of failing the whole group's rebalance).
+                self.bad_subscriptions.append((m.member_id, str(exc)))
+                subs[m.member_id] = MemberSubscription(member_id=m.member_id, group_instance_id=m.group_instance_id)
         result = assignor.assign(partitions_per_topic, subs)
         assignments = [
             SyncAssignment(member_id=mid, assignment=cp.encode_assignment(result.get(mid, {})))

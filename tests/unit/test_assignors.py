@@ -68,6 +68,18 @@ def test_member_subscription_from_metadata() -> None:
     assert ms == MS("m-1", ["a", "b"], {"a": [1]}, 4, "i-1", "r", None)
 
 
+def test_generation_from_java_cooperative_user_data_before_v2() -> None:
+    ud = CooperativeStickyAssignor.user_data(9)
+    assert ud == b"\x00\x00\x00\x09"
+    old = encode_subscription(["t"], owned_partitions={"t": [0]}, user_data=ud, version=1)
+    assert MS.from_metadata("m", old).generation_id == 9
+    # From v2 on the field wins; other user data shapes are not a generation.
+    new = encode_subscription(["t"], user_data=ud, generation_id=11, version=2)
+    assert MS.from_metadata("m", new).generation_id == 11
+    assert MS.from_metadata("m", encode_subscription(["t"], user_data=b"\x00" * 5, version=1)).generation_id == -1
+    assert CooperativeStickyAssignor.user_data(-1) == b"\xff\xff\xff\xff"
+
+
 def test_member_sort_key_is_java_order() -> None:
     ids = ["b", "a", "\uffff", "\U0001f600", "B"]
     # Java compares UTF-16 code units: the surrogate pair of U+1F600 (0xD83D...) sorts before U+FFFF.
@@ -349,7 +361,7 @@ events = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(events=events, n_topics=st.integers(1, 4), identical=st.booleans(), seed=st.integers(0, 2**16))
 def test_sticky_many_random_rounds(events: list[tuple[str, int]], n_topics: int, identical: bool,
                                    seed: int) -> None:

@@ -493,9 +493,12 @@ class Consumer:
         return lo if lo < end else None
 
     # -- poll -----------------------------------------------------------------------------------------
-    async def poll(self, max_records: int = 500, max_bytes: int | None = None,
-                   timeout: float = 1.0) -> list[ConsumerRecord]:
-        """Records as soon as any are buffered, or [] after ``timeout`` seconds."""
+    async def poll_batches(self, max_records: int = 500, max_bytes: int | None = None,
+                           timeout: float = 1.0) -> list[tuple[TopicPartition, list[Record]]]:
+        """Records as per-partition chunks as soon as any are buffered, or [] after ``timeout`` seconds.
+
+        The hot path of the gateway: no per-record objects are created here.
+        """
         self._ensure_started()
         if self._fatal is not None:
             raise self._fatal
@@ -508,37 +511,39 @@ class Consumer:
             self.coordinator.polled()
             if not self.subs.assignment and not self.coordinator.stable:
                 await self.coordinator.wait_stable(max(0.0, deadline - time.monotonic()))
+        fetcher = self.fetcher
         while True:
-            err = self.fetcher.take_error()
-            if err is not None:
-                raise err
+            if fetcher.errors:
+                err = fetcher.take_error()
+                if err is not None:
+                    self._positions_wake.set()
+                    raise err
             if self._fatal is not None:
                 raise self._fatal
-            batch = self.fetcher.drain(max_records, max_bytes)
-            if batch:
-                self.stats.records += len(batch)
+            chunks = fetcher.drain(max_records, max_bytes)
+            if chunks:
+                self.stats.records += sum(len(c) for _, c in chunks)
                 self.stats.poll_wait_seconds += time.monotonic() - started
-                return [ConsumerRecord(tp.topic, tp.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
-                        for tp, r in batch]
+                return chunks
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.stats.poll_wait_seconds += time.monotonic() - started
                 return []
-            self.fetcher.data_event.clear()
-            if self.fetcher.has_data() or self.fetcher.errors:
+            fetcher.data_event.clear()
+            if fetcher.has_data() or fetcher.errors:
                 continue
             try:
-                await asyncio.wait_for(self.fetcher.data_event.wait(), remaining)
+                await asyncio.wait_for(fetcher.data_event.wait(), remaining)
                 self.stats.wakeups += 1
             except TimeoutError:
                 pass
 
-    async def poll_raw(self, max_records: int = 500, max_bytes: int | None = None,
-                       timeout: float = 1.0) -> list[tuple[TopicPartition, Record]]:
-        """Like :meth:`poll` without building :class:`ConsumerRecord` objects (HTTP hot path)."""
-        recs = await self.poll(max_records, max_bytes, timeout)
-        return [(TopicPartition(r.topic, r.partition), Record(r.offset, r.timestamp, r.key, r.value, r.headers))
-                for r in recs]
+    async def poll(self, max_records: int = 500, max_bytes: int | None = None,
+                   timeout: float = 1.0) -> list[ConsumerRecord]:
+        """Records as soon as any are buffered, or [] after ``timeout`` seconds."""
+        chunks = await self.poll_batches(max_records, max_bytes, timeout)
+        return [ConsumerRecord(tp.topic, tp.partition, r.offset, r.timestamp, r.key, r.value, r.headers)
+                for tp, recs in chunks for r in recs]
 
     # -- commits --------------------------------------------------------------------------------------
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,

@@ -164,53 +164,60 @@ class Fetcher:
             self.buffered_bytes = 0
         self.wake()
 
-    def drain(self, max_records: int, max_bytes: int | None = None) -> list[tuple[TopicPartition, Record]]:
-        """Take up to ``max_records`` buffered records (at least one if any is available, even when it is
-        larger than ``max_bytes``) and advance positions."""
-        out: list[tuple[TopicPartition, Record]] = []
-        budget = max_bytes if max_bytes is not None else -1
-        used = 0
+    def drain(self, max_records: int, max_bytes: int | None = None) -> list[tuple[TopicPartition, list[Record]]]:
+        """Take up to ``max_records`` buffered records as per-partition chunks (list slices, no per-record
+        work unless ``max_bytes`` is given) and advance positions. At least one record is returned when
+        any is available, even if it is larger than ``max_bytes``, so a poll can never stall."""
+        out: list[tuple[TopicPartition, list[Record]]] = []
+        left = max_records
+        budget = -1 if max_bytes is None else max_bytes
         for tp in list(self.buffer):
+            if left <= 0 or budget == 0:
+                break
             q = self.buffer[tp]
-            while q and len(out) < max_records:
+            st = self.subs.assignment.get(tp)
+            while q and left > 0 and budget != 0:
                 cf = q[0]
-                pos = self.subs.position(tp) if self.subs.is_assigned(tp) else None
-                if pos is None or (cf.index == 0 and pos != cf.fetch_offset) or self.subs.assignment[tp].paused:
-                    if pos is None or pos != cf.fetch_offset:
-                        q.popleft()  # stale: the position moved (seek) while it was buffered
-                        self.buffered_bytes -= cf.size
-                        continue
-                    break  # paused: keep it for later
+                pos = st.position if st is not None else None
+                if pos is None or pos != cf.fetch_offset:
+                    q.popleft()  # stale: revoked or the position moved (seek) while it was buffered
+                    self.buffered_bytes -= cf.size
+                    continue
+                if st is not None and st.paused:
+                    break
                 recs = cf.records
                 i = cf.index
-                while i < len(recs) and len(out) < max_records:
-                    r = recs[i]
-                    if budget >= 0 and out:
-                        sz = len(r.value or b"") + len(r.key or b"")
-                        if used + sz > budget:
+                j = min(len(recs), i + left)
+                if budget > 0:
+                    k = i
+                    while k < j:
+                        r = recs[k]
+                        sz = (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+                        if sz > budget and (out or k > i):
+                            budget = 0
                             break
-                        used += sz
-                    elif budget >= 0:
-                        used += len(r.value or b"") + len(r.key or b"")
-                    out.append((tp, r))
-                    i += 1
-                cf.index = i
-                if cf.drained:
+                        budget = max(0, budget - sz) if sz <= budget else 0
+                        k += 1
+                        if budget == 0:
+                            break
+                    j = k
+                if j == i:
+                    break
+                chunk = recs if (i == 0 and j == len(recs)) else recs[i:j]
+                out.append((tp, chunk))
+                left -= j - i
+                cf.index = j
+                if j >= len(recs):
                     q.popleft()
                     self.buffered_bytes -= cf.size
                     self.subs.advance(tp, cf.next_offset, cf.leader_epoch)
-                    cf.fetch_offset = cf.next_offset
-                elif i > 0:
-                    self.subs.advance(tp, recs[i - 1].offset + 1, cf.leader_epoch)
-                    cf.fetch_offset = recs[i - 1].offset + 1
-                if budget >= 0 and used >= budget and out:
-                    break
-                if not cf.drained:
+                else:
+                    nxt = recs[j - 1].offset + 1
+                    self.subs.advance(tp, nxt, cf.leader_epoch)
+                    cf.fetch_offset = nxt
                     break
             if not q:
                 self.buffer.pop(tp, None)
-            if len(out) >= max_records or (budget >= 0 and used >= budget and out):
-                break
         if self.buffered_bytes < 0:
             self.buffered_bytes = 0
         if not self.buffer:

@@ -102,6 +102,13 @@ def filter_batches(
             next_offset = batch.next_offset
             continue
         records = batch.records if batch.records is not None else batch.decode()
+        if records and records[0].offset >= fetch_offset and (limit is None or records[-1].offset < limit):
+            out.extend(records)  # the common case: the whole batch is deliverable
+            res.last_epoch = batch.partition_leader_epoch
+            if tracker is not None and batch.is_transactional and pid >= 0:
+                tracker.delivered_open.setdefault(pid, records[0].offset)
+            next_offset = batch.next_offset
+            continue
         delivered_any = False
         for r in records:
             if r.offset < fetch_offset:

@@ -241,12 +241,12 @@ class BrokerConnection:
     async def _read_loop(self) -> None:
         assert self._reader is not None
         reader = self._reader
-        guard = self.config.max_frame_bytes
         err: KafkaError
         try:
             while True:
                 head = await reader.readexactly(4)
                 (size,) = _SIZE.unpack(head)
+                guard = self.config.max_frame_bytes
                 if size < 4 or size > guard:
                     raise FrameTooLargeError(
                         f"{self.address} sent a frame of {size} bytes (guard {guard}); "

@@ -100,7 +100,10 @@ class ClusterMetadata:
             self._stale.clear()
             self._stale_all = False
         else:
+            # The client always asks for every topic it is interested in, so a topic-list answer
+            # satisfies a general "refresh everything" request too.
             self._stale.difference_update(requested_topics)
+            self._stale_all = False
         self.updated_at = time.monotonic() if now is None else now
         self.version += 1
 

@@ -122,6 +122,7 @@ class Consumer:
             rack_id=config.client_rack,
         ))
         self.stats = ConsumerStats()
+        self.fetcher.on_reset = lambda: self._positions_wake.set()
         self._user_revoke = on_revoke
         self._closed = False
         self._fatal: KafkaError | None = None
@@ -621,9 +622,22 @@ class Consumer:
             pos = self.subs.position(tp)
             if pos is not None and self.subs.assignment[tp].state is FetchState.FETCHING:
                 return pos
-            await self._update_positions()
+            err = self.fetcher.errors.pop(tp, None)
+            if err is not None:
+                self._positions_wake.set()
+                raise err
+            try:
+                await self._update_positions()
+            except NoOffsetForPartitionError:
+                raise
+            except KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+            if self.subs.position(tp) is not None:
+                continue
             if time.monotonic() > deadline:
                 raise KafkaError(f"position of {tp} not available within {timeout}s", retriable=True)
+            await asyncio.sleep(self.config.retry_backoff_ms / 1000)
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self.subs.pause([TopicPartition(*tp) for tp in partitions])

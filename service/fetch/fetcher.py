@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,8 @@ class Fetcher:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._rotation = 0
+        #: called after a partition was marked for an offset reset (the owner resolves positions)
+        self.on_reset: Callable[[], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -252,8 +255,12 @@ class Fetcher:
             wake.cancel()
 
     def _fetchable_by_leader(self) -> dict[int, list[TopicPartition]]:
+        """Partitions to fetch, by leader. A leader with any partition still buffered (not yet handed to
+        the owner) is skipped this round, as the Java consumer does since KAFKA-17182: leaving such a
+        partition out would remove it from the fetch session and re-add it on the next round."""
         md = self.client.metadata
         out: dict[int, list[TopicPartition]] = {}
+        busy: set[int] = set()
         fetchable = self.subs.fetchable()
         if fetchable:
             # rotate so that no partition is always last in line (brokers fill responses in order)
@@ -261,13 +268,18 @@ class Fetcher:
             fetchable = fetchable[k:] + fetchable[:k]
             self._rotation += 1
         for tp in fetchable:
-            if self.has_buffered(tp) or tp in self.errors:
-                continue
             leader = md.leader(tp.topic, tp.partition)
             if leader is None:
                 self.client.invalidate(tp.topic)
                 continue
+            if self.has_buffered(tp):
+                busy.add(leader)
+                continue
+            if tp in self.errors:
+                continue
             out.setdefault(leader, []).append(tp)
+        for node in busy:
+            out.pop(node, None)
         return out
 
     async def _send_fetches(self) -> None:
@@ -422,6 +434,8 @@ class Fetcher:
             else:
                 log.info("%s: offset out of range; resetting to %s", tp, self.subs.default_reset.value)
                 self.subs.request_reset(tp)
+                if self.on_reset is not None:
+                    self.on_reset()
             return
         if code in EC.METADATA_REFRESH_CODES or code == EC.LEADER_NOT_AVAILABLE:
             self.client.invalidate(tp.topic)

@@ -8,13 +8,25 @@ import asyncio
 import itertools
 import math
 import ssl
+import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
 from tests.broker.faults import Fault, FaultInjector, RequestPredicate
+from tests.broker.fetch_sessions import (
+    DEFAULT_CACHE_SLOTS,
+    DEFAULT_EVICTION_MS,
+    BrokerFetchSession,
+    FetchSessionCache,
+    FetchSessions,
+    FetchSessionStats,
+)
 from tests.broker.handlers import default_registry
+from tests.broker.handlers.fetch import EXTENSION_KEY as FETCH_SESSIONS_KEY
+from tests.broker.handlers.fetch import PARTIAL_BATCHES_KEY
 from tests.broker.log import Predicate, RequestLog, RequestLogEntry
+from tests.broker.partition_log import PartitionLog, RecordLike
 from tests.broker.registry import HandlerRegistry
 from tests.broker.sasl_server import ALL_MECHANISMS, CredentialStore
 from tests.broker.server import MAX_REQUEST_SIZE, BrokerServer, ClientConnection
@@ -61,6 +73,15 @@ class TestCluster:
             a handler (a request for an API without a handler closes the connection).
         raise_handler_errors: leaving ``async with`` raises :class:`BrokerHandlerError` if a handler
             crashed during the test (and the test itself did not fail).
+        fetch_sessions: brokers create incremental fetch sessions (False: always answer session id 0,
+            like Tansu); see :mod:`tests.broker.fetch_sessions`.
+        fetch_session_cache_slots, fetch_session_eviction_ms: the per-broker session cache size and the
+            idle time after which a session may be evicted (Kafka: 1,000 and 120 s).
+        fetch_session_clock: milliseconds clock of the session caches (e.g. a
+            :class:`tests.broker.fetch_sessions.ManualClock`); default: monotonic time.
+        fetch_session_ids: source of new session ids (default: random in 1..2^31-2).
+        fetch_partial_batches: a Fetch partition whose next batch does not fit also returns the leading
+            bytes that fit (Kafka's byte-range reads); default: whole batches only.
     """
 
     __test__ = False  # not a pytest test class despite the name
@@ -87,6 +108,12 @@ class TestCluster:
         max_request_size: int = MAX_REQUEST_SIZE,
         raise_handler_errors: bool = True,
         ssl_context: ssl.SSLContext | None = None,
+        fetch_sessions: bool = True,
+        fetch_session_cache_slots: int = DEFAULT_CACHE_SLOTS,
+        fetch_session_eviction_ms: float = DEFAULT_EVICTION_MS,
+        fetch_session_clock: Callable[[], float] | None = None,
+        fetch_session_ids: Callable[[], int] | None = None,
+        fetch_partial_batches: bool = False,
     ) -> None:
         ids = list(node_ids) if node_ids is not None else list(range(n_brokers))
         if len(ids) != n_brokers or len(set(ids)) != len(ids) or n_brokers < 1:
@@ -121,6 +148,10 @@ class TestCluster:
             self.brokers[node_id] = BrokerServer(self, node_id, host, 0, sasl_mechanisms=mechs,
                                                  ssl_context=ssl_context)
             self.state.add_broker(BrokerInfo(node_id, host, 0, rack=(racks or {}).get(node_id), alive=True))
+        self.state.extensions[FETCH_SESSIONS_KEY] = FetchSessions(
+            enabled=fetch_sessions, max_entries=fetch_session_cache_slots, eviction_ms=fetch_session_eviction_ms,
+            clock=fetch_session_clock, id_factory=fetch_session_ids)
+        self.state.extensions[PARTIAL_BATCHES_KEY] = fetch_partial_batches
         for name, partitions in (topics or {}).items():
             self.state.create_topic(name, partitions)
 
@@ -231,6 +262,109 @@ class TestCluster:
     def move_leader(self, topic: str, partition: int, to: int | None = None) -> PartitionState:
         """Move a partition's leadership (default: to the next live replica) and bump its leader epoch."""
         return self.state.move_leader(topic, partition, to)
+
+    # -- partition logs ------------------------------------------------------------------------------
+    def partition_log(self, topic: str, partition: int) -> PartitionLog:
+        """The stored batches, offsets and transaction state of one partition."""
+        return self.state.partition(topic, partition).log
+
+    def _append_time(self, topic: str) -> int | None:
+        ts_type = self.state.topic(topic).configs.get("message.timestamp.type", "")
+        return int(time.time() * 1000) if ts_type.lower() == "logappendtime" else None
+
+    def append(self, topic: str, partition: int, records: Iterable[RecordLike], *, compression: int = 0,
+               producer_id: int = -1, producer_epoch: int = 0, transactional: bool = False,
+               timestamp: int | None = None, base_sequence: int = -1) -> int:
+        """Append one batch of ``records`` (values, or ``(key, value[, headers[, timestamp]])`` tuples) to
+        the partition's log as a producer would; returns its base offset. ``timestamp``: the batch's
+        base timestamp (default: the records' own, else now). A transactional batch opens a transaction
+        for ``producer_id`` (if none is open) until :meth:`end_txn`."""
+        p = self.state.partition(topic, partition)
+        stored = p.log.append_records(records, leader_epoch=p.leader_epoch, compression=compression,
+                                      producer_id=producer_id, producer_epoch=producer_epoch,
+                                      base_sequence=base_sequence, transactional=transactional,
+                                      timestamp=timestamp, log_append_time=self._append_time(topic))
+        return stored.base_offset
+
+    def append_batch(self, topic: str, partition: int, batch: bytes) -> int:
+        """Append one encoded batch (e.g. from ``records.build_batch``); returns the assigned base offset."""
+        p = self.state.partition(topic, partition)
+        return p.log.append_batch(batch, leader_epoch=p.leader_epoch,
+                                  log_append_time=self._append_time(topic)).base_offset
+
+    def append_txn(self, topic: str, partition: int, records: Iterable[RecordLike], *, producer_id: int,
+                   producer_epoch: int = 0, compression: int = 0, timestamp: int | None = None) -> int:
+        """:meth:`append` of a transactional batch; returns its base offset."""
+        return self.append(topic, partition, records, compression=compression, producer_id=producer_id,
+                           producer_epoch=producer_epoch, transactional=True, timestamp=timestamp)
+
+    def end_txn(self, topic: str, partition: int, producer_id: int, commit: bool, *,
+                producer_epoch: int | None = None, coordinator_epoch: int = 0, timestamp: int | None = None) -> int:
+        """Write a COMMIT (``commit=True``) or ABORT control batch for ``producer_id``: the transaction
+        ends, the last stable offset moves, an abort enters the aborted-transaction index. Returns the
+        marker's offset."""
+        p = self.state.partition(topic, partition)
+        return p.log.end_txn(producer_id, commit, producer_epoch=producer_epoch, leader_epoch=p.leader_epoch,
+                             coordinator_epoch=coordinator_epoch, timestamp=timestamp).base_offset
+
+    def truncate_start(self, topic: str, partition: int, offset: int) -> None:
+        """Move the log start offset to ``offset`` (<= high watermark), dropping the batches below it."""
+        self.state.partition(topic, partition).log.truncate_start(offset)
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).high_watermark
+
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).last_stable_offset
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self.partition_log(topic, partition).log_start_offset
+
+    # -- fetch sessions ------------------------------------------------------------------------------
+    @property
+    def fetch_session_state(self) -> FetchSessions:
+        """Settings and per-broker caches of the brokers' fetch sessions."""
+        return self.state.extensions[FETCH_SESSIONS_KEY]
+
+    def configure_fetch_sessions(self, *, enabled: bool | None = None, slots: int | None = None,
+                                 eviction_ms: float | None = None, clock: Callable[[], float] | None = None,
+                                 id_factory: Callable[[], int] | None = None) -> None:
+        self.fetch_session_state.configure(enabled=enabled, max_entries=slots, eviction_ms=eviction_ms,
+                                           clock=clock, id_factory=id_factory)
+
+    @property
+    def fetch_partial_batches(self) -> bool:
+        return bool(self.state.extensions.get(PARTIAL_BATCHES_KEY, False))
+
+    @fetch_partial_batches.setter
+    def fetch_partial_batches(self, value: bool) -> None:
+        self.state.extensions[PARTIAL_BATCHES_KEY] = value
+
+    def fetch_session_cache(self, node_id: int) -> FetchSessionCache:
+        return self.fetch_session_state.cache(node_id)
+
+    def fetch_sessions(self, node_id: int | None = None) -> list[BrokerFetchSession]:
+        """The live fetch sessions (of one broker, or all)."""
+        return self.fetch_session_state.sessions(node_id)
+
+    def fetch_session(self, session_id: int) -> BrokerFetchSession | None:
+        return self.fetch_session_state.find(session_id)
+
+    def fetch_session_stats(self, node_id: int | None = None) -> FetchSessionStats:
+        """Counters (created, evicted, closed, errors by code, ...) summed over brokers (or one)."""
+        return self.fetch_session_state.stats(node_id)
+
+    def expire_fetch_sessions(self, node_id: int | None = None) -> int:
+        """Drop every fetch session (of one broker, or all), as if evicted; their next incremental
+        request gets FETCH_SESSION_ID_NOT_FOUND. Returns how many were dropped."""
+        fs = self.fetch_session_state
+        n = 0
+        for nid, cache in fs.caches.items():
+            if node_id is None or nid == node_id:
+                dropped = cache.clear()
+                cache.stats.evicted += dropped
+                n += dropped
+        return n
 
     # -- users ---------------------------------------------------------------------------------------
     def add_user(self, username: str, password: str, *, iterations: int | None = None) -> None:

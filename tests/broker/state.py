@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.broker.partition_log import ChangeNotifier, PartitionLog
+
 NO_LEADER = -1
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -44,6 +46,8 @@ class PartitionState:
     isr: list[int]
     leader: int
     leader_epoch: int = 0
+    # the stored batches, offsets and transaction state (see tests.broker.partition_log)
+    log: PartitionLog = field(default_factory=PartitionLog, repr=False, compare=False)
 
 
 @dataclass
@@ -82,6 +86,8 @@ class ClusterState:
         self.topics_by_id: dict[uuid.UUID, TopicState] = {}
         # State of other subsystems (fetch sessions, groups, ...), keyed by subsystem name.
         self.extensions: dict[str, Any] = {}
+        # Signalled on every log change and leader move (wakes Fetch requests waiting for data).
+        self.changes = ChangeNotifier()
 
     # -- brokers ---------------------------------------------------------------------------------
     def add_broker(self, info: BrokerInfo) -> None:
@@ -111,6 +117,7 @@ class ClusterState:
         new leader from the remaining ISR (epoch bumped), or no leader if none is left.
         Returns the (topic, partition) pairs whose leader changed."""
         self.brokers[node_id].alive = False
+        self.changes.notify()
         changed: list[tuple[str, int]] = []
         if not failover:
             return changed
@@ -128,6 +135,7 @@ class ClusterState:
     def broker_started(self, node_id: int) -> list[tuple[str, int]]:
         """Mark a broker up: it rejoins the ISR of its replicas and leads leaderless partitions."""
         self.brokers[node_id].alive = True
+        self.changes.notify()
         changed: list[tuple[str, int]] = []
         for topic in self.topics.values():
             for p in topic.partitions:
@@ -183,7 +191,8 @@ class ClusterState:
                 raise ValueError(f"partition {i}: unknown or missing replicas {replicas}")
             isr = [r for r in replicas if self.is_alive(r)] or [replicas[0]]
             leader = next((r for r in replicas if self.is_alive(r)), NO_LEADER)
-            parts.append(PartitionState(index=i, replicas=list(replicas), isr=isr, leader=leader))
+            parts.append(PartitionState(index=i, replicas=list(replicas), isr=isr, leader=leader,
+                                        log=PartitionLog(self.changes)))
         tid = topic_id if topic_id is not None else uuid.uuid4()
         if tid in self.topics_by_id or tid.int == 0:
             raise ValueError(f"topic id {tid} is taken or zero")
@@ -195,6 +204,7 @@ class ClusterState:
     def delete_topic(self, name: str) -> TopicState:
         topic = self.topics.pop(name)
         del self.topics_by_id[topic.topic_id]
+        self.changes.notify()
         return topic
 
     def topic(self, name: str) -> TopicState:
@@ -222,6 +232,7 @@ class ClusterState:
             p.isr.append(to)
         p.leader = to
         p.leader_epoch += 1
+        self.changes.notify()
         return p
 
     def sorted_topics(self) -> Iterable[TopicState]:

@@ -7,6 +7,7 @@ Tansu has no SASL, no TLS and no fault injection, so these behaviours are checke
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 
 import pytest
@@ -224,7 +225,8 @@ async def test_request_timeout_is_retriable_and_connection_survives() -> None:
 async def test_frame_size_guard() -> None:
     async with TestCluster(topics={"t": 1}) as cluster:
         host, port = cluster.addresses[0]
-        conn = await BrokerConnection.open(host, port, ConnectionConfig(max_frame_bytes=64))
+        conn = await BrokerConnection.open(host, port, ConnectionConfig())
+        conn.config = dataclasses.replace(conn.config, max_frame_bytes=64)  # after the handshake
         with pytest.raises(FrameTooLargeError, match="guard 64"):
             await conn.send(meta("t"))
         await conn.close()

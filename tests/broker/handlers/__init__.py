@@ -6,14 +6,19 @@ Each module has ``register(registry)``; :func:`default_registry` registers them 
 
 from __future__ import annotations
 
-from tests.broker.handlers import api_versions, metadata, sasl
+from tests.broker.handlers import api_versions, fetch, list_offsets, metadata, produce, sasl
+from tests.broker.handlers import transactions as txn_handlers
 from tests.broker.registry import HandlerRegistry
 
 
-def default_registry() -> HandlerRegistry:
+def default_registry(*, transactions: bool = False) -> HandlerRegistry:
+    """Every handler; the transaction coordinator APIs (InitProducerId, AddPartitionsToTxn, EndTxn) only
+    with ``transactions=True``: ``TestCluster(registry=default_registry(transactions=True))``."""
     registry = HandlerRegistry()
-    for module in (api_versions, metadata, sasl):
+    for module in (api_versions, metadata, sasl, fetch, list_offsets, produce):
         module.register(registry)
+    if transactions:
+        txn_handlers.register(registry)
     return registry
 
 

@@ -70,6 +70,8 @@ class ConsumerConfig:
     assignment_strategies: tuple[str, ...] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
     client_rack: str = ""
+    metadata_max_age_ms: int = 300000  # how often a pattern subscription looks for new topics
+    fetch_idle_pause_ms: int = 30000  # stop prefetching after this long without a poll (0: never)
 
     @property
     def isolation(self) -> int:
@@ -120,6 +122,7 @@ class Consumer:
             max_wait_ms=config.fetch_max_wait_ms,
             prefetch_max_bytes=config.prefetch_max_bytes,
             rack_id=config.client_rack,
+            idle_pause_s=config.fetch_idle_pause_ms / 1000,
         ))
         self.stats = ConsumerStats()
         self.fetcher.on_reset = lambda: self._positions_wake.set()
@@ -129,6 +132,7 @@ class Consumer:
         self._positions_task: asyncio.Task[None] | None = None
         self._positions_wake = asyncio.Event()
         self._autocommit_task: asyncio.Task[None] | None = None
+        self._pattern_task: asyncio.Task[None] | None = None
         self._assignment_event = asyncio.Event()
         #: set whenever the assignment changes (assign, revoke, lose); waiters clear it themselves
         self.assignment_changed = asyncio.Event()
@@ -179,7 +183,7 @@ class Consumer:
             with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                 await asyncio.wait_for(self.commit_consumed(), 5.0)
         self._closed = True
-        for t in (self._positions_task, self._autocommit_task):
+        for t in (self._positions_task, self._autocommit_task, self._pattern_task):
             if t is not None:
                 t.cancel()
                 with contextlib.suppress(BaseException):
@@ -204,6 +208,8 @@ class Consumer:
             md = await self.client.refresh_metadata(all_topics=True)
             self.subs.match_pattern(md.topics)
             changed = True
+            if self._pattern_task is None or self._pattern_task.done():
+                self._pattern_task = asyncio.create_task(self._pattern_loop(), name="pattern")
         else:
             changed = self.subs.subscribe(topics or [])
         await self.client.ensure_metadata(self.subs.topics)
@@ -211,6 +217,21 @@ class Consumer:
             self.member.request_rejoin("subscription changed")
         coord.start()
         coord.wake()
+
+    async def _pattern_loop(self) -> None:
+        """Re-match a pattern subscription against the cluster's topics; rejoin when the match changes."""
+        interval = self.config.metadata_max_age_ms / 1000
+        while not self._closed and self.subs.pattern is not None:
+            await asyncio.sleep(interval)
+            try:
+                md = await self.client.refresh_metadata(all_topics=True)
+            except KafkaError as exc:
+                log.info("pattern subscription: metadata refresh failed: %s", exc)
+                continue
+            if self.subs.pattern is not None and self.subs.match_pattern(md.topics) and self.member is not None:
+                self.member.request_rejoin("topics matching the subscription pattern changed")
+                if self.coordinator is not None:
+                    self.coordinator.wake()
 
     async def unsubscribe(self) -> None:
         revoked = self.subs.assigned()
@@ -508,6 +529,7 @@ class Consumer:
         self.stats.polls += 1
         started = time.monotonic()
         deadline = started + max(0.0, timeout)
+        self.fetcher.demand()
         if self.coordinator is not None and self.subs.is_group_managed:
             self.coordinator.polled()
             if not self.subs.assignment and not self.coordinator.stable:

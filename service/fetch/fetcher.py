@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,10 @@ class FetchConfig:
     max_wait_ms: int = 500
     prefetch_max_bytes: int = 8 * 1024 * 1024
     rack_id: str = ""
+    # Stop fetching once the owner has not asked for records for this long (0: never). An idle
+    # consumer then holds no broker connection and costs nothing but heartbeats; its next poll wakes
+    # the fetcher again.
+    idle_pause_s: float = 30.0
 
 
 class Fetcher:
@@ -108,6 +113,8 @@ class Fetcher:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._rotation = 0
+        self.last_demand = time.monotonic()
+        self.idle = False
         #: called after a partition was marked for an offset reset (the owner resolves positions)
         self.on_reset: Callable[[], None] | None = None
 
@@ -242,8 +249,20 @@ class Fetcher:
                 log.exception("fetcher round failed")
                 await asyncio.sleep(0.1)
 
+    def demand(self) -> None:
+        """The owner wants records (a poll): resume fetching if it was paused for idleness."""
+        self.last_demand = time.monotonic()
+        if self.idle:
+            self.idle = False
+            self._wake.set()
+
     async def _round(self) -> None:
         self._wake.clear()
+        pause = self.config.idle_pause_s
+        self.idle = bool(pause) and time.monotonic() - self.last_demand > pause and not self._in_flight
+        if self.idle:
+            await self._wake.wait()
+            return
         if self.buffered_bytes < self.config.prefetch_max_bytes:
             await self._send_fetches()
         waiters: list[asyncio.Future[Any]] = list(self._in_flight.values())

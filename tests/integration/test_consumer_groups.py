@@ -6,6 +6,7 @@ Session timeouts are small (Tansu holds a JoinGroup for about half the session t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -290,5 +291,48 @@ async def test_thousand_partition_topic(tansu: EmbeddedBroker, kclient: KafkaCli
         await c.commit()
         committed = await c.committed(c.assignment())
         assert all(om is not None and om.offset == 2 for om in committed.values())
+    finally:
+        await c.close()
+
+
+async def test_pattern_subscription_picks_up_new_topics(tansu: EmbeddedBroker, kclient: KafkaClient,
+                                                        topic_name: str) -> None:
+    first, second = f"{topic_name}-a", f"{topic_name}-b"
+    await kclient.create_topics({first: 1, f"other-{topic_name}": 1})
+    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", metadata_max_age_ms=200, **FAST))  # type: ignore[arg-type]
+    try:
+        await c.subscribe(pattern=rf"{topic_name}-.*")
+        await c.poll(timeout=5)
+        assert {tp.topic for tp in c.assignment()} == {first}
+        await kclient.create_topics({second: 2})
+        deadline = time.monotonic() + 20
+        while {tp.topic for tp in c.assignment()} != {first, second}:
+            c.assignment_changed.clear()
+            assert time.monotonic() < deadline, f"new topic not picked up: {c.assignment()}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c.assignment_changed.wait(), 1.0)
+            await c.poll(timeout=0)
+        assert sorted(c.assignment()) == [TopicPartition(first, 0), TopicPartition(second, 0),
+                                          TopicPartition(second, 1)]
+    finally:
+        await c.close()
+
+
+async def test_idle_consumer_stops_fetching_and_resumes_on_poll(tansu: EmbeddedBroker, kclient: KafkaClient,
+                                                                topic_name: str) -> None:
+    await kclient.create_topics({topic_name: 1})
+    c = Consumer(kclient, ConsumerConfig(group_id=None, fetch_idle_pause_ms=300, fetch_max_wait_ms=100,
+                                         auto_offset_reset="earliest"))
+    try:
+        await c.assign([TopicPartition(topic_name, 0)])
+        assert await c.poll(timeout=0.2) == []
+        fetches = c.fetcher.stats.fetches
+        await asyncio.sleep(1.0)  # deliberately idle: no poll for longer than the idle pause
+        assert c.fetcher.idle
+        idle_fetches = c.fetcher.stats.fetches
+        assert idle_fetches - fetches <= 5  # at most the rounds before the pause took effect
+        await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3, 1)
+        recs = await c.poll(timeout=5)  # wakes the fetcher
+        assert [r.value for r in recs] == [b"v0", b"v1", b"v2"]
     finally:
         await c.close()

@@ -1,53 +1,131 @@
-"""The HTTP application. Until the consumer API lands it serves /healthz, /readyz and /metrics."""
+"""The HTTP application: Confluent-v2-compatible consumer API, health, readiness and metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.consumers import V2, acceptable_content_type
+from api.consumers import router as consumers_router
+from api.errors import error_response, install_error_handlers
 from api.responses import OrjsonResponse
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
-from service.metrics import GatewayMetrics
+from service.gateway import Gateway
+from service.metrics import GatewayCollector, GatewayMetrics
 from service.settings import Settings
+from service.tenants import TenantError, TenantRegistry
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    client = KafkaClient(bootstrap, settings.connection_config())
+    connection = settings.connection_config()
+    if settings.tenants_file:
+        tenants = TenantRegistry.from_file(settings.tenants_file, default_bootstrap=bootstrap,
+                                           default_connection=connection)
+    else:
+        tenants = TenantRegistry.single_default(bootstrap=bootstrap, connection=connection)
+    gateway = Gateway(
+        replica_id=settings.replica_id,
+        idle_timeout=settings.instance_idle_timeout_s,
+        max_poll_timeout=settings.max_poll_timeout_ms / 1000,
+        prefetch_bytes=settings.prefetch_bytes_per_instance,
+        memory_budget_bytes=settings.memory_budget_bytes,
+        max_instances=settings.max_instances,
+        consumer_defaults={
+            "session_timeout_ms": settings.consumer_session_timeout_ms,
+            "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
+            "max_poll_interval_ms": settings.consumer_max_poll_interval_ms,
+            "client_rack": "",
+        },
+    )
+    registry.register(GatewayCollector(gateway))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gateway.start()
+        lag_task = asyncio.create_task(metrics.watch_event_loop())
         try:
             yield
         finally:
-            await client.close()
+            lag_task.cancel()
+            await gateway.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
-                  default_response_class=OrjsonResponse)
+                  default_response_class=OrjsonResponse,
+                  description="HTTP gateway to consume Kafka as members of consumer groups; compatible with "
+                              "the Confluent REST Proxy v2 consumer API, with long-poll, streaming, timestamps "
+                              "and headers as extensions.")
     app.state.settings = settings
-    app.state.client = client
+    app.state.tenants = tenants
+    app.state.gateway = gateway
     app.state.metrics = metrics
+    install_error_handlers(app)
 
-    @app.get("/healthz", tags=["ops"])
+    @app.exception_handler(TenantError)
+    async def _tenant_error(request: Request, exc: TenantError) -> OrjsonResponse:
+        headers = {}
+        retry = getattr(exc, "retry_after", None)
+        if retry is not None:
+            headers["Retry-After"] = str(max(1, int(retry + 0.999)))
+        return error_response(exc.status, exc.error_code, exc.message, headers or None)
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > settings.max_body_bytes
+            except ValueError:
+                return error_response(400, 40001, "invalid Content-Length header")
+            if too_big:
+                return error_response(413, 41301, f"request body larger than {settings.max_body_bytes} bytes")
+        if request.method in ("POST", "PUT", "PATCH", "GET") and request.url.path.startswith("/consumers/"):
+            ct = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            has_body = (length not in (None, "0")) or "transfer-encoding" in request.headers
+            if has_body and ct and not acceptable_content_type(ct):
+                return error_response(415, 41501, f"unsupported content type {ct!r}; use {V2} or application/json")
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        metrics.http_seconds.labels(path, request.method, str(response.status_code)).observe(
+            time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz", tags=["ops"], summary="The process is alive")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", tags=["ops"], summary="Brokers of every tenant are reachable")
     async def readyz() -> Response:
-        try:
-            await client.refresh_metadata()
-        except KafkaError as exc:
-            return OrjsonResponse({"status": "unavailable", "error_code": 50302, "message": str(exc)},
+        problems = {}
+        for tenant in tenants.tenants.values():
+            rt = gateway.tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
+            client: KafkaClient = rt.client
+            try:
+                await asyncio.wait_for(client.refresh_metadata(), 5.0)
+            except (KafkaError, TimeoutError) as exc:
+                problems[tenant.id] = str(exc) or "timed out"
+        if problems:
+            return OrjsonResponse({"status": "unavailable", "error_code": 50302, "tenants": problems},
                                   status_code=503)
-        return OrjsonResponse({"status": "ready", "brokers": len(client.metadata.brokers)})
+        return OrjsonResponse({"status": "ready", "tenants": sorted(tenants.tenants),
+                               "brokers": {t: len(gateway.tenants[t].client.metadata.brokers)
+                                           for t in tenants.tenants}})
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
     async def prom_metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(consumers_router)
     return app

@@ -34,6 +34,18 @@ class Settings(BaseSettings):
     ssl_key_password: SecretStr | None = None
     ssl_check_hostname: bool = True
     log_level: str = "INFO"
+    tenants_file: str | None = Field(None, description="YAML file of tenants; unset: one 'default' tenant, no auth")
+    public_url: str | None = Field(None, description="External base URL used in base_uri (else from Forwarded headers)")
+    replica_id: str = Field("r0", description="Names this replica inside every instance id")
+    instance_idle_timeout_s: float = Field(300.0, gt=0, description="Idle consumer instances expire after this")
+    max_poll_timeout_ms: int = Field(30000, gt=0, description="Cap on a records request's timeout")
+    prefetch_bytes_per_instance: int = Field(4 * 1024 * 1024, gt=0)
+    memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
+    max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
+    max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
+    consumer_session_timeout_ms: int = Field(45000, gt=0)
+    consumer_heartbeat_interval_ms: int = Field(3000, gt=0)
+    consumer_max_poll_interval_ms: int = Field(300000, gt=0)
 
     def connection_config(self) -> ConnectionConfig:
         ctx = None

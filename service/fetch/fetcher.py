@@ -105,6 +105,7 @@ class Fetcher:
         self.sessions: dict[int, FetchSessionHandler] = {}
         self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
         self.buffered_bytes = 0
+        self.budget: Any = None  # optional process-wide prefetch budget (service.gateway.Budget)
         self.data_event = asyncio.Event()
         self.errors: dict[TopicPartition, Exception] = {}
         self.trackers: dict[TopicPartition, TxnTracker] = {}
@@ -138,6 +139,7 @@ class Fetcher:
             with contextlib.suppress(BaseException):
                 await t
         self._in_flight.clear()
+        self.purge()  # give the buffered bytes back to the budget
         await self._close_sessions()
 
     async def _close_sessions(self) -> None:
@@ -168,11 +170,14 @@ class Fetcher:
         for tp in targets:
             q = self.buffer.pop(tp, None)
             if q:
-                self.buffered_bytes -= sum(cf.size for cf in q)
+                self._account(-(sum(cf.size for cf in q)))
             self.errors.pop(tp, None)
-        if self.buffered_bytes < 0:
-            self.buffered_bytes = 0
         self.wake()
+
+    def _account(self, delta: int) -> None:
+        self.buffered_bytes += delta
+        if self.budget is not None:
+            self.budget.add(delta)
 
     def drain(self, max_records: int, max_bytes: int | None = None) -> list[tuple[TopicPartition, list[Record]]]:
         """Take up to ``max_records`` buffered records as per-partition chunks (list slices, no per-record
@@ -191,7 +196,7 @@ class Fetcher:
                 pos = st.position if st is not None else None
                 if pos is None or pos != cf.fetch_offset:
                     q.popleft()  # stale: revoked or the position moved (seek) while it was buffered
-                    self.buffered_bytes -= cf.size
+                    self._account(-(cf.size))
                     continue
                 if st is not None and st.paused:
                     break
@@ -219,7 +224,7 @@ class Fetcher:
                 cf.index = j
                 if j >= len(recs):
                     q.popleft()
-                    self.buffered_bytes -= cf.size
+                    self._account(-(cf.size))
                     self.subs.advance(tp, cf.next_offset, cf.leader_epoch)
                 else:
                     nxt = recs[j - 1].offset + 1
@@ -228,8 +233,6 @@ class Fetcher:
                     break
             if not q:
                 self.buffer.pop(tp, None)
-        if self.buffered_bytes < 0:
-            self.buffered_bytes = 0
         if not self.buffer:
             self.data_event.clear()
         self.wake()
@@ -263,7 +266,7 @@ class Fetcher:
         if self.idle:
             await self._wake.wait()
             return
-        if self.buffered_bytes < self.config.prefetch_max_bytes:
+        if self.buffered_bytes < self.config.prefetch_max_bytes and (self.budget is None or self.budget.available()):
             await self._send_fetches()
         waiters: list[asyncio.Future[Any]] = list(self._in_flight.values())
         wake = asyncio.ensure_future(self._wake.wait())
@@ -436,7 +439,7 @@ class Fetcher:
             subs.advance(tp, res.next_offset)  # only control/aborted batches: move past them
             return
         self.buffer.setdefault(tp, deque()).append(cf)
-        self.buffered_bytes += size
+        self._account(size)
         self.stats.records += len(res.records)
         self.stats.bytes += size
         self.data_event.set()

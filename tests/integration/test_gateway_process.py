@@ -54,8 +54,9 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until the broker is up and the address printed
         assert re.search(rf"bootstrap address: 127\.0\.0\.1:{broker_port}", line), line
-        line = proc.stdout.readline()
-        assert f"http://127.0.0.1:{port}" in line, line
+        lines = [proc.stdout.readline() for _ in range(2)]  # the no-tenants warning, then the URL
+        assert any(f"http://127.0.0.1:{port}" in ln for ln in lines), lines
+        assert any("WITHOUT authentication" in ln for ln in lines), lines
         deadline = time.monotonic() + 20
         while True:
             try:

@@ -1,0 +1,537 @@
+"""Confluent REST Proxy v2-compatible consumer endpoints, plus our extensions.
+
+Routes stay thin: they authenticate, validate, find the instance and call :mod:`service`. Records are
+rendered to bytes once (orjson, base64 via binascii) without a model object per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from api.auth import current_tenant
+from api.responses import OrjsonResponse
+from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
+from service.gateway import ConsumerInstance, Gateway, GatewayError, InstanceOptions, TenantRuntime
+from service.group.coordinator import OffsetAndMetadata
+from service.protocol.records import Record
+from service.tenants import Tenant, TenantError
+
+V2 = "application/vnd.kafka.v2+json"
+BINARY = "application/vnd.kafka.binary.v2+json"
+JSONFMT = "application/vnd.kafka.json.v2+json"
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+
+router = APIRouter(tags=["consumers"])
+
+
+# -- request/response models (never per record) ---------------------------------------------------------
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ValueError("must be true or false")
+
+
+class CreateConsumer(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str | None = None
+    format: Literal["binary", "json"] = "binary"
+    auto_offset_reset: Literal["earliest", "latest", "none", "smallest", "largest"] | None = Field(
+        None, alias="auto.offset.reset")
+    auto_commit_enable: str | bool | None = Field(None, alias="auto.commit.enable")
+    enable_auto_commit: str | bool | None = Field(None, alias="enable.auto.commit")
+    fetch_min_bytes: int | str | None = Field(None, alias="fetch.min.bytes")
+    consumer_request_timeout_ms: int | str | None = Field(None, alias="consumer.request.timeout.ms")
+    isolation_level: Literal["read_uncommitted", "read_committed"] | None = Field(None, alias="isolation.level")
+    group_instance_id: str | None = Field(None, alias="group.instance.id")
+    session_timeout_ms: int | str | None = Field(None, alias="session.timeout.ms")
+
+    @field_validator("auto_commit_enable", "enable_auto_commit")
+    @classmethod
+    def _b(cls, v: Any) -> Any:
+        return None if v is None else _bool(v)
+
+    @field_validator("fetch_min_bytes", "consumer_request_timeout_ms", "session_timeout_ms")
+    @classmethod
+    def _i(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ValueError("must be an integer") from None
+        if iv < 0:
+            raise ValueError("must be >= 0")
+        return iv
+
+
+class CreateConsumerResponse(BaseModel):
+    instance_id: str
+    base_uri: str
+
+
+class Subscription(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topics: list[Annotated[str, Field(min_length=1, max_length=249)]] | None = None
+    topic_pattern: str | None = None
+
+
+class SubscriptionTopics(BaseModel):
+    topics: list[str]
+
+
+class PartitionRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+
+
+class Partitions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    partitions: list[PartitionRef]
+
+
+class PartitionOffset(PartitionRef):
+    offset: int = Field(ge=0)
+
+
+class PartitionTimestamp(PartitionRef):
+    timestamp: int = Field(ge=0)
+
+
+class Positions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    offsets: list[PartitionOffset] | None = None
+    timestamps: list[PartitionTimestamp] | None = None
+
+
+class CommitOffset(PartitionRef):
+    offset: int = Field(ge=0)
+    metadata: str | None = Field(None, max_length=4096)
+
+
+class CommitOffsets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    offsets: list[CommitOffset] | None = None
+
+
+class CommittedOffset(BaseModel):
+    topic: str
+    partition: int
+    offset: int
+    metadata: str | None = None
+
+
+class CommittedOffsets(BaseModel):
+    offsets: list[CommittedOffset]
+
+
+class ErrorBody(BaseModel):
+    error_code: int
+    message: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorBody, "description": d} for s, d in (
+        (400, "malformed JSON (40001)"), (401, "unauthenticated (40101)"), (403, "forbidden (40301)"),
+        (404, "not found (40401 topic, 40402 partition, 40403 instance)"),
+        (409, "conflict (40901 already subscribed, 40902 instance exists, 40903 illegal state)"),
+        (410, "instance expired (41001)"), (415, "unsupported content type (41501)"),
+        (422, "invalid request (42204 unknown config key, 42206 invalid field, 42207 invalid value)"),
+        (429, "rate limited (42901)"), (500, "Kafka or internal error (50001, 50002)"),
+        (503, "Kafka unavailable (50003 retriable, 50302 no broker)"))
+}
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def runtime(request: Request, tenant: Tenant) -> TenantRuntime:
+    return gateway(request).tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
+
+
+def instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ConsumerInstance:
+    return gateway(request).get_instance(runtime(request, tenant), group, instance_id)
+
+
+def acceptable_content_type(ct: str) -> bool:
+    """Request bodies are JSON: application/vnd.kafka.v2+json, application/json or any vnd.kafka +json."""
+    return ct in (V2, "application/json") or (ct.startswith("application/vnd.kafka") and ct.endswith("+json"))
+
+
+def check_topic(tenant: Tenant, topic: str) -> None:
+    if not tenant.allows_topic(topic):
+        raise TenantError(403, 40301, f"tenant {tenant.id!r} may not read topic {topic!r}")
+
+
+def base_url(request: Request) -> str:
+    settings = request.app.state.settings
+    if settings.public_url:
+        return str(settings.public_url).rstrip("/")
+    fwd = request.headers.get("forwarded")
+    proto = host = None
+    if fwd:
+        for part in fwd.split(",")[0].split(";"):
+            k, _, v = part.strip().partition("=")
+            if k.lower() == "proto":
+                proto = v.strip('"')
+            elif k.lower() == "host":
+                host = v.strip('"')
+    proto = proto or request.headers.get("x-forwarded-proto", "").split(",")[0].strip() or request.url.scheme
+    host = host or request.headers.get("x-forwarded-host", "").split(",")[0].strip() or request.headers.get(
+        "host") or f"{request.url.hostname}:{request.url.port}"
+    prefix = request.headers.get("x-forwarded-prefix", "").rstrip("/")
+    return f"{proto}://{host}{prefix}"
+
+
+def v2(content: Any = None, status: int = 200) -> Response:
+    if content is None:
+        return Response(status_code=204)
+    resp = OrjsonResponse(content, status_code=status)
+    resp.headers["content-type"] = V2
+    return resp
+
+
+def tps(parts: list[PartitionRef]) -> list[TopicPartition]:
+    return [TopicPartition(p.topic, p.partition) for p in parts]
+
+
+# -- rendering ------------------------------------------------------------------------------------------------
+_b64 = binascii.b2a_base64
+
+
+def _b64json(v: bytes | None) -> bytes:
+    return b'"' + _b64(v, newline=False) + b'"' if v is not None else b"null"
+
+
+def _headers_binary(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
+    if not headers:
+        return b"[]"
+    return b"[" + b",".join(b'{"key":%s,"value":%s}' % (orjson.dumps(k), _b64json(v)) for k, v in headers) + b"]"
+
+
+def render_binary(chunks: list[tuple[TopicPartition, list[Record]]]) -> list[bytes]:
+    """One JSON object (bytes) per record; base64 output never needs JSON escaping."""
+    out: list[bytes] = []
+    for tp, recs in chunks:
+        head = b'{"topic":%s,"partition":%d,"offset":' % (orjson.dumps(tp.topic), tp.partition)
+        for r in recs:
+            key = b'"' + _b64(r.key, newline=False) + b'"' if r.key is not None else b"null"
+            value = b'"' + _b64(r.value, newline=False) + b'"' if r.value is not None else b"null"
+            hdrs = _headers_binary(r.headers) if r.headers else b"[]"
+            out.append(b'%s%d,"timestamp":%d,"key":%s,"value":%s,"headers":%s}' % (
+                head, r.offset, r.timestamp, key, value, hdrs))
+    return out
+
+
+def _embedded(v: bytes | None, field: str, obj: dict[str, Any]) -> None:
+    if v is None:
+        obj[field] = None
+        return
+    try:
+        obj[field] = orjson.loads(v)
+    except orjson.JSONDecodeError:
+        # Not JSON: deliver it anyway (never lose a record) with the raw bytes in base64.
+        obj[field] = None
+        obj[f"{field}_error"] = "not valid JSON"
+        obj[f"{field}_base64"] = _b64(v, newline=False).decode()
+
+
+def render_json(chunks: list[tuple[TopicPartition, list[Record]]]) -> list[bytes]:
+    out: list[bytes] = []
+    for tp, recs in chunks:
+        for r in recs:
+            obj: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset,
+                                   "timestamp": r.timestamp}
+            _embedded(r.key, "key", obj)
+            _embedded(r.value, "value", obj)
+            obj["headers"] = [{"key": k, "value": _b64(v, newline=False).decode() if v is not None else None}
+                              for k, v in r.headers]
+            out.append(orjson.dumps(obj))
+    return out
+
+
+# -- endpoints --------------------------------------------------------------------------------------------------
+@router.post("/consumers/{group}", response_model=CreateConsumerResponse, responses=ERRORS,
+             summary="Create a consumer instance in a group")
+async def create_consumer(request: Request, group: str, body: CreateConsumer | None = Body(None),
+                          tenant: Tenant = Depends(current_tenant)) -> Response:
+    body = body or CreateConsumer()
+    if not tenant.allows_group(group):
+        raise TenantError(403, 40301, f"tenant {tenant.id!r} may not use consumer group {group!r}")
+    auto = body.enable_auto_commit if body.enable_auto_commit is not None else body.auto_commit_enable
+    reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
+                                                             body.auto_offset_reset or "latest")
+    opts = InstanceOptions(
+        format=body.format, auto_offset_reset=reset, auto_commit=True if auto is None else bool(auto),
+        fetch_min_bytes=int(body.fetch_min_bytes) if body.fetch_min_bytes is not None else 1,
+        request_timeout_ms=int(body.consumer_request_timeout_ms) if body.consumer_request_timeout_ms is not None else 1000,
+        isolation_level=body.isolation_level or "read_uncommitted",
+        group_instance_id=body.group_instance_id,
+        session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
+    )
+    gw = gateway(request)
+    inst = await gw.create_instance(runtime(request, tenant), group, opts, body.name,
+                                    tenant_max_instances=tenant.quotas.max_instances)
+    uri = f"{base_url(request)}/consumers/{group}/instances/{inst.instance_id}"
+    request.app.state.metrics.instances.labels(tenant.id).inc()
+    return v2({"instance_id": inst.instance_id, "base_uri": uri})
+
+
+BASE = "/consumers/{group}/instances/{instance_id}"
+
+
+@router.delete(BASE, status_code=204, responses=ERRORS, summary="Delete a consumer instance (leaves the group)")
+async def delete_consumer(request: Request, group: str, instance_id: str,
+                          tenant: Tenant = Depends(current_tenant)) -> Response:
+    await gateway(request).delete_instance(runtime(request, tenant), group, instance_id)
+    request.app.state.metrics.instances.labels(tenant.id).dec()
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/subscription", status_code=204, responses=ERRORS, summary="Subscribe to topics or a pattern")
+async def subscribe(request: Request, group: str, instance_id: str, body: Subscription,
+                    tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    if (body.topics is None) == (body.topic_pattern is None) or body.topics == []:
+        raise GatewayError("give either a non-empty 'topics' list or a 'topic_pattern'", status=422, error_code=42206)
+    if body.topics is not None:
+        for t in body.topics:
+            check_topic(tenant, t)
+        if inst.consumer.subs.type is SubscriptionType.ASSIGNED:
+            raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
+        await inst.consumer.subscribe(topics=body.topics)
+    else:
+        pattern = body.topic_pattern or ""
+        import re
+
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise GatewayError(f"invalid topic_pattern: {exc}", status=422, error_code=42206) from exc
+        await inst.consumer.subscribe(pattern=pattern)
+        for t in list(inst.consumer.subs.topics):
+            check_topic(tenant, t)
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/subscription", response_model=SubscriptionTopics, responses=ERRORS,
+            summary="Topics this instance is subscribed to")
+async def get_subscription(request: Request, group: str, instance_id: str,
+                           tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    topics = sorted(inst.consumer.subscription()) if inst.consumer.subs.is_group_managed else []
+    return v2({"topics": topics})
+
+
+@router.delete(BASE + "/subscription", status_code=204, responses=ERRORS, summary="Unsubscribe")
+async def unsubscribe(request: Request, group: str, instance_id: str,
+                      tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    await inst.consumer.unsubscribe()
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/assignments", status_code=204, responses=ERRORS, summary="Manually assign partitions")
+async def assign(request: Request, group: str, instance_id: str, body: Partitions,
+                 tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    for p in body.partitions:
+        check_topic(tenant, p.topic)
+    if inst.consumer.subs.is_group_managed:
+        raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
+    md = await inst.consumer.client.ensure_metadata({p.topic for p in body.partitions})
+    for p in body.partitions:
+        if md.topic_error(p.topic):
+            raise GatewayError(f"topic {p.topic!r} not found", status=404, error_code=40401)
+        if p.partition not in md.topics[p.topic].partitions:
+            raise GatewayError(f"partition {p.partition} of topic {p.topic!r} not found", status=404,
+                               error_code=40402)
+    await inst.consumer.assign(tps(body.partitions))
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/assignments", response_model=Partitions, responses=ERRORS,
+            summary="Partitions currently assigned to this instance")
+async def get_assignments(request: Request, group: str, instance_id: str,
+                          tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    return v2({"partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in inst.consumer.assignment()]})
+
+
+def _require_assigned(inst: ConsumerInstance, parts: list[TopicPartition]) -> None:
+    missing = [str(tp) for tp in parts if not inst.consumer.subs.is_assigned(tp)]
+    if missing:
+        raise GatewayError(f"partitions not assigned to this instance: {', '.join(missing)}",
+                           status=409, error_code=40903)
+
+
+@router.post(BASE + "/positions", status_code=204, responses=ERRORS,
+             summary="Seek to offsets (or, our extension, to timestamps)")
+async def seek(request: Request, group: str, instance_id: str, body: Positions,
+               tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    if not body.offsets and not body.timestamps:
+        raise GatewayError("give 'offsets' and/or 'timestamps'", status=422, error_code=42206)
+    offs = body.offsets or []
+    stamps = body.timestamps or []
+    _require_assigned(inst, tps(offs) + tps(stamps))  # type: ignore[arg-type]
+    for o in offs:
+        inst.consumer.seek(TopicPartition(o.topic, o.partition), o.offset)
+    if stamps:
+        inst.consumer.seek_to_timestamp({TopicPartition(t.topic, t.partition): t.timestamp for t in stamps})
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/positions/beginning", status_code=204, responses=ERRORS, summary="Seek to the beginning")
+async def seek_beginning(request: Request, group: str, instance_id: str, body: Partitions,
+                         tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    _require_assigned(inst, tps(body.partitions))
+    inst.consumer.seek_to_beginning(tps(body.partitions))
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/positions/end", status_code=204, responses=ERRORS, summary="Seek to the end")
+async def seek_end(request: Request, group: str, instance_id: str, body: Partitions,
+                   tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    _require_assigned(inst, tps(body.partitions))
+    inst.consumer.seek_to_end(tps(body.partitions))
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/offsets", status_code=204, responses=ERRORS,
+             summary="Commit offsets (each offset + 1, as Confluent does); an empty body commits everything consumed")
+async def commit(request: Request, group: str, instance_id: str, body: CommitOffsets | None = Body(None),
+                 tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    metrics = request.app.state.metrics
+    started = time.monotonic()
+    try:
+        if body is None or not body.offsets:
+            await inst.consumer.commit_consumed()
+        else:
+            await inst.consumer.commit({TopicPartition(o.topic, o.partition): OffsetAndMetadata(o.offset + 1, o.metadata or "")
+                                        for o in body.offsets})
+    except Exception:
+        metrics.commit_failures.labels(tenant.id).inc()
+        raise
+    finally:
+        metrics.commit_seconds.labels(tenant.id).observe(time.monotonic() - started)
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,
+            summary="Last committed offsets of the given partitions (request body on GET, as Confluent)")
+async def committed(request: Request, group: str, instance_id: str, body: Partitions,
+                    tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    got = await inst.consumer.committed(tps(body.partitions))
+    return v2({"offsets": [
+        {"topic": tp.topic, "partition": tp.partition, "offset": om.offset if om else -1,
+         "metadata": (om.metadata or "") if om else ""}
+        for tp, om in got.items()]})
+
+
+def _accept(request: Request, inst: ConsumerInstance) -> str:
+    accept = request.headers.get("accept", "").lower()
+    want = BINARY if inst.options.format == "binary" else JSONFMT
+    for item in (a.split(";")[0].strip() for a in accept.split(",")):
+        if item in (NDJSON, SSE):
+            return item
+        if item == want:
+            return want
+    if not accept or any(a.split(";")[0].strip() in ("*/*", "application/*", V2, "application/json")
+                         for a in accept.split(",")):
+        return want
+    raise GatewayError(
+        f"the Accept header {accept!r} does not match this instance's format; use {want} "
+        f"(or {NDJSON} / {SSE} to stream)", status=406, error_code=40601)
+
+
+@router.get(BASE + "/records", responses={
+    200: {"description": "Records (JSON array), or a stream with Accept: application/x-ndjson or text/event-stream",
+          "content": {BINARY: {}, JSONFMT: {}, NDJSON: {}, SSE: {}}}, **ERRORS},
+    summary="Fetch records: long-poll until data arrives or the timeout passes")
+async def records(request: Request, group: str, instance_id: str,
+                  timeout: Annotated[int | None, Query(ge=0, description="milliseconds to wait for data")] = None,
+                  max_bytes: Annotated[int | None, Query(ge=1, description="soft cap on key+value bytes")] = None,
+                  max_records: Annotated[int | None, Query(ge=1, le=100000)] = None,
+                  tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = instance(request, tenant, group, instance_id)
+    media = _accept(request, inst)
+    gw = gateway(request)
+    cap = gw.max_poll_timeout
+    wait = min(cap, (timeout if timeout is not None else inst.options.request_timeout_ms) / 1000)
+    limit = max_records or 500
+    render = render_binary if inst.options.format == "binary" else render_json
+    metrics = request.app.state.metrics
+    if media in (NDJSON, SSE):
+        return StreamingResponse(_stream(request, inst, tenant, media, render, limit, max_bytes),
+                                 media_type=media, headers={"cache-control": "no-cache"})
+    inst.active_requests += 1
+    started = time.monotonic()
+    try:
+        async with inst.lock, tenant.poll_slot():
+            chunks = await inst.consumer.poll_batches(limit, max_bytes, wait)
+    finally:
+        inst.active_requests -= 1
+        inst.touch()
+    waited = time.monotonic() - started
+    metrics.poll_wait.labels(tenant.id).observe(waited)
+    lines = render(chunks)
+    n = len(lines)
+    body = b"[" + b",".join(lines) + b"]"
+    if n:
+        metrics.records.labels(tenant.id).inc(n)
+        metrics.bytes.labels(tenant.id).inc(sum(len(r.value or b"") + len(r.key or b"") for _, rs in chunks for r in rs))
+    return Response(body, media_type=media)
+
+
+async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
+                  limit: int, max_bytes: int | None) -> AsyncIterator[bytes]:
+    """Records as they arrive. Backpressure: the next poll happens only after the previous chunk was
+    written, so a slow reader stops the polling (and, once the prefetch buffer is full, fetching) —
+    never the heartbeats."""
+    inst.active_requests += 1
+    metrics = request.app.state.metrics
+    try:
+        while not inst.closed:
+            if await request.is_disconnected():
+                break
+            async with inst.lock:
+                chunks = await inst.consumer.poll_batches(limit, max_bytes, 1.0)
+            inst.touch()
+            if not chunks:
+                if media == SSE:
+                    yield b": keep-alive\n\n"
+                continue
+            lines = render(chunks)
+            metrics.records.labels(tenant.id).inc(len(lines))
+            if media == SSE:
+                yield b"".join(b"data: " + line + b"\n\n" for line in lines)
+            else:
+                yield b"\n".join(lines) + b"\n"
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # report in-band: the status line was already sent
+        msg = orjson.dumps({"error_code": 50002, "message": str(exc)})
+        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+    finally:
+        inst.active_requests -= 1
+        inst.touch()

@@ -1,0 +1,136 @@
+"""Every HTTP error is a JSON body ``{"error_code": <5 digits>, "message": "..."}`` with a stable code.
+
+Codes follow the Confluent REST Proxy v2 where it defines one:
+
+| HTTP | code  | meaning |
+| ---- | ----- | ------- |
+| 400  | 40001 | malformed JSON body |
+| 401  | 40101 | missing or invalid credentials |
+| 403  | 40301 | topic or group outside the tenant's allowed patterns |
+| 404  | 40400 | no such endpoint |
+| 404  | 40401 | topic not found |
+| 404  | 40402 | partition not found |
+| 404  | 40403 | consumer instance not found |
+| 405  | 40501 | method not allowed |
+| 406  | 40601 | the Accept header does not match the instance's format |
+| 409  | 40901 | consumer already subscribed (subscription vs. assignment conflict) |
+| 409  | 40902 | consumer instance with this name already exists in the group |
+| 409  | 40903 | illegal state (not subscribed, partition not assigned, rebalance in progress, no offset) |
+| 410  | 41001 | consumer instance expired after its idle timeout |
+| 413  | 41301 | request body too large |
+| 415  | 41501 | unsupported request content type |
+| 422  | 42204 | unknown or invalid consumer configuration key |
+| 422  | 42206 | invalid request field |
+| 422  | 42207 | invalid offset, partition or timestamp value |
+| 429  | 42901 | rate limited / quota exceeded (Retry-After header) |
+| 500  | 50001 | internal error (details logged, never returned) |
+| 500  | 50002 | Kafka error |
+| 503  | 50003 | retriable Kafka error (Retry-After header) |
+| 503  | 50302 | no Kafka broker reachable |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.responses import OrjsonResponse
+from service.client.errors import (
+    AuthenticationError,
+    BrokerResponseError,
+    KafkaConnectionError,
+    KafkaError,
+    NoBrokersAvailableError,
+)
+from service.consumer.subscription import NoOffsetForPartitionError, SubscriptionError
+from service.gateway import GatewayError
+from service.group.coordinator import CommitFailedError
+from service.protocol import error_codes as EC
+
+log = logging.getLogger(__name__)
+ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
+
+
+def error_response(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
+    resp = OrjsonResponse({"error_code": code, "message": message}, status_code=status, headers=headers)
+    resp.headers["content-type"] = ERROR_MEDIA_TYPE
+    return resp
+
+
+def kafka_error_response(exc: KafkaError) -> OrjsonResponse:
+    if isinstance(exc, CommitFailedError):
+        return error_response(409, 40903, str(exc))
+    if isinstance(exc, BrokerResponseError):
+        if exc.code == EC.UNKNOWN_TOPIC_OR_PARTITION:
+            return error_response(404, 40401, f"topic or partition not found: {exc}")
+        if exc.code in (EC.TOPIC_AUTHORIZATION_FAILED, EC.GROUP_AUTHORIZATION_FAILED):
+            return error_response(403, 40301, f"Kafka denied access: {exc}")
+        if exc.code == EC.REBALANCE_IN_PROGRESS:
+            return error_response(409, 40903, f"the group is rebalancing: {exc}")
+    if isinstance(exc, NoBrokersAvailableError):
+        return error_response(503, 50302, f"no Kafka broker reachable: {exc}", {"Retry-After": "1"})
+    if isinstance(exc, AuthenticationError):
+        return error_response(503, 50302, f"cannot authenticate to Kafka: {exc}", {"Retry-After": "5"})
+    if isinstance(exc, KafkaConnectionError) or exc.retriable:
+        return error_response(503, 50003, f"retriable Kafka error: {exc}", {"Retry-After": "1"})
+    return error_response(500, 50002, f"Kafka error: {exc}")
+
+
+def _validation_message(errors: list[Any]) -> tuple[int, str]:
+    parts = []
+    code = 42206
+    for e in errors:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body",))
+        typ = e.get("type", "")
+        if typ == "json_invalid":
+            return 40001, f"malformed JSON: {e.get('msg', '')}"
+        if typ == "extra_forbidden":
+            code = 42204 if code == 42206 else code
+            parts.append(f"unknown field {loc!r}")
+        else:
+            if code == 42206 and loc.rsplit(".", 1)[-1] in ("offset", "partition", "timestamp"):
+                code = 42207
+            parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+    return code, "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway(request: Request, exc: GatewayError) -> OrjsonResponse:
+        return error_response(exc.status, exc.error_code, exc.message, exc.headers or None)
+
+    @app.exception_handler(KafkaError)
+    async def _kafka(request: Request, exc: KafkaError) -> OrjsonResponse:
+        return kafka_error_response(exc)
+
+    @app.exception_handler(NoOffsetForPartitionError)
+    async def _no_offset(request: Request, exc: NoOffsetForPartitionError) -> OrjsonResponse:
+        return error_response(409, 40903, str(exc))
+
+    @app.exception_handler(SubscriptionError)
+    async def _subscription(request: Request, exc: SubscriptionError) -> OrjsonResponse:
+        msg = str(exc)
+        code = 40901 if "mutually exclusive" in msg else 40903
+        return error_response(409, code, msg)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> OrjsonResponse:
+        code, msg = _validation_message(list(exc.errors()))
+        return error_response(400 if code == 40001 else 422, code, msg)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
+        if exc.status_code == 404:
+            return error_response(404, 40400, f"no such endpoint: {request.method} {request.url.path}")
+        if exc.status_code == 405:
+            return error_response(405, 40501, f"method {request.method} not allowed on {request.url.path}")
+        return error_response(exc.status_code, exc.status_code * 100 + 1, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> OrjsonResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, 50001, "internal error; the gateway logged the details")

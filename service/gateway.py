@@ -1,0 +1,284 @@
+"""The registry of consumer instances: tenants → groups → instances, lifecycle, idle expiry, budgets.
+
+Every instance id names the replica that owns it (``<replica>~<name>``), so a multi-replica deployment
+can route any request to its owner without a sticky load balancer. An instance that was not used for
+``idle_timeout`` is closed (leaving its group) and remembered for a while, so a late request gets a
+distinct "expired" error instead of a plain "not found".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.client.client import KafkaClient
+from service.client.connection import ConnectionConfig
+from service.consumer.consumer import Consumer, ConsumerConfig
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+REPLICA_SEP = "~"
+
+
+class GatewayError(Exception):
+    """An error with an HTTP status and a stable 5-digit error code (Confluent REST Proxy style)."""
+
+    status = 500
+    error_code = 50001
+
+    def __init__(self, message: str, *, status: int | None = None, error_code: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if error_code is not None:
+            self.error_code = error_code
+        self.headers = headers or {}
+
+
+class InstanceNotFound(GatewayError):
+    status = 404
+    error_code = 40403
+
+
+class InstanceExpired(GatewayError):
+    status = 410
+    error_code = 41001
+
+
+class InstanceExists(GatewayError):
+    status = 409
+    error_code = 40902
+
+
+class TooManyInstances(GatewayError):
+    status = 429
+    error_code = 42901
+
+
+@dataclass
+class InstanceOptions:
+    format: str = "binary"  # binary | json
+    auto_offset_reset: str = "latest"
+    auto_commit: bool = True
+    fetch_min_bytes: int = 1
+    request_timeout_ms: int = 1000  # default poll timeout when the client gives none (Confluent's)
+    isolation_level: str = "read_uncommitted"
+    group_instance_id: str | None = None
+    session_timeout_ms: int | None = None
+
+
+@dataclass
+class ConsumerInstance:
+    tenant: str
+    group: str
+    instance_id: str
+    name: str
+    options: InstanceOptions
+    consumer: Consumer
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    active_requests: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+
+class Budget:
+    """A global bound on prefetched bytes across all instances of the process."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+
+    def add(self, delta: int) -> None:
+        self.used = max(0, self.used + delta)
+
+    def available(self) -> bool:
+        return self.used < self.total
+
+
+@dataclass
+class TenantRuntime:
+    """A tenant's own Kafka client (broker connections) and its instances."""
+
+    tenant_id: str
+    client: KafkaClient
+    instances: dict[tuple[str, str], ConsumerInstance] = field(default_factory=dict)  # (group, id)
+
+
+class Gateway:
+    def __init__(
+        self,
+        *,
+        replica_id: str = "r0",
+        idle_timeout: float = 300.0,
+        max_poll_timeout: float = 30.0,
+        prefetch_bytes: int = 4 * 1024 * 1024,
+        memory_budget_bytes: int = 512 * 1024 * 1024,
+        consumer_defaults: dict[str, Any] | None = None,
+        client_factory: Callable[[str], KafkaClient] | None = None,
+        max_instances: int | None = None,
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9-]{1,40}", replica_id):
+            raise ValueError("replica id must be 1-40 letters, digits or '-'")
+        self.replica_id = replica_id
+        self.idle_timeout = idle_timeout
+        self.max_poll_timeout = max_poll_timeout
+        self.prefetch_bytes = prefetch_bytes
+        self.budget = Budget(memory_budget_bytes)
+        self.consumer_defaults = consumer_defaults or {}
+        self.max_instances = max_instances
+        self._client_factory = client_factory
+        self.tenants: dict[str, TenantRuntime] = {}
+        self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+        self.created_total = 0
+        self.expired_total = 0
+
+    # -- tenants -------------------------------------------------------------------------------------
+    def register_tenant(self, tenant_id: str, client: KafkaClient) -> TenantRuntime:
+        rt = self.tenants.get(tenant_id)
+        if rt is None:
+            rt = self.tenants[tenant_id] = TenantRuntime(tenant_id, client)
+        return rt
+
+    def tenant(self, tenant_id: str, bootstrap: str | None = None,
+               connection: ConnectionConfig | None = None) -> TenantRuntime:
+        rt = self.tenants.get(tenant_id)
+        if rt is None:
+            if self._client_factory is not None:
+                client = self._client_factory(tenant_id)
+            elif bootstrap is not None:
+                client = KafkaClient(bootstrap, connection)
+            else:
+                raise GatewayError(f"tenant {tenant_id!r} has no Kafka connection", status=500, error_code=50001)
+            rt = self.register_tenant(tenant_id, client)
+        return rt
+
+    @property
+    def instance_count(self) -> int:
+        return sum(len(rt.instances) for rt in self.tenants.values())
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap_loop(), name="instance-reaper")
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reaper
+        for rt in list(self.tenants.values()):
+            await asyncio.gather(*(self._close_instance(i) for i in list(rt.instances.values())),
+                                 return_exceptions=True)
+            rt.instances.clear()
+            await rt.client.close()
+
+    def make_instance_id(self, name: str) -> str:
+        return f"{self.replica_id}{REPLICA_SEP}{name}"
+
+    @staticmethod
+    def replica_of(instance_id: str) -> str | None:
+        head, sep, _ = instance_id.partition(REPLICA_SEP)
+        return head if sep else None
+
+    async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
+                              name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
+        if name is None:
+            name = f"consumer-{secrets.token_hex(8)}"
+        elif not NAME_RE.match(name):
+            raise GatewayError("name must be 1-200 characters of letters, digits, '.', '_' or '-'",
+                               status=422, error_code=42206)
+        instance_id = self.make_instance_id(name)
+        key = (group, instance_id)
+        if key in rt.instances:
+            raise InstanceExists(f"consumer instance {name!r} already exists in group {group!r}")
+        limit = tenant_max_instances
+        if limit is not None and len(rt.instances) >= limit:
+            raise TooManyInstances(f"tenant {rt.tenant_id!r} reached its limit of {limit} consumer instances")
+        if self.max_instances is not None and self.instance_count >= self.max_instances:
+            raise TooManyInstances(f"this gateway replica reached its limit of {self.max_instances} instances")
+        defaults = dict(self.consumer_defaults)
+        if options.session_timeout_ms is not None:
+            defaults["session_timeout_ms"] = options.session_timeout_ms
+        cfg = ConsumerConfig(
+            group_id=group,
+            client_id=f"kcg-{rt.tenant_id}-{name}"[:200],
+            group_instance_id=options.group_instance_id,
+            auto_offset_reset=options.auto_offset_reset,
+            enable_auto_commit=options.auto_commit,
+            isolation_level=options.isolation_level,
+            fetch_min_bytes=options.fetch_min_bytes,
+            prefetch_max_bytes=self.prefetch_bytes,
+            **defaults,
+        )
+        consumer = Consumer(rt.client, cfg)
+        consumer.fetcher.budget = self.budget
+        inst = ConsumerInstance(rt.tenant_id, group, instance_id, name, options, consumer)
+        rt.instances[key] = inst
+        self._expired.pop((rt.tenant_id, group, instance_id), None)
+        self.created_total += 1
+        return inst
+
+    def get_instance(self, rt: TenantRuntime, group: str, instance_id: str) -> ConsumerInstance:
+        inst = rt.instances.get((group, instance_id))
+        if inst is None:
+            if (rt.tenant_id, group, instance_id) in self._expired:
+                raise InstanceExpired(
+                    f"consumer instance {instance_id!r} of group {group!r} expired after "
+                    f"{self.idle_timeout:.0f} s without requests; create a new instance")
+            raise InstanceNotFound(f"consumer instance {instance_id!r} not found in group {group!r}")
+        inst.touch()
+        return inst
+
+    async def delete_instance(self, rt: TenantRuntime, group: str, instance_id: str) -> None:
+        inst = self.get_instance(rt, group, instance_id)
+        rt.instances.pop((group, instance_id), None)
+        await self._close_instance(inst)
+
+    async def _close_instance(self, inst: ConsumerInstance) -> None:
+        if inst.closed:
+            return
+        inst.closed = True
+        try:
+            await inst.consumer.close()
+        except Exception:  # pragma: no cover - closing must never fail the caller
+            log.exception("closing consumer instance %s failed", inst.instance_id)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, min(5.0, self.idle_timeout / 4)))
+            await self.reap()
+
+    async def reap(self, now: float | None = None) -> int:
+        """Close instances idle for longer than the idle timeout; returns how many."""
+        now = time.monotonic() if now is None else now
+        victims: list[tuple[TenantRuntime, ConsumerInstance]] = []
+        for rt in self.tenants.values():
+            for inst in rt.instances.values():
+                if inst.active_requests == 0 and now - inst.last_used > self.idle_timeout:
+                    victims.append((rt, inst))
+        for rt, inst in victims:
+            rt.instances.pop((inst.group, inst.instance_id), None)
+            self._expired[(inst.tenant, inst.group, inst.instance_id)] = now
+            log.info("consumer instance %s (tenant %s, group %s) expired after %.0f s idle",
+                     inst.instance_id, inst.tenant, inst.group, self.idle_timeout)
+            await self._close_instance(inst)
+            self.expired_total += 1
+        while len(self._expired) > 100_000:
+            self._expired.popitem(last=False)
+        return len(victims)

@@ -1,0 +1,53 @@
+"""Start the real gateway process (``python -m service.main``) for black-box HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from service.embedded import free_port
+
+FAST_ENV = {
+    "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "2000",
+    "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": "300",
+    "GATEWAY_LOG_LEVEL": "warning",
+}
+
+
+class GatewayProcess:
+    def __init__(self, bootstrap: str, env: dict[str, str] | None = None, log_file: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **FAST_ENV, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(self.port),
+                    **(env or {})}
+        self.log_file = log_file
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not start (exit {self.proc.poll()}); see {self.log_file}")
+            time.sleep(0.05)  # waiting for an external process to bind its port
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -68,7 +68,7 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
                 time.sleep(0.05)  # waiting for an external process to bind its port
         assert r.status_code == 200 and r.json() == {"status": "ok"}
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
-        assert ready.status_code == 200 and ready.json()["brokers"] == 1
+        assert ready.status_code == 200 and ready.json()["brokers"] == {"default": 1}
         m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
         assert m.status_code == 200 and "kcg_build_info" in m.text
         kids = _children(proc.pid)

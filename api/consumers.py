@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -22,6 +23,7 @@ from api.responses import OrjsonResponse
 from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
 from service.gateway import ConsumerInstance, Gateway, GatewayError, InstanceOptions, TenantRuntime
 from service.group.coordinator import OffsetAndMetadata
+from service.logs import bind
 from service.protocol.records import Record
 from service.tenants import Tenant, TenantError
 
@@ -32,6 +34,7 @@ NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 
 router = APIRouter(tags=["consumers"])
+log = logging.getLogger(__name__)
 
 
 # -- request/response models (never per record) ---------------------------------------------------------
@@ -165,6 +168,7 @@ def runtime(request: Request, tenant: Tenant) -> TenantRuntime:
 
 
 def instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ConsumerInstance:
+    bind(tenant.id, group, instance_id)
     return gateway(request).get_instance(runtime(request, tenant), group, instance_id)
 
 
@@ -285,8 +289,11 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
         session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
     )
     gw = gateway(request)
+    bind(tenant.id, group, gw.make_instance_id(body.name) if body.name else None)
     inst = await gw.create_instance(runtime(request, tenant), group, opts, body.name,
                                     tenant_max_instances=tenant.quotas.max_instances)
+    bind(instance=inst.instance_id)
+    log.info("created consumer instance (format %s, auto commit %s)", opts.format, opts.auto_commit)
     uri = f"{base_url(request)}/consumers/{group}/instances/{inst.instance_id}"
     request.app.state.metrics.instances.labels(tenant.id).inc()
     return v2({"instance_id": inst.instance_id, "base_uri": uri})

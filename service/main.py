@@ -11,6 +11,7 @@ import sys
 import uvicorn
 
 from service.embedded import EmbeddedBroker
+from service.logs import configure as configure_logging
 from service.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -54,7 +55,7 @@ async def serve(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         asyncio.run(serve(settings))
     except KeyboardInterrupt:

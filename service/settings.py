@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     ssl_key_password: SecretStr | None = None
     ssl_check_hostname: bool = True
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
     tenants_file: str | None = Field(None, description="YAML file of tenants; unset: one 'default' tenant, no auth")
     public_url: str | None = Field(None, description="External base URL used in base_uri (else from Forwarded headers)")
     replica_id: str = Field("r0", description="Names this replica inside every instance id")

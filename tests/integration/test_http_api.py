@@ -320,3 +320,15 @@ async def test_expired_instance_has_a_distinct_error(tansu: EmbeddedBroker, tmp_
             assert "expired" in r.json()["message"]
     finally:
         g.stop()
+
+
+async def test_base_uri_follows_forwarded_headers(http: httpx.AsyncClient) -> None:
+    r = await http.post("/consumers/g-fwd", json={"name": "fwd1"},
+                        headers={**H, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "gw.example.com",
+                                 "X-Forwarded-Prefix": "/kafka"})
+    assert r.json()["base_uri"] == "https://gw.example.com/kafka/consumers/g-fwd/instances/r0~fwd1"
+    r2 = await http.post("/consumers/g-fwd", json={"name": "fwd2"},
+                         headers={**H, "Forwarded": 'for=1.2.3.4;proto=https;host="api.example.org"'})
+    assert r2.json()["base_uri"] == "https://api.example.org/consumers/g-fwd/instances/r0~fwd2"
+    for name in ("fwd1", "fwd2"):
+        assert (await http.delete(f"/consumers/g-fwd/instances/r0~{name}")).status_code == 204

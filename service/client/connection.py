@@ -39,6 +39,17 @@ CLIENT_SOFTWARE_NAME = "kafka-consumer-gateway"
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 
 
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait for ``event`` up to ``timeout`` seconds; True if it is set. Uses asyncio.timeout because on
+    Python 3.11 asyncio.wait_for can swallow a cancellation that races with completion."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
+
 @dataclass(frozen=True)
 class SaslConfig:
     mechanism: str  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
@@ -222,7 +233,8 @@ class BrokerConnection:
         try:
             if self._writer.transport.get_write_buffer_size() > 1 << 20:
                 await self._writer.drain()
-            return await asyncio.wait_for(fut, timeout if timeout is not None else self.config.request_timeout)
+            async with asyncio.timeout(timeout if timeout is not None else self.config.request_timeout):
+                return await fut
         except TimeoutError:
             self._pending.pop(corr, None)
             raise RequestTimeoutError(

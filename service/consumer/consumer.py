@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.client.client import KafkaClient
+from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError
 from service.consumer.subscription import (
     FetchState,
@@ -339,8 +340,7 @@ class Consumer:
             # Work left over (e.g. a partition missing from a response) is retried after a backoff;
             # partitions blocked by an error wait until the owner has seen it and seeks.
             wait = self.config.retry_backoff_ms / 1000 if pending else 5.0
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._positions_wake.wait(), wait)
+            await wait_event(self._positions_wake, wait)
 
     async def _update_positions(self) -> None:
         init = [tp for tp in self.subs.initializing() if tp not in self.fetcher.errors]
@@ -530,10 +530,19 @@ class Consumer:
         started = time.monotonic()
         deadline = started + max(0.0, timeout)
         self.fetcher.demand()
-        if self.coordinator is not None and self.subs.is_group_managed:
-            self.coordinator.polled()
-            if not self.subs.assignment and not self.coordinator.stable:
-                await self.coordinator.wait_stable(max(0.0, deadline - time.monotonic()))
+        coord = self.coordinator if self.subs.is_group_managed else None
+        if coord is None:
+            return await self._poll_loop(started, deadline, max_records, max_bytes)
+        coord.poll_started()
+        try:
+            if not self.subs.assignment and not coord.stable:
+                await coord.wait_stable(max(0.0, deadline - time.monotonic()))
+            return await self._poll_loop(started, deadline, max_records, max_bytes)
+        finally:
+            coord.poll_finished()
+
+    async def _poll_loop(self, started: float, deadline: float, max_records: int,
+                         max_bytes: int | None) -> list[tuple[TopicPartition, list[Record]]]:
         fetcher = self.fetcher
         while True:
             if fetcher.errors:
@@ -555,11 +564,8 @@ class Consumer:
             fetcher.data_event.clear()
             if fetcher.has_data() or fetcher.errors:
                 continue
-            try:
-                await asyncio.wait_for(fetcher.data_event.wait(), remaining)
+            if await wait_event(fetcher.data_event, remaining):
                 self.stats.wakeups += 1
-            except TimeoutError:
-                pass
 
     async def poll(self, max_records: int = 500, max_bytes: int | None = None,
                    timeout: float = 1.0) -> list[ConsumerRecord]:

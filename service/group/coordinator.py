@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.client.client import KafkaClient
+from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
 from service.consumer.subscription import TopicPartition
 from service.group.member import Action, GroupMember, MemberState
@@ -84,6 +85,8 @@ class GroupCoordinator:
         self._on_fatal = on_fatal
         self._topics = topics
         self.coordinator_id: int | None = None
+        self._lost_at = 0.0  # when the coordinator was last marked unknown
+        self.polls_in_progress = 0
         self._coord_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._stable = asyncio.Event()
@@ -103,6 +106,15 @@ class GroupCoordinator:
     def wake(self) -> None:
         self._wake.set()
 
+    def poll_started(self) -> None:
+        """A poll is waiting for data: the owner is not stalled while it lasts (Java refreshes its timer)."""
+        self.polls_in_progress += 1
+        self.polled()
+
+    def poll_finished(self) -> None:
+        self.polls_in_progress = max(0, self.polls_in_progress - 1)
+        self.last_poll = time.monotonic()
+
     def polled(self) -> None:
         self.last_poll = time.monotonic()
         if self.left_for_poll_timeout:
@@ -117,8 +129,7 @@ class GroupCoordinator:
     async def wait_stable(self, timeout: float) -> bool:
         if self.stable:
             return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stable.wait(), timeout)
+        await wait_event(self._stable, timeout)
         return self.stable
 
     async def close(self, leave: bool = True, force_static_leave: bool = False) -> None:
@@ -131,19 +142,46 @@ class GroupCoordinator:
             await self._leave("consumer closing", force_static=force_static_leave)
 
     # -- coordinator discovery -----------------------------------------------------------------------
-    async def ensure_coordinator(self) -> int:
-        if self.coordinator_id is not None:
-            return self.coordinator_id
-        async with self._coord_lock:
-            while self.coordinator_id is None:
+    async def ensure_coordinator(self, deadline: float | None = None) -> int:
+        """The coordinator's node id, looked up if unknown. After the coordinator was lost, the next
+        lookup waits ``retry_backoff`` (as Java does), so a broker that keeps answering NOT_COORDINATOR
+        cannot cause a tight loop. Raises when ``deadline`` (monotonic) passes."""
+        def too_late(extra: float = 0.0) -> BrokerResponseError | None:
+            if deadline is not None and time.monotonic() + extra > deadline:
+                return BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE,
+                                           f"no coordinator for group {self.group_id!r} found in time")
+            return None
+
+        while self.coordinator_id is None:
+            # One lookup attempt per lock hold, so a caller with a deadline is never stuck behind
+            # another caller's long retry loop.
+            try:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+                # arrives while the inner awaitable completes (a free lock is acquired at once).
+                async with asyncio.timeout(remaining):
+                    await self._coord_lock.acquire()
+            except TimeoutError:
+                raise too_late() or BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator") from None
+            try:
+                if self.coordinator_id is not None:
+                    break
+                wait = self._lost_at + self.retry_backoff - time.monotonic()
+                err = too_late(max(0.0, wait))
+                if err is not None:
+                    raise err
+                if wait > 0:
+                    await asyncio.sleep(wait)
                 try:
                     self.coordinator_id = await self._find_coordinator()
                 except KafkaError as exc:
                     if not exc.retriable:
                         raise
                     log.debug("FindCoordinator for %s failed: %s", self.group_id, exc)
-                    await asyncio.sleep(self.retry_backoff)
-            return self.coordinator_id
+                    self._lost_at = time.monotonic()
+            finally:
+                self._coord_lock.release()
+        return self.coordinator_id
 
     async def _find_coordinator(self) -> int:
         conn = await self.client.any_connection()
@@ -169,9 +207,11 @@ class GroupCoordinator:
         if self.coordinator_id is not None:
             log.info("group %s: coordinator %s marked unknown (%s)", self.group_id, self.coordinator_id, reason)
         self.coordinator_id = None
+        self._lost_at = time.monotonic()
 
-    async def _send(self, req: Any, timeout: float | None = None, blocking: bool = False) -> Any:
-        node = await self.ensure_coordinator()
+    async def _send(self, req: Any, timeout: float | None = None, blocking: bool = False,
+                    deadline: float | None = None) -> Any:
+        node = await self.ensure_coordinator(deadline)
         try:
             if blocking:
                 return await self.client.send_blocking(node, req, timeout=timeout)
@@ -203,8 +243,7 @@ class GroupCoordinator:
                 await self._pause(1.0)
 
     async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        await wait_event(self._wake, seconds)
         self._wake.clear()
 
     async def _tick(self) -> None:
@@ -220,11 +259,13 @@ class GroupCoordinator:
         if self.left_for_poll_timeout:
             await self._pause(3600)
             return
-        if time.monotonic() - self.last_poll > self.max_poll_interval and m.state is MemberState.STABLE:
+        if (self.polls_in_progress == 0 and time.monotonic() - self.last_poll > self.max_poll_interval
+                and m.state is MemberState.STABLE):
             log.warning("group %s: member %s did not poll within max.poll.interval.ms; leaving the group",
                         self.group_id, m.member_id)
-            await self._leave("max poll interval exceeded")
+            # set first: a poll arriving while LeaveGroup is in flight must request the rejoin
             self.left_for_poll_timeout = True
+            await self._leave("max poll interval exceeded")
             return
         if m.rejoin_needed or m.state is not MemberState.STABLE:
             self._stable.clear()
@@ -344,6 +385,14 @@ class GroupCoordinator:
             if manual:
                 gen, member_id, instance = -1, "", None
             else:
+                if self.member.state is not MemberState.STABLE or self.member.generation_id < 0:
+                    # Like Java's generationIfStable(): outside a stable generation the partitions may
+                    # already belong to someone else, and a generation -1 commit would be accepted by an
+                    # empty group (a zombie commit). Fail locally instead.
+                    raise CommitFailedError(
+                        f"commit for group {self.group_id!r} refused: this member is not in a stable "
+                        "generation (a rebalance is in progress or it left the group)",
+                        code=EC.REBALANCE_IN_PROGRESS)
                 gen, member_id, instance = self.member.commit_identity()
             by_topic: dict[str, list[Any]] = {}
             for tp, om in offsets.items():
@@ -358,7 +407,7 @@ class GroupCoordinator:
                 topics=[CommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
             )
             try:
-                resp = await self._send(req)
+                resp = await self._send(req, timeout=max(0.1, deadline - time.monotonic()), deadline=deadline)
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() >= deadline:
                     raise
@@ -401,7 +450,7 @@ class GroupCoordinator:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         while True:
             try:
-                node = await self.ensure_coordinator()
+                node = await self.ensure_coordinator(deadline)
                 conn = await self.client.connection(node).get()
                 version = conn.version_for(M.ApiKey.OFFSET_FETCH)
                 if version >= 8:

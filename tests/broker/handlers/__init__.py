@@ -7,11 +7,12 @@ Each module has ``register(registry)``; :func:`default_registry` registers them 
 from __future__ import annotations
 
 from tests.broker.handlers import api_versions, fetch, list_offsets, metadata, produce, sasl
+from tests.broker.handlers import groups as group_handlers
 from tests.broker.handlers import transactions as txn_handlers
 from tests.broker.registry import HandlerRegistry
 
 
-def default_registry(*, transactions: bool = False) -> HandlerRegistry:
+def default_registry(*, transactions: bool = False, groups: bool = False) -> HandlerRegistry:
     """Every handler; the transaction coordinator APIs (InitProducerId, AddPartitionsToTxn, EndTxn) only
     with ``transactions=True``: ``TestCluster(registry=default_registry(transactions=True))``."""
     registry = HandlerRegistry()
@@ -19,6 +20,8 @@ def default_registry(*, transactions: bool = False) -> HandlerRegistry:
         module.register(registry)
     if transactions:
         txn_handlers.register(registry)
+    if groups:  # the group coordinator (tests.broker.group_coordinator): FindCoordinator ... OffsetFetch
+        group_handlers.register(registry)
     return registry
 
 

@@ -188,22 +188,9 @@ class GroupMember:
             self.member_id = resp.member_id
             self.request_rejoin("member id assigned by the coordinator")
             return Step(Action.REJOIN)
-        if code == EC.UNKNOWN_MEMBER_ID:
-            self.reset_member("coordinator does not know this member")
-            return Step(Action.REJOIN)
-        if code == EC.ILLEGAL_GENERATION:
-            self.reset_generation("illegal generation")
-            return Step(Action.REJOIN)
-        if code == EC.REBALANCE_IN_PROGRESS:
-            self.request_rejoin("rebalance in progress")
-            return Step(Action.RETRY)
-        if code in COORDINATOR_ERRORS:
-            self.request_rejoin("coordinator moved")
-            return Step(Action.REDISCOVER)
-        if code in RETRY_ERRORS:
-            self.request_rejoin("coordinator loading")
-            return Step(Action.RETRY)
-        return self._fatal(code, "JoinGroup")
+        # During JoinGroup a rebalance in progress means "try again shortly"; during SyncGroup it
+        # means "rejoin now".
+        return self._rejoin_error(code, "JoinGroup", rebalance=Action.RETRY, suffix="")
 
     def leader_sync(self, partitions_per_topic: dict[str, int]) -> Step:
         """As leader, run the chosen assignor over every member's subscription and build SyncGroup."""
@@ -256,22 +243,26 @@ class GroupMember:
                 self.request_rejoin("partitions revoked in a cooperative rebalance")
             return Step(Action.DONE, assigned=new, revoked=revoked, added=added)
         self.state = MemberState.UNJOINED
-        if code == EC.REBALANCE_IN_PROGRESS:
-            self.request_rejoin("rebalance in progress during sync")
-            return Step(Action.REJOIN)
+        return self._rejoin_error(code, "SyncGroup", rebalance=Action.REJOIN, suffix=" during sync")
+
+    def _rejoin_error(self, code: int, api: str, *, rebalance: Action, suffix: str) -> Step:
+        """The error handling JoinGroup and SyncGroup share (as in Java's coordinator)."""
         if code == EC.UNKNOWN_MEMBER_ID:
             self.reset_member("coordinator does not know this member")
             return Step(Action.REJOIN)
         if code == EC.ILLEGAL_GENERATION:
-            self.reset_generation("illegal generation during sync")
+            self.reset_generation(f"illegal generation{suffix}")
             return Step(Action.REJOIN)
+        if code == EC.REBALANCE_IN_PROGRESS:
+            self.request_rejoin(f"rebalance in progress{suffix}")
+            return Step(rebalance)
         if code in COORDINATOR_ERRORS:
             self.request_rejoin("coordinator moved")
             return Step(Action.REDISCOVER)
         if code in RETRY_ERRORS:
             self.request_rejoin("coordinator loading")
             return Step(Action.RETRY)
-        return self._fatal(code, "SyncGroup")
+        return self._fatal(code, api)
 
     # -- heartbeat ------------------------------------------------------------------------------
     def heartbeat_request(self) -> Any:

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.errors import error_response, install_error_handlers
+from api.openapi import install_openapi
 from api.responses import OrjsonResponse
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
@@ -98,7 +99,9 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         response = await call_next(request)
         route = request.scope.get("route")
         path = getattr(route, "path", "unmatched")
-        metrics.http_seconds.labels(path, request.method, str(response.status_code)).observe(
+        tenant = getattr(request.state, "tenant", None)
+        metrics.http_seconds.labels(tenant.id if tenant is not None else "", path, request.method,
+                                    str(response.status_code)).observe(
             time.perf_counter() - started)
         return response
 
@@ -128,4 +131,5 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(consumers_router)
+    install_openapi(app)
     return app

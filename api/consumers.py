@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant
 from api.responses import OrjsonResponse
@@ -38,6 +39,53 @@ log = logging.getLogger(__name__)
 
 
 # -- request/response models (never per record) ---------------------------------------------------------
+INT32_MAX = 2**31 - 1  # Kafka partitions, fetch bytes, timeouts are int32 on the wire
+# Offsets and timestamps are int64; this bound is the largest double below 2**63, so OpenAPI (FastAPI writes
+# bounds as doubles) states it exactly, and a committed offset + 1 still fits.
+OFFSET_MAX = 2**63 - 1024
+
+
+def _json_number(v: Any) -> Any:
+    if isinstance(v, bool | str):  # not pydantic's lax "5", " 5", "+5" or true: the contract says integer
+        raise ValueError("must be an integer")
+    return v
+
+
+# JSON numbers with an integral value, in range (constraints before the validator keep them in the schema)
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_json_number)]
+Int64 = Annotated[int, Field(ge=0, le=OFFSET_MAX), BeforeValidator(_json_number)]
+
+# Confluent clients send numeric and boolean configs as strings: accept exactly what the schema says.
+_DIGITS = re.compile(r"[0-9]{1,9}")
+_TRUE_FALSE = re.compile(r"[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]")
+
+
+def _config_int(v: Any) -> Any:
+    if v is None or (isinstance(v, str) and _DIGITS.fullmatch(v)):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("must be an integer (a JSON number or a string of digits)")
+    if not 0 <= v <= INT32_MAX:
+        raise ValueError(f"must be between 0 and {INT32_MAX}")
+    return v
+
+
+def _config_bool(v: Any) -> Any:
+    if v is None or isinstance(v, bool) or (isinstance(v, str) and _TRUE_FALSE.fullmatch(v)):
+        return v
+    raise ValueError("must be true or false")
+
+
+ConfigInt = Annotated[int | str | None, BeforeValidator(_config_int), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": INT32_MAX}, {"type": "string", "pattern": "^[0-9]{1,9}$"},
+    {"type": "null"}]})]
+ConfigBool = Annotated[str | bool | None, BeforeValidator(_config_bool), WithJsonSchema({"anyOf": [
+    {"type": "boolean"}, {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"},
+    {"type": "null"}]})]
+
+
 def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
@@ -49,17 +97,17 @@ def _bool(v: Any) -> bool:
 class CreateConsumer(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: str | None = None
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
     format: Literal["binary", "json"] = "binary"
     auto_offset_reset: Literal["earliest", "latest", "none", "smallest", "largest"] | None = Field(
         None, alias="auto.offset.reset")
-    auto_commit_enable: str | bool | None = Field(None, alias="auto.commit.enable")
-    enable_auto_commit: str | bool | None = Field(None, alias="enable.auto.commit")
-    fetch_min_bytes: int | str | None = Field(None, alias="fetch.min.bytes")
-    consumer_request_timeout_ms: int | str | None = Field(None, alias="consumer.request.timeout.ms")
+    auto_commit_enable: ConfigBool = Field(None, alias="auto.commit.enable")
+    enable_auto_commit: ConfigBool = Field(None, alias="enable.auto.commit")
+    fetch_min_bytes: ConfigInt = Field(None, alias="fetch.min.bytes")
+    consumer_request_timeout_ms: ConfigInt = Field(None, alias="consumer.request.timeout.ms")
     isolation_level: Literal["read_uncommitted", "read_committed"] | None = Field(None, alias="isolation.level")
     group_instance_id: str | None = Field(None, alias="group.instance.id")
-    session_timeout_ms: int | str | None = Field(None, alias="session.timeout.ms")
+    session_timeout_ms: ConfigInt = Field(None, alias="session.timeout.ms")
 
     @field_validator("auto_commit_enable", "enable_auto_commit")
     @classmethod
@@ -86,9 +134,14 @@ class CreateConsumerResponse(BaseModel):
 
 
 class Subscription(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # exactly one of a non-empty topics list and a pattern (checked in subscribe(); stated for the contract)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": ["topics"], "properties": {"topics": {"type": "array", "minItems": 1},
+                                                "topic_pattern": {"type": "null"}}},
+        {"required": ["topic_pattern"], "properties": {"topic_pattern": {"type": "string"}, "topics": {"type": "null"}}},
+    ]})
     topics: list[Annotated[str, Field(min_length=1, max_length=249)]] | None = None
-    topic_pattern: str | None = None
+    topic_pattern: str | None = Field(None, json_schema_extra={"format": "regex"})
 
 
 class SubscriptionTopics(BaseModel):
@@ -98,7 +151,7 @@ class SubscriptionTopics(BaseModel):
 class PartitionRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     topic: str = Field(min_length=1, max_length=249)
-    partition: int = Field(ge=0)
+    partition: Int32
 
 
 class Partitions(BaseModel):
@@ -107,21 +160,25 @@ class Partitions(BaseModel):
 
 
 class PartitionOffset(PartitionRef):
-    offset: int = Field(ge=0)
+    offset: Int64
 
 
 class PartitionTimestamp(PartitionRef):
-    timestamp: int = Field(ge=0)
+    timestamp: Int64
 
 
 class Positions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # offsets and/or timestamps, at least one non-empty (checked in seek(); stated for the contract)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["offsets"], "properties": {"offsets": {"type": "array", "minItems": 1}}},
+        {"required": ["timestamps"], "properties": {"timestamps": {"type": "array", "minItems": 1}}},
+    ]})
     offsets: list[PartitionOffset] | None = None
     timestamps: list[PartitionTimestamp] | None = None
 
 
 class CommitOffset(PartitionRef):
-    offset: int = Field(ge=0)
+    offset: Int64  # offset + 1 is committed
     metadata: str | None = Field(None, max_length=4096)
 
 
@@ -151,7 +208,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "malformed JSON (40001)"), (401, "unauthenticated (40101)"), (403, "forbidden (40301)"),
         (404, "not found (40401 topic, 40402 partition, 40403 instance)"),
         (409, "conflict (40901 already subscribed, 40902 instance exists, 40903 illegal state)"),
-        (410, "instance expired (41001)"), (415, "unsupported content type (41501)"),
+        (410, "instance expired (41001)"), (413, "request body too large (41301)"),
+        (415, "unsupported content type (41501)"),
         (422, "invalid request (42204 unknown config key, 42206 invalid field, 42207 invalid value)"),
         (429, "rate limited (42901)"), (500, "Kafka or internal error (50001, 50002)"),
         (503, "Kafka unavailable (50003 retriable, 50302 no broker)"))
@@ -295,7 +353,6 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
     bind(instance=inst.instance_id)
     log.info("created consumer instance (format %s, auto commit %s)", opts.format, opts.auto_commit)
     uri = f"{base_url(request)}/consumers/{group}/instances/{inst.instance_id}"
-    request.app.state.metrics.instances.labels(tenant.id).inc()
     return v2({"instance_id": inst.instance_id, "base_uri": uri})
 
 
@@ -306,7 +363,6 @@ BASE = "/consumers/{group}/instances/{instance_id}"
 async def delete_consumer(request: Request, group: str, instance_id: str,
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     await gateway(request).delete_instance(runtime(request, tenant), group, instance_id)
-    request.app.state.metrics.instances.labels(tenant.id).dec()
     return Response(status_code=204)
 
 
@@ -473,11 +529,14 @@ def _accept(request: Request, inst: ConsumerInstance) -> str:
 
 @router.get(BASE + "/records", responses={
     200: {"description": "Records (JSON array), or a stream with Accept: application/x-ndjson or text/event-stream",
-          "content": {BINARY: {}, JSONFMT: {}, NDJSON: {}, SSE: {}}}, **ERRORS},
+          "content": {BINARY: {}, JSONFMT: {}, NDJSON: {}, SSE: {}}},
+    406: {"model": ErrorBody, "description": "Accept does not match the instance's format (40601)"}, **ERRORS},
     summary="Fetch records: long-poll until data arrives or the timeout passes")
 async def records(request: Request, group: str, instance_id: str,
-                  timeout: Annotated[int | None, Query(ge=0, description="milliseconds to wait for data")] = None,
-                  max_bytes: Annotated[int | None, Query(ge=1, description="soft cap on key+value bytes")] = None,
+                  timeout: Annotated[int | None, Query(ge=0, le=INT32_MAX,
+                                                       description="milliseconds to wait for data")] = None,
+                  max_bytes: Annotated[int | None, Query(ge=1, le=INT32_MAX,
+                                                         description="soft cap on key+value bytes")] = None,
                   max_records: Annotated[int | None, Query(ge=1, le=100000)] = None,
                   tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
@@ -521,6 +580,7 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
         while not inst.closed:
             if await request.is_disconnected():
                 break
+            started = time.monotonic()
             async with inst.lock:
                 chunks = await inst.consumer.poll_batches(limit, max_bytes, 1.0)
             inst.touch()
@@ -528,8 +588,11 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 if media == SSE:
                     yield b": keep-alive\n\n"
                 continue
+            metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
             lines = render(chunks)
             metrics.records.labels(tenant.id).inc(len(lines))
+            metrics.bytes.labels(tenant.id).inc(
+                sum(len(r.value or b"") + len(r.key or b"") for _, rs in chunks for r in rs))
             if media == SSE:
                 yield b"".join(b"data: " + line + b"\n\n" for line in lines)
             else:

@@ -98,6 +98,18 @@ def _validation_message(errors: list[Any]) -> tuple[int, str]:
     return code, "; ".join(parts) or "invalid request"
 
 
+def _all_routes(routes: Any) -> list[Any]:
+    """Routes, descending into included routers (FastAPI may wrap them)."""
+    out: list[Any] = []
+    for r in routes:
+        inner = getattr(r, "original_router", None) or getattr(r, "router", None)
+        if inner is not None and hasattr(inner, "routes") and inner is not r:
+            out += _all_routes(inner.routes)
+        else:
+            out.append(r)
+    return out
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError) -> OrjsonResponse:
@@ -126,9 +138,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
         if exc.status_code == 404:
             return error_response(404, 40400, f"no such endpoint: {request.method} {request.url.path}")
+        headers = dict(exc.headers) if exc.headers else None
         if exc.status_code == 405:
-            return error_response(405, 40501, f"method {request.method} not allowed on {request.url.path}")
-        return error_response(exc.status_code, exc.status_code * 100 + 1, str(exc.detail))
+            # Every route with this path (Starlette names only the first partial match's methods).
+            allowed: set[str] = set()
+            for route in _all_routes(request.app.router.routes):
+                regex = getattr(route, "path_regex", None)
+                if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
+                    allowed |= set(route.methods)
+            if allowed:
+                headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+            return error_response(405, 40501, f"method {request.method} not allowed on {request.url.path}", headers)
+        return error_response(exc.status_code, exc.status_code * 100 + 1, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> OrjsonResponse:

@@ -25,7 +25,7 @@ from service.consumer.consumer import Consumer, ConsumerConfig
 
 log = logging.getLogger(__name__)
 
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 REPLICA_SEP = "~"
 
 
@@ -200,7 +200,7 @@ class Gateway:
                               name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
         if name is None:
             name = f"consumer-{secrets.token_hex(8)}"
-        elif not NAME_RE.match(name):
+        elif not NAME_RE.fullmatch(name):
             raise GatewayError("name must be 1-200 characters of letters, digits, '.', '_' or '-'",
                                status=422, error_code=42206)
         instance_id = self.make_instance_id(name)

@@ -30,8 +30,8 @@ class GatewayMetrics:
         self.info = PromInfo("kcg_build", "Gateway build information", registry=registry)
         self.info.info({"version": "0.1.0"})
         self.http_seconds = Histogram("kcg_http_request_duration_seconds", "HTTP request duration",
-                                      ["route", "method", "status"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.instances = Gauge("kcg_consumer_instances", "Consumer instances", ["tenant"], registry=registry)
+                                      ["tenant", "route", "method", "status"], buckets=LATENCY_BUCKETS,
+                                      registry=registry)
         self.records = Counter("kcg_records_delivered_total", "Records delivered over HTTP", ["tenant"],
                                registry=registry)
         self.bytes = Counter("kcg_record_bytes_delivered_total", "Key+value bytes delivered over HTTP", ["tenant"],
@@ -71,9 +71,11 @@ class GatewayCollector(Collector):
                                labels=["tenant"])
         prefetch = GaugeMetricFamily("kcg_prefetch_buffer_bytes", "Prefetched bytes not yet delivered",
                                      labels=["tenant"])
+        instances = GaugeMetricFamily("kcg_consumer_instances", "Consumer instances", labels=["tenant"])
         lag = GaugeMetricFamily("kcg_consumer_lag", "Records behind the end (LSO under read_committed)",
                                 labels=["tenant", "group", "topic", "partition"])
         for tid, rt in self.gateway.tenants.items():
+            instances.add_metric([tid], len(rt.instances))
             full = inc = errs = wk = reb = ab = 0
             hb_max = 0.0
             pre = 0
@@ -103,7 +105,7 @@ class GatewayCollector(Collector):
             prefetch.add_metric([tid], pre)
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
-        yield from (fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag)
+        yield from (instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag)
 
 
 @contextlib.contextmanager

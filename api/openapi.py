@@ -1,0 +1,431 @@
+"""The OpenAPI contract: FastAPI's generated schema, enriched with what it cannot infer.
+
+FastAPI derives paths, parameters and the request/response models from the routes. This module adds
+what the routes do by hand and FastAPI cannot see: the media types actually sent and accepted
+(``application/vnd.kafka.v2+json`` beside ``application/json`` for bodies, the record formats and the
+streaming types on ``/records``), the error body and its codes for every error status (from
+:data:`ERROR_CODES`, which mirrors the table in :mod:`api.errors`), the ``Retry-After`` and
+``WWW-Authenticate`` headers, the security schemes (``Authorization: Bearer <API key or JWT>`` and
+``X-API-Key``, see :mod:`service.tenants`), stable operation ids, links from a created instance to its
+operations, and the Confluent-compatible semantics in the descriptions.
+
+:func:`install_openapi` makes ``app.openapi()`` (and ``/openapi.json``) return the enriched schema;
+``openapi.yaml`` at the repository root is that schema, written by ``tools/export_openapi.py`` and kept
+in step by ``tests/integration/test_openapi.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import fastapi.routing
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+V2 = "application/vnd.kafka.v2+json"
+JSON = "application/json"
+BINARY = "application/vnd.kafka.binary.v2+json"
+JSONFMT = "application/vnd.kafka.json.v2+json"
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+PROMETHEUS = "text/plain"
+
+#: (HTTP status, error code, meaning) — the table of :mod:`api.errors`, in the same order.
+ERROR_CODES: tuple[tuple[int, int, str], ...] = (
+    (400, 40001, "malformed JSON body"),
+    (401, 40101, "missing or invalid credentials"),
+    (403, 40301, "topic or group outside the tenant's allowed patterns"),
+    (404, 40400, "no such endpoint"),
+    (404, 40401, "topic not found"),
+    (404, 40402, "partition not found"),
+    (404, 40403, "consumer instance not found"),
+    (405, 40501, "method not allowed"),
+    (406, 40601, "the Accept header does not match the instance's format"),
+    (409, 40901, "consumer already subscribed (subscription vs. assignment conflict)"),
+    (409, 40902, "consumer instance with this name already exists in the group"),
+    (409, 40903, "illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)"),
+    (410, 41001, "consumer instance expired after its idle timeout"),
+    (413, 41301, "request body too large"),
+    (415, 41501, "unsupported request content type"),
+    (422, 42204, "unknown or invalid consumer configuration key"),
+    (422, 42206, "invalid request field"),
+    (422, 42207, "invalid offset, partition or timestamp value"),
+    (429, 42901, "rate limited / quota exceeded (Retry-After header)"),
+    (500, 50001, "internal error (details logged, never returned)"),
+    (500, 50002, "Kafka error"),
+    (503, 50003, "retriable Kafka error (Retry-After header)"),
+    (503, 50302, "no Kafka broker reachable"),
+)
+
+_REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
+            405: "Method not allowed", 406: "Not acceptable", 409: "Conflict", 410: "Gone",
+            413: "Request body too large", 415: "Unsupported media type", 422: "Invalid request",
+            429: "Too many requests", 500: "Server or Kafka error", 503: "Kafka unavailable"}
+
+#: Stable operation ids by route function name (anything else keeps the function name).
+OPERATION_IDS = {
+    "healthz": "healthz", "readyz": "readyz", "prom_metrics": "metrics",
+    "create_consumer": "createConsumer", "delete_consumer": "deleteConsumer",
+    "subscribe": "subscribe", "get_subscription": "getSubscription", "unsubscribe": "unsubscribe",
+    "assign": "assignPartitions", "get_assignments": "getAssignments",
+    "seek": "seek", "seek_beginning": "seekToBeginning", "seek_end": "seekToEnd",
+    "commit": "commitOffsets", "committed": "getCommittedOffsets", "records": "getRecords",
+}
+
+_INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",
+                 "getAssignments", "seek", "seekToBeginning", "seekToEnd", "commitOffsets",
+                 "getCommittedOffsets", "getRecords")
+
+DESCRIPTION = """\
+An HTTP gateway that lets clients in any language consume Kafka as members of consumer groups. It is
+wire-compatible with the **Confluent REST Proxy v2 consumer API** and adds extensions: true long-poll,
+streaming (NDJSON and server-sent events), record timestamps and headers, seeking to timestamps.
+
+## Flow
+1. `POST /consumers/{group}` creates a consumer instance and returns its `instance_id` and `base_uri`.
+2. `POST {base_uri}/subscription` (topics or a pattern) or `POST {base_uri}/assignments` (partitions).
+3. `GET {base_uri}/records` long-polls for records; the first poll after subscribing waits for the
+   group assignment.
+4. `POST {base_uri}/offsets` commits (or rely on `auto.commit.enable`), `DELETE {base_uri}` leaves the group.
+
+Idle instances expire (410, error code 41001) after the gateway's idle timeout; every request renews one.
+
+## Media types
+Request bodies are JSON sent as `application/vnd.kafka.v2+json` or `application/json` (any
+`application/vnd.kafka.*+json` is accepted too); anything else is 415 (41501). Responses with a body are
+`application/vnd.kafka.v2+json`, except `GET /records`, whose type follows the `Accept` header and the
+instance's format: `application/vnd.kafka.binary.v2+json` (keys, values and header values in base64) or
+`application/vnd.kafka.json.v2+json` (embedded JSON) as one JSON array, or — extensions — a stream of
+records as `application/x-ndjson` (one JSON record per line) or `text/event-stream` (one `data:` event
+per record, `: keep-alive` comments while idle, an `event: error` with an error body if the stream fails).
+`Accept: */*`, `application/json` or `application/vnd.kafka.v2+json` mean the instance's format; another
+format is 406 (40601).
+
+## Confluent-compatible semantics
+- `POST /offsets` commits **offset + 1** for every listed record offset (the offset of the last record
+  consumed is given, the position after it is stored), as the Confluent REST Proxy does; `GET /offsets`
+  returns what is stored (so the value sent + 1), or -1 when nothing is committed. An empty body commits
+  everything consumed so far.
+- `GET /offsets` takes its partitions in a **request body on a GET**, as the Confluent REST Proxy does.
+- `auto.offset.reset` accepts `smallest`/`largest` as aliases of `earliest`/`latest`; configuration values
+  may be strings (`"true"`, `"1000"`) as Confluent clients send them.
+
+## Authentication
+With a tenants file (`GATEWAY_TENANTS_FILE`) every `/consumers` request needs `Authorization: Bearer
+<API key or JWT>` or `X-API-Key: <API key>`; failures are 401 (40101) with `WWW-Authenticate: Bearer`.
+Without one the gateway serves everything as tenant `default` without authentication (development only).
+A tenant sees only its own instances (404, 40403) and gets 403 (40301) outside its topic and group
+patterns. Quotas answer 429 (42901) with `Retry-After`. `/healthz`, `/readyz` and `/metrics` need no
+credentials.
+
+## Errors
+Every error is `{"error_code": <5 digits>, "message": "..."}` with one of these codes:
+
+| HTTP | code | meaning |
+| ---- | ---- | ------- |
+"""
+
+
+def error_table_markdown() -> str:
+    return "".join(f"| {s} | {c} | {m} |\n" for s, c, m in ERROR_CODES)
+
+
+def codes_for(status: int) -> list[int]:
+    return [c for s, c, _ in ERROR_CODES if s == status]
+
+
+_ERROR_BODY = {
+    "type": "object",
+    "title": "ErrorBody",
+    "description": "The body of every error response. `error_code` has five digits, mostly the HTTP status "
+                   "followed by two (Confluent's 50003, retriable Kafka error, comes with 503); the codes are "
+                   "listed in the API description.",
+    "required": ["error_code", "message"],
+    "properties": {
+        "error_code": {"type": "integer", "title": "Error Code", "enum": sorted({c for _, c, _ in ERROR_CODES})},
+        "message": {"type": "string", "title": "Message", "description": "Human-readable; never contains a credential"},
+    },
+}
+
+_B64 = {"type": ["string", "null"], "contentEncoding": "base64"}
+
+_RECORD_HEADER = {
+    "type": "object",
+    "title": "RecordHeader",
+    "required": ["key", "value"],
+    "properties": {
+        "key": {"type": "string"},
+        "value": {**_B64, "description": "The header value in base64 (null for a null value)"},
+    },
+    "additionalProperties": False,
+}
+
+_RECORD_COMMON = {
+    "topic": {"type": "string"},
+    "partition": {"type": "integer", "minimum": 0},
+    "offset": {"type": "integer", "minimum": 0},
+    "timestamp": {"type": "integer", "description": "Record timestamp, milliseconds since the epoch (extension)"},
+}
+
+_HEADERS_PROP = {"type": "array", "items": {"$ref": "#/components/schemas/RecordHeader"},
+                 "description": "Record headers in order (extension)"}
+
+_BINARY_RECORD = {
+    "type": "object",
+    "title": "BinaryRecord",
+    "description": "A record of a `binary` instance: key and value in base64.",
+    "required": ["topic", "partition", "offset", "timestamp", "key", "value", "headers"],
+    "properties": {**_RECORD_COMMON, "key": _B64, "value": _B64, "headers": _HEADERS_PROP},
+    "additionalProperties": False,
+}
+
+_JSON_RECORD = {
+    "type": "object",
+    "title": "JsonRecord",
+    "description": "A record of a `json` instance: key and value embedded as JSON. A key or value that is not "
+                   "valid JSON is delivered as null with `<field>_error` and its raw bytes in `<field>_base64`.",
+    "required": ["topic", "partition", "offset", "timestamp", "key", "value", "headers"],
+    "properties": {
+        **_RECORD_COMMON,
+        "key": {"description": "The key as JSON (any JSON value, null for a null key)"},
+        "value": {"description": "The value as JSON (any JSON value, null for a null value)"},
+        "key_error": {"type": "string", "enum": ["not valid JSON"]},
+        "key_base64": {"type": "string", "contentEncoding": "base64"},
+        "value_error": {"type": "string", "enum": ["not valid JSON"]},
+        "value_base64": {"type": "string", "contentEncoding": "base64"},
+        "headers": _HEADERS_PROP,
+    },
+    "additionalProperties": False,
+}
+
+_HEALTH = {
+    "type": "object", "title": "Health", "required": ["status"],
+    "properties": {"status": {"type": "string", "enum": ["ok"]}},
+}
+
+_READY = {
+    "type": "object", "title": "Ready", "required": ["status", "tenants", "brokers"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ready"]},
+        "tenants": {"type": "array", "items": {"type": "string"}},
+        "brokers": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                    "description": "Number of known brokers by tenant"},
+    },
+}
+
+_NOT_READY = {
+    "type": "object", "title": "NotReady", "required": ["status", "error_code", "tenants"],
+    "properties": {
+        "status": {"type": "string", "enum": ["unavailable"]},
+        "error_code": {"type": "integer", "enum": [50302]},
+        "tenants": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "The problem by tenant id, for the tenants whose brokers are unreachable"},
+    },
+}
+
+_RESPONSE_HEADERS = {
+    "Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer", "minimum": 0}},
+    "WWW-Authenticate": {"description": "The accepted scheme: `Bearer`", "schema": {"type": "string"}},
+}
+
+SECURITY_SCHEMES = {
+    "BearerAuth": {
+        "type": "http", "scheme": "bearer", "bearerFormat": "API key or JWT",
+        "description": "`Authorization: Bearer <token>`. A token shaped like a JWT (three base64url parts "
+                       "separated by dots) is verified as a JWT from a trusted issuer (HS*, RS*, PS*, ES*; "
+                       "`exp`, `iss`, `aud` and the tenant claim required); anything else is an API key.",
+    },
+    "ApiKeyAuth": {
+        "type": "apiKey", "in": "header", "name": "X-API-Key",
+        "description": "An API key. Not together with `Authorization: Bearer`.",
+    },
+}
+_SECURITY = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
+
+_OPERATION_NOTES = {
+    "createConsumer": "The body is optional (all defaults). `name` makes the instance id predictable "
+                      "(`<replica>~<name>`); `base_uri` honours `GATEWAY_PUBLIC_URL`, `Forwarded` and "
+                      "`X-Forwarded-*`. `format` chooses binary (base64) or json (embedded JSON) records.",
+    "subscribe": "Give either `topics` (a non-empty list) or `topic_pattern` (a regular expression; new "
+                 "matching topics are picked up). Exclusive with manual assignment (409, 40901).",
+    "assignPartitions": "Manual assignment without group management; exclusive with a subscription "
+                        "(409, 40901). Unknown topics are 404 (40401), unknown partitions 404 (40402).",
+    "seek": "Seek assigned partitions to `offsets` and/or, as an extension, to the first offset at or after "
+            "each `timestamps` entry (milliseconds). Unassigned partitions are 409 (40903).",
+    "commitOffsets": "Commits **offset + 1** for each listed record offset, as the Confluent REST Proxy does "
+                     "(give the offset of the last record consumed). Without a body, or with no `offsets`, "
+                     "commits the position after everything this instance has returned.",
+    "getCommittedOffsets": "The partitions are given in a **request body on a GET**, as the Confluent REST "
+                           "Proxy does. `offset` is what is stored (the committed record offset + 1), -1 "
+                           "when nothing is committed.",
+    "getRecords": "Long-poll: returns as soon as records are buffered, or an empty array when `timeout` "
+                  "(milliseconds, default the instance's `consumer.request.timeout.ms`, capped by the "
+                  "gateway) passes. With `Accept: application/x-ndjson` or `text/event-stream` the response "
+                  "is a stream that runs until the client disconnects or the instance is deleted; the next "
+                  "poll waits until the previous chunk was written (backpressure).",
+}
+
+
+_OPERATION_KEYS = ("tags", "summary", "description", "operationId", "security", "parameters", "requestBody",
+                   "responses")
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    codes = codes_for(status)
+    described = "; ".join(f"{c} {m}" for s, c, m in ERROR_CODES if s == status)
+    response: dict[str, Any] = {
+        "description": f"{_REASONS.get(status, 'Error')}: {described}" if described else _REASONS.get(status, "Error"),
+        "content": {V2: {"schema": {
+            "allOf": [{"$ref": "#/components/schemas/ErrorBody"}],
+            "properties": {"error_code": {"enum": codes}},
+        } if codes else {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+    if status in (429, 503):
+        response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
+    elif status == 401:
+        response["headers"] = {"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Authenticate"}}
+    return response
+
+
+def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
+    """The accepted request media types: the Confluent one first, then plain JSON, same schema."""
+    schema = content.get(JSON, {}).get("schema", {})
+    return {V2: {"schema": copy.deepcopy(schema)}, JSON: {"schema": schema}}
+
+
+def _records_200() -> dict[str, Any]:
+    stream = "One record per {unit}; each is a `BinaryRecord` or a `JsonRecord` (the instance's format)."
+    return {
+        "description": "Records as one JSON array in the instance's format, or (Accept: application/x-ndjson "
+                       "or text/event-stream) a stream of records",
+        "content": {
+            BINARY: {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/BinaryRecord"}}},
+            JSONFMT: {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/JsonRecord"}}},
+            NDJSON: {"schema": {"type": "string", "description": stream.format(unit="line")}},
+            SSE: {"schema": {"type": "string", "description": stream.format(unit="`data:` event") +
+                             " `: keep-alive` comments while idle; `event: error` carries an ErrorBody."}},
+        },
+    }
+
+
+def app_operations(app: FastAPI) -> dict[tuple[str, str], str]:
+    """``{(path template, lower-case method): route function name}`` for every documented API route of the
+    app, routers included (FastAPI ≥ 0.130 keeps included routers nested; older versions flatten them)."""
+    iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    routes: Iterable[Any] = iter_contexts(app.routes) if iter_contexts is not None else app.routes
+    out: dict[tuple[str, str], str] = {}
+    for route in routes:
+        original = getattr(route, "original_route", route)
+        if not isinstance(original, APIRoute) or not original.include_in_schema:
+            continue
+        for method in route.methods or ():
+            out[(route.path, method.lower())] = route.name
+    return out
+
+
+_NUMERIC_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+def _integral_bounds(node: Any) -> None:
+    """FastAPI writes numeric bounds as doubles (``maximum: 2147483647.0``); integral ones become ints."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _NUMERIC_KEYWORDS and isinstance(value, float) and value.is_integer():
+                node[key] = int(value)
+            else:
+                _integral_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _integral_bounds(item)
+
+
+def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
+    """Add to FastAPI's schema what the routes do by hand (in place; returns ``schema``)."""
+    _integral_bounds(schema)
+    names = app_operations(app)
+    schema["info"]["description"] = DESCRIPTION + error_table_markdown()
+    schema["tags"] = [
+        {"name": "consumers", "description": "Confluent REST Proxy v2 consumer API, with extensions"},
+        {"name": "ops", "description": "Health, readiness and Prometheus metrics (no credentials)"},
+    ]
+    for path, item in schema["paths"].items():
+        for method, op in item.items():
+            name = names.get((path, method), op.get("operationId", ""))
+            op["operationId"] = OPERATION_IDS.get(name, name)
+            if op["operationId"] in _OPERATION_NOTES:
+                op["description"] = _OPERATION_NOTES[op["operationId"]]
+            consumer = path.startswith("/consumers/")
+            op["security"] = copy.deepcopy(_SECURITY) if consumer else []
+            if "requestBody" in op:
+                op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"])
+            for status, resp in list(op["responses"].items()):
+                code = int(status)
+                if code >= 400:
+                    op["responses"][status] = _error_response(code)
+                elif consumer and "content" in resp and JSON in resp["content"]:
+                    resp["content"] = {V2: resp["content"][JSON]}
+                    resp["description"] = "OK"
+            op["responses"] = dict(sorted(op["responses"].items()))
+            order = [k for k in _OPERATION_KEYS if k in op] + [k for k in op if k not in _OPERATION_KEYS]
+            item[method] = {k: op[k] for k in order}
+    base = "/consumers/{group}/instances/{instance_id}"
+    records = schema["paths"][base + "/records"]["get"]
+    records["responses"]["200"] = _records_200()
+    ops = schema["paths"]
+    ops["/healthz"]["get"]["responses"]["200"] = {
+        "description": "The process is alive", "content": {JSON: {"schema": {"$ref": "#/components/schemas/Health"}}}}
+    ops["/readyz"]["get"]["responses"] = {
+        "200": {"description": "Every tenant's brokers answered a metadata request",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Ready"}}}},
+        "503": {"description": "Some tenant's brokers are unreachable (50302)",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/NotReady"}}}},
+    }
+    ops["/metrics"]["get"]["responses"]["200"] = {
+        "description": "Prometheus text exposition format",
+        "content": {PROMETHEUS: {"schema": {"type": "string"}}}}
+    created = ops["/consumers/{group}"]["post"]["responses"]["200"]
+    created["links"] = {
+        op_id: {"operationId": op_id, "parameters": {"group": "$request.path.group",
+                                                      "instance_id": "$response.body#/instance_id"}}
+        for op_id in _INSTANCE_OPS
+    }
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas.update(copy.deepcopy({
+        "ErrorBody": _ERROR_BODY, "RecordHeader": _RECORD_HEADER, "BinaryRecord": _BINARY_RECORD,
+        "JsonRecord": _JSON_RECORD, "Health": _HEALTH, "Ready": _READY, "NotReady": _NOT_READY}))
+    components["schemas"] = dict(sorted(schemas.items()))
+    components["headers"] = copy.deepcopy(_RESPONSE_HEADERS)
+    components["securitySchemes"] = copy.deepcopy(SECURITY_SCHEMES)
+    return schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make ``app.openapi()`` (and ``/openapi.json``) return the enriched schema."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = enrich(copy.deepcopy(generate()), app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def app_schema() -> dict[str, Any]:
+    """The contract as the app generates it, from an app built with default settings (nothing is started,
+    no environment variable is read)."""
+    from api.app import create_app
+    from service.settings import Settings
+
+    tenants_log = logging.getLogger("service.tenants")
+    level = tenants_log.level
+    tenants_log.setLevel(logging.ERROR)  # the 'no authentication' warning is about serving, not documenting
+    try:
+        app = create_app(Settings.model_construct(), "localhost:9092")
+    finally:
+        tenants_log.setLevel(level)
+    return app.openapi()

@@ -1,0 +1,213 @@
+"""``openapi.yaml`` is the HTTP contract: it must equal the app's generated schema, be a valid OpenAPI
+document, document every route (and only routes that exist) and carry what FastAPI cannot infer
+(media types, error codes, security, Confluent semantics)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fastapi.routing
+import orjson
+import pytest
+import yaml
+from fastapi import FastAPI
+from openapi_spec_validator import validate
+
+import api.errors
+from api.app import create_app
+from api.openapi import ERROR_CODES, app_operations, app_schema
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+OPENAPI = REPO / "openapi.yaml"
+EXPORT = REPO / "tools" / "export_openapi.py"
+REGENERATE = ".venv/bin/python tools/export_openapi.py > openapi.yaml"
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+V2 = "application/vnd.kafka.v2+json"
+RECORD_TYPES = {"application/vnd.kafka.binary.v2+json", "application/vnd.kafka.json.v2+json",
+                "application/x-ndjson", "text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict[str, Any]:
+    doc = yaml.safe_load(OPENAPI.read_text("utf-8"))
+    assert isinstance(doc, dict)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, Any]:
+    return orjson.loads(orjson.dumps(app_schema()))  # JSON types, as the YAML holds them
+
+
+@pytest.fixture(scope="module")
+def app() -> FastAPI:
+    return create_app(Settings.model_construct(), "localhost:9092")
+
+
+def operations(doc: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if method in METHODS:
+                yield path, method, op
+
+
+def _differences(a: Any, b: Any, where: str = "") -> Iterator[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            here = f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if key not in b:
+                yield f"{here}: only in openapi.yaml"
+            elif key not in a:
+                yield f"{here}: only in the app"
+            else:
+                yield from _differences(a[key], b[key], here)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _differences(x, y, f"{where}/{i}")
+    elif a != b:
+        yield f"{where or '/'}: {a!r:.80} in openapi.yaml, {b!r:.80} in the app"
+
+
+def test_committed_contract_is_the_generated_schema(committed: dict[str, Any], generated: dict[str, Any]) -> None:
+    if committed == generated:
+        return
+    pointers = list(_differences(committed, generated))
+    diff = "".join(difflib.unified_diff(
+        yaml.safe_dump(orjson.loads(orjson.dumps(committed)), sort_keys=False).splitlines(keepends=True),
+        yaml.safe_dump(generated, sort_keys=False).splitlines(keepends=True),
+        "openapi.yaml", "app.openapi()", n=2))
+    pytest.fail(f"openapi.yaml has drifted from the app's OpenAPI schema at {len(pointers)} place(s):\n  "
+                + "\n  ".join(pointers[:30]) + f"\n\n{diff[:6000]}\nRegenerate it with:\n  {REGENERATE}\n",
+                pytrace=False)
+
+
+def test_export_is_deterministic(generated: dict[str, Any]) -> None:
+    """Same bytes from two runs with different hash seeds, and they parse to the app's schema."""
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, str(EXPORT)], cwd=REPO, env=env, capture_output=True, check=True,
+                              timeout=60)
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]
+    text = outputs[0].decode("utf-8")
+    assert text.startswith("# ") and REGENERATE in text.splitlines()[1]
+    assert not re.search(r"[&*]id\d+\b", text), "YAML anchors/aliases make the contract hard to read"
+    assert yaml.safe_load(text) == generated
+
+
+def test_contract_is_valid_openapi(committed: dict[str, Any]) -> None:
+    assert committed["openapi"].startswith("3.1")
+    validate(committed)  # raises OpenAPIValidationError with the path of the first problem
+
+
+def test_every_route_is_documented_and_every_operation_exists(app: FastAPI, committed: dict[str, Any]) -> None:
+    documented = {(path, method) for path, method, _ in operations(committed)}
+    routes = set(app_operations(app))
+    assert routes - documented == set(), "routes missing from openapi.yaml"
+    assert documented - routes == set(), "operations in openapi.yaml that the app does not serve"
+    # anything else the app serves is FastAPI's own documentation
+    iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    served = {(r.path, m.lower()) for r in (iter_contexts(app.routes) if iter_contexts else app.routes)
+              for m in (getattr(r, "methods", None) or ()) if m != "HEAD"}
+    docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    assert {path for path, _ in served - documented} <= docs
+
+
+def test_operation_ids_are_unique_and_named(committed: dict[str, Any]) -> None:
+    ids = [op["operationId"] for _, _, op in operations(committed)]
+    assert len(ids) == len(set(ids))
+    assert all(re.fullmatch(r"[a-z][A-Za-z]+", i) for i in ids), ids
+
+
+def _error_table_of_api_errors() -> list[tuple[int, int, str]]:
+    rows = re.findall(r"^\|\s*(\d{3})\s*\|\s*(\d{5})\s*\|\s*(.+?)\s*\|\s*$", api.errors.__doc__ or "", re.M)
+    return [(int(s), int(c), m) for s, c, m in rows]
+
+
+def test_error_codes_are_those_of_api_errors(committed: dict[str, Any]) -> None:
+    table = _error_table_of_api_errors()
+    assert len(table) >= 20, "could not read the table in api/errors.py's docstring"
+    assert list(ERROR_CODES) == table, "api/openapi.py ERROR_CODES differs from the table in api/errors.py"
+    description = committed["info"]["description"]
+    for status, code, meaning in table:
+        assert f"| {status} | {code} | {meaning} |" in description
+
+
+def test_every_error_response_is_the_error_body_with_its_codes(committed: dict[str, Any]) -> None:
+    seen: set[int] = set()
+    for path, method, op in operations(committed):
+        for status, resp in op["responses"].items():
+            code = int(status)
+            if code < 400 or path == "/readyz":
+                continue
+            seen.add(code)
+            assert list(resp["content"]) == [V2], (path, method, status)
+            schema = resp["content"][V2]["schema"]
+            assert schema["allOf"] == [{"$ref": "#/components/schemas/ErrorBody"}]
+            assert schema["properties"]["error_code"]["enum"] == [c for s, c, _ in ERROR_CODES if s == code]
+            if code in (429, 503):
+                assert "Retry-After" in resp["headers"]
+            if code == 401:
+                assert "WWW-Authenticate" in resp["headers"]
+    body = committed["components"]["schemas"]["ErrorBody"]
+    assert body["required"] == ["error_code", "message"]
+    # every status of the table is documented on some operation, except the path-level ones
+    assert {s for s, _, _ in ERROR_CODES} - seen == {405}
+
+
+def test_consumer_operations(committed: dict[str, Any]) -> None:
+    ops = [(p, m, op) for p, m, op in operations(committed) if p.startswith("/consumers/")]
+    assert len(ops) == 13
+    for path, method, op in ops:
+        assert op["security"] == [{"BearerAuth": []}, {"ApiKeyAuth": []}], (path, method)
+        for status in ("400", "401", "404", "413", "415", "422", "429", "500", "503"):
+            assert status in op["responses"], (path, method, status)
+        if "requestBody" in op:
+            content = op["requestBody"]["content"]
+            assert list(content) == [V2, "application/json"], (path, method)
+            assert content[V2]["schema"] == content["application/json"]["schema"]
+        for status, resp in op["responses"].items():
+            if status.startswith("2") and "content" in resp and not path.endswith("/records"):
+                assert list(resp["content"]) == [V2], (path, method, status)
+    schemes = committed["components"]["securitySchemes"]
+    assert schemes["BearerAuth"] == {**schemes["BearerAuth"], "type": "http", "scheme": "bearer"}
+    assert schemes["ApiKeyAuth"] == {**schemes["ApiKeyAuth"], "type": "apiKey", "in": "header", "name": "X-API-Key"}
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert committed["paths"][path]["get"]["security"] == []
+    assert list(committed["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+
+
+def test_records_media_types(committed: dict[str, Any]) -> None:
+    op = committed["paths"]["/consumers/{group}/instances/{instance_id}/records"]["get"]
+    content = op["responses"]["200"]["content"]
+    assert set(content) == RECORD_TYPES
+    items = content["application/vnd.kafka.binary.v2+json"]["schema"]["items"]
+    assert items == {"$ref": "#/components/schemas/BinaryRecord"}
+    binary = committed["components"]["schemas"]["BinaryRecord"]
+    assert set(binary["required"]) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
+    assert "406" in op["responses"]
+    assert {p["name"] for p in op["parameters"]} == {"group", "instance_id", "timeout", "max_bytes", "max_records"}
+
+
+def test_confluent_semantics_are_stated(committed: dict[str, Any]) -> None:
+    base = "/consumers/{group}/instances/{instance_id}"
+    commit = committed["paths"][base + "/offsets"]["post"]
+    assert "offset + 1" in commit["description"]
+    assert commit["requestBody"].get("required", False) is False  # an empty body commits everything consumed
+    committed_get = committed["paths"][base + "/offsets"]["get"]
+    assert committed_get["requestBody"]["required"] is True  # a body on a GET, as Confluent
+    assert "request body on a GET" in committed_get["description"]
+    links = committed["paths"]["/consumers/{group}"]["post"]["responses"]["200"]["links"]
+    ids = {op["operationId"] for p, _, op in operations(committed) if p.startswith(base)}
+    assert set(links) == ids
+    for link in links.values():
+        assert link["parameters"] == {"group": "$request.path.group", "instance_id": "$response.body#/instance_id"}

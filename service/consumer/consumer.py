@@ -345,14 +345,16 @@ class Consumer:
     async def _update_positions(self) -> None:
         init = [tp for tp in self.subs.initializing() if tp not in self.fetcher.errors]
         if init:
+            epochs = {tp: self.subs.epoch(tp) for tp in init}
             if self.coordinator is not None:
                 committed = await self.coordinator.committed(init)
             else:
                 committed = {tp: None for tp in init}
             missing = []
             for tp, om in committed.items():
-                if not self.subs.is_assigned(tp) or self.subs.assignment[tp].state is not FetchState.INITIALIZING:
-                    continue
+                if (not self.subs.is_assigned(tp) or self.subs.epoch(tp) != epochs.get(tp)
+                        or self.subs.assignment[tp].state is not FetchState.INITIALIZING):
+                    continue  # the owner seeked (or the partition moved) while we were looking
                 if om is not None:
                     self.subs.seek(tp, om.offset, om.leader_epoch)
                 else:
@@ -379,9 +381,11 @@ class Consumer:
                 targets[tp] = LATEST_TIMESTAMP
             else:
                 raise NoOffsetForPartitionError([tp])
+        epochs = {tp: self.subs.epoch(tp) for tp in targets}
         found = await self.list_offsets(targets)
         for tp, off in found.items():
-            if self.subs.is_assigned(tp) and self.subs.assignment[tp].state is FetchState.AWAIT_RESET:
+            if (self.subs.is_assigned(tp) and self.subs.epoch(tp) == epochs.get(tp)
+                    and self.subs.assignment[tp].state is FetchState.AWAIT_RESET):
                 if off is None:  # timestamp beyond the last record: go to the end
                     end = await self.list_offsets({tp: LATEST_TIMESTAMP})
                     off = end.get(tp) or 0

@@ -74,6 +74,8 @@ class PartitionState:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
+    # bumped by every seek or reset request: a lookup started before it must not overwrite the result
+    epoch: int = 0
 
     @property
     def has_valid_position(self) -> bool:
@@ -182,6 +184,7 @@ class SubscriptionState:
         if offset < 0:
             raise SubscriptionError(f"offset {offset} for {tp} must be >= 0")
         st = self._state(tp)
+        st.epoch += 1
         st.position = offset
         st.leader_epoch = leader_epoch
         st.state = FetchState.FETCHING
@@ -191,10 +194,15 @@ class SubscriptionState:
     def request_reset(self, tp: TopicPartition, strategy: OffsetResetStrategy | None = None,
                       timestamp: int | None = None) -> None:
         st = self._state(tp)
+        st.epoch += 1
         st.state = FetchState.AWAIT_RESET
         st.reset_strategy = strategy or self.default_reset
         st.reset_timestamp = timestamp
         st.position = None
+
+    def epoch(self, tp: TopicPartition) -> int:
+        st = self.assignment.get(tp)
+        return -1 if st is None else st.epoch
 
     def position(self, tp: TopicPartition) -> int | None:
         return self._state(tp).position

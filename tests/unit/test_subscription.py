@@ -82,3 +82,17 @@ def test_reset_strategy_parsing() -> None:
     assert OffsetResetStrategy.parse("LATEST") is OffsetResetStrategy.LATEST
     with pytest.raises(ValueError):
         OffsetResetStrategy.parse("sideways")
+
+
+def test_epoch_detects_a_seek_during_a_lookup() -> None:
+    s = SubscriptionState(default_reset="latest")
+    s.assign([A0])
+    before = s.epoch(A0)
+    s.request_reset(A0)  # the background lookup for "latest" starts with this epoch
+    started = s.epoch(A0)
+    s.request_reset(A0, OffsetResetStrategy.EARLIEST)  # the owner seeks to the beginning meanwhile
+    assert s.epoch(A0) != started != before
+    assert s.assignment[A0].reset_strategy is OffsetResetStrategy.EARLIEST
+    s.seek(A0, 3)
+    assert s.epoch(A0) == started + 2
+    assert s.epoch(TopicPartition("x", 9)) == -1

@@ -537,10 +537,14 @@ class Consumer:
         coord = self.coordinator if self.subs.is_group_managed else None
         if coord is None:
             return await self._poll_loop(started, deadline, max_records, max_bytes)
+        coord.start()  # idempotent: also after a subscribe that failed half-way
         coord.poll_started()
         try:
             if not self.subs.assignment and not coord.stable:
                 await coord.wait_stable(max(0.0, deadline - time.monotonic()))
+                err = coord.last_error
+                if not coord.stable and err is not None and not err.retriable:
+                    raise err  # e.g. the broker rejects our credentials: say so instead of returning []
             return await self._poll_loop(started, deadline, max_records, max_bytes)
         finally:
             coord.poll_finished()

@@ -97,6 +97,9 @@ class GroupCoordinator:
         self.heartbeat_latency: float | None = None
         self.heartbeats = 0
         self.fatal: KafkaError | None = None
+        #: the last error of the membership loop, cleared once the member is stable again
+        self.last_error: KafkaError | None = None
+        self._failed = asyncio.Event()  # set while a non-retriable error blocks membership
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -129,7 +132,13 @@ class GroupCoordinator:
     async def wait_stable(self, timeout: float) -> bool:
         if self.stable:
             return True
-        await wait_event(self._stable, timeout)
+        # also wake up when a non-retriable error (e.g. rejected credentials) blocks membership
+        waits = [asyncio.ensure_future(self._stable.wait()), asyncio.ensure_future(self._failed.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
         return self.stable
 
     async def close(self, leave: bool = True, force_static_leave: bool = False) -> None:
@@ -235,8 +244,11 @@ class GroupCoordinator:
                 return
             except KafkaError as exc:
                 log.info("group %s: %s; retrying", self.group_id, exc)
+                self.last_error = exc
                 if exc.retriable:
                     self.coordinator_dead(str(exc))
+                else:
+                    self._failed.set()
                 await self._pause(self.retry_backoff)
             except Exception:  # pragma: no cover - never let the member task die silently
                 log.exception("group %s: unexpected error in membership loop", self.group_id)
@@ -333,6 +345,8 @@ class GroupCoordinator:
                 if step.revoked:
                     await self._on_revoke(step.revoked)
                 await self._on_assign(step.assigned, step.added)
+                self.last_error = None
+                self._failed.clear()
                 if not m.rejoin_needed:
                     self._stable.set()
                 return

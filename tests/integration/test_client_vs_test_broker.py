@@ -325,3 +325,23 @@ async def test_leader_connection_for_unknown_topic() -> None:
                 await client.leader_connection("missing", 0)
         finally:
             await client.close()
+
+
+async def test_consumer_poll_surfaces_a_sasl_failure() -> None:
+    """A consumer whose credentials the broker rejects gets the authentication error from poll()."""
+    from service.consumer.consumer import Consumer, ConsumerConfig
+
+    async with TestCluster(topics={"t": 1}, sasl_mechanisms=["PLAIN"], users=USERS) as cluster:
+        client = KafkaClient(cluster.bootstrap_servers,
+                             ConnectionConfig(sasl=SaslConfig("PLAIN", "alice", "wrong-password")))
+        c = Consumer(client, ConsumerConfig(group_id="g", session_timeout_ms=2000, heartbeat_interval_ms=300))
+        try:
+            with pytest.raises(AuthenticationError, match="alice"):
+                await c.subscribe(["t"])  # fails at once: metadata needs an authenticated connection
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(AuthenticationError, match="alice"):
+                await c.poll(timeout=10)  # a later poll reports it too, without waiting out its timeout
+            assert asyncio.get_running_loop().time() - started < 5
+        finally:
+            await c.close()
+            await client.close()

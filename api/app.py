@@ -46,6 +46,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "session_timeout_ms": settings.consumer_session_timeout_ms,
             "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
             "max_poll_interval_ms": settings.consumer_max_poll_interval_ms,
+            "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
             "client_rack": "",
         },
     )

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     consumer_session_timeout_ms: int = Field(45000, gt=0)
     consumer_heartbeat_interval_ms: int = Field(3000, gt=0)
     consumer_max_poll_interval_ms: int = Field(300000, gt=0)
+    consumer_fetch_max_wait_ms: int = Field(
+        500, ge=0, description="Broker-side fetch wait. Kafka answers a parked fetch as soon as data arrives; "
+        "Tansu waits the full time, so use ~10 ms there for low produce-to-HTTP latency")
 
     def connection_config(self) -> ConnectionConfig:
         ctx = None

@@ -550,7 +550,8 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
         print(f"  built in {build_s:.0f} s ({a.idle_groups_in_flight} groups at a time; per group median"
               f" {statistics.median(joined['group_join_s']):.1f} s, max {max(joined['group_join_s']):.1f} s;"
               f" {joined['polls']:,} polls; transport errors retried: {joined['retried'] or 'none'}); gateway CPU {build_gw_cpu:.0f} s, broker CPU {build_broker_cpu:.0f} s")
-        print(f"  kcg_consumer_instances = {instances_metric}; instances with an assignment after the idle"
+        shown = "absent" if instances_metric is None else f"{instances_metric:.0f}"
+        print(f"  kcg_consumer_instances = {shown}; instances with an assignment after the idle"
               f" period: {verified['verified']:,} of {verified['instances']:,}; gateway file descriptors"
               f" {fds_joined:,} when joined, {fds_idle:,} idle")
         print(f"  gateway RSS: {rss0 / MB:.1f} MB with 0 instances (after a warm-up instance), {rss_joined / MB:.1f} MB"

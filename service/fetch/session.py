@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from service.consumer.subscription import TopicPartition  # one definition for the whole engine
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 
@@ -133,11 +134,6 @@ class FetchMetadata:
 
 INITIAL = FetchMetadata(INVALID_SESSION_ID, INITIAL_EPOCH)
 LEGACY = FetchMetadata(INVALID_SESSION_ID, FINAL_EPOCH)
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
 
 class TopicIdPartition(NamedTuple):

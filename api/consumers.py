@@ -7,7 +7,6 @@ rendered to bytes once (orjson, base64 via binascii) without a model object per 
 from __future__ import annotations
 
 import asyncio
-import binascii
 import logging
 import re
 import time
@@ -20,12 +19,12 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant
+from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
 from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
 from service.gateway import ConsumerInstance, Gateway, GatewayError, InstanceOptions, TenantRuntime
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
-from service.protocol.records import Record
 from service.tenants import Tenant, TenantError
 
 V2 = "application/vnd.kafka.v2+json"
@@ -272,61 +271,6 @@ def tps(parts: list[PartitionRef]) -> list[TopicPartition]:
     return [TopicPartition(p.topic, p.partition) for p in parts]
 
 
-# -- rendering ------------------------------------------------------------------------------------------------
-_b64 = binascii.b2a_base64
-
-
-def _b64json(v: bytes | None) -> bytes:
-    return b'"' + _b64(v, newline=False) + b'"' if v is not None else b"null"
-
-
-def _headers_binary(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
-    if not headers:
-        return b"[]"
-    return b"[" + b",".join(b'{"key":%s,"value":%s}' % (orjson.dumps(k), _b64json(v)) for k, v in headers) + b"]"
-
-
-def render_binary(chunks: list[tuple[TopicPartition, list[Record]]]) -> list[bytes]:
-    """One JSON object (bytes) per record; base64 output never needs JSON escaping."""
-    out: list[bytes] = []
-    for tp, recs in chunks:
-        head = b'{"topic":%s,"partition":%d,"offset":' % (orjson.dumps(tp.topic), tp.partition)
-        for r in recs:
-            key = b'"' + _b64(r.key, newline=False) + b'"' if r.key is not None else b"null"
-            value = b'"' + _b64(r.value, newline=False) + b'"' if r.value is not None else b"null"
-            hdrs = _headers_binary(r.headers) if r.headers else b"[]"
-            out.append(b'%s%d,"timestamp":%d,"key":%s,"value":%s,"headers":%s}' % (
-                head, r.offset, r.timestamp, key, value, hdrs))
-    return out
-
-
-def _embedded(v: bytes | None, field: str, obj: dict[str, Any]) -> None:
-    if v is None:
-        obj[field] = None
-        return
-    try:
-        obj[field] = orjson.loads(v)
-    except orjson.JSONDecodeError:
-        # Not JSON: deliver it anyway (never lose a record) with the raw bytes in base64.
-        obj[field] = None
-        obj[f"{field}_error"] = "not valid JSON"
-        obj[f"{field}_base64"] = _b64(v, newline=False).decode()
-
-
-def render_json(chunks: list[tuple[TopicPartition, list[Record]]]) -> list[bytes]:
-    out: list[bytes] = []
-    for tp, recs in chunks:
-        for r in recs:
-            obj: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset,
-                                   "timestamp": r.timestamp}
-            _embedded(r.key, "key", obj)
-            _embedded(r.value, "value", obj)
-            obj["headers"] = [{"key": k, "value": _b64(v, newline=False).decode() if v is not None else None}
-                              for k, v in r.headers]
-            out.append(orjson.dumps(obj))
-    return out
-
-
 # -- endpoints --------------------------------------------------------------------------------------------------
 @router.post("/consumers/{group}", response_model=CreateConsumerResponse, responses=ERRORS,
              summary="Create a consumer instance in a group")
@@ -560,13 +504,11 @@ async def records(request: Request, group: str, instance_id: str,
         inst.touch()
     waited = time.monotonic() - started
     metrics.poll_wait.labels(tenant.id).observe(waited)
-    lines = render(chunks)
-    n = len(lines)
-    body = b"[" + b",".join(lines) + b"]"
-    if n:
-        metrics.records.labels(tenant.id).inc(n)
-        metrics.bytes.labels(tenant.id).inc(sum(len(r.value or b"") + len(r.key or b"") for _, rs in chunks for r in rs))
-    return Response(body, media_type=media)
+    out = render(chunks)
+    if out.count:
+        metrics.records.labels(tenant.id).inc(out.count)
+        metrics.bytes.labels(tenant.id).inc(out.payload)
+    return Response(out.array(), media_type=media)
 
 
 async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
@@ -589,14 +531,15 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     yield b": keep-alive\n\n"
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
-            lines = render(chunks)
-            metrics.records.labels(tenant.id).inc(len(lines))
-            metrics.bytes.labels(tenant.id).inc(
-                sum(len(r.value or b"") + len(r.key or b"") for _, rs in chunks for r in rs))
             if media == SSE:
-                yield b"".join(b"data: " + line + b"\n\n" for line in lines)
+                out = render(chunks, SSE_SEP)
+                data = out.sse()
             else:
-                yield b"\n".join(lines) + b"\n"
+                out = render(chunks, NDJSON_SEP)
+                data = out.ndjson()
+            metrics.records.labels(tenant.id).inc(out.count)
+            metrics.bytes.labels(tenant.id).inc(out.payload)
+            yield data
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # report in-band: the status line was already sent

@@ -19,6 +19,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MIN_RECORD_SIZE 7
 
@@ -261,10 +262,245 @@ done:
     return out;
 }
 
+
+/* ---- rendering: the gateway's binary-format JSON, one buffer for many records ---------------------- */
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static inline Py_ssize_t
+b64_len(Py_ssize_t n)
+{
+    return ((n + 2) / 3) * 4;
+}
+
+static inline char *
+put_b64(char *o, const unsigned char *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
+        o[0] = B64[v >> 18];
+        o[1] = B64[(v >> 12) & 63];
+        o[2] = B64[(v >> 6) & 63];
+        o[3] = B64[v & 63];
+        o += 4;
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        o[0] = B64[v >> 18];
+        o[1] = B64[(v >> 12) & 63];
+        o[2] = '=';
+        o[3] = '=';
+        o += 4;
+    } else if (n - i == 2) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
+        o[0] = B64[v >> 18];
+        o[1] = B64[(v >> 12) & 63];
+        o[2] = B64[(v >> 6) & 63];
+        o[3] = '=';
+        o += 4;
+    }
+    return o;
+}
+
+static inline char *
+put_raw(char *o, const char *s, Py_ssize_t n)
+{
+    memcpy(o, s, (size_t)n);
+    return o + n;
+}
+
+#define PUT_LIT(o, lit) put_raw((o), (lit), (Py_ssize_t)(sizeof(lit) - 1))
+
+static inline char *
+put_i64(char *o, long long v)
+{
+    char tmp[24];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + (u % 10));
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *o++ = '-';
+    while (n)
+        *o++ = tmp[--n];
+    return o;
+}
+
+/* A JSON string of bytes object or None: "base64" or null. */
+static inline char *
+put_b64_or_null(char *o, PyObject *v)
+{
+    if (v == Py_None)
+        return PUT_LIT(o, "null");
+    *o++ = '"';
+    o = put_b64(o, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+    *o++ = '"';
+    return o;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* UTF-8 text as a JSON string body (valid UTF-8 passes through; quote, backslash and controls escaped). */
+static inline char *
+put_json_text(char *o, const char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            *o++ = '\\';
+            *o++ = (char)ch;
+        } else if (ch < 0x20) {
+            *o++ = '\\';
+            switch (ch) {
+            case '\n': *o++ = 'n'; break;
+            case '\r': *o++ = 'r'; break;
+            case '\t': *o++ = 't'; break;
+            case '\b': *o++ = 'b'; break;
+            case '\f': *o++ = 'f'; break;
+            default:
+                *o++ = 'u'; *o++ = '0'; *o++ = '0';
+                *o++ = HEX[ch >> 4];
+                *o++ = HEX[ch & 15];
+            }
+        } else {
+            *o++ = (char)ch;
+        }
+    }
+    return o;
+}
+
+static int
+check_bytes_or_none(PyObject *v, Py_ssize_t index, const char *what)
+{
+    if (v == Py_None || PyBytes_Check(v))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "record %zd: %s must be bytes or None", index, what);
+    return -1;
+}
+
+/*
+ * render_binary(records, head, sep) -> (bytes, payload)
+ *   records  list of record tuples (offset, timestamp, key, value, headers) as decode_records makes
+ *   head     bytes written before each record's offset, e.g. {"topic":"t","partition":0,"offset":
+ *   sep      bytes written between two records
+ * Each record becomes HEAD<offset>,"timestamp":<ts>,"key":<b64|null>,"value":<b64|null>,
+ * "headers":[{"key":<json string>,"value":<b64|null>},...]}
+ * payload is the sum of the key and value lengths (the bytes-delivered metric).
+ */
+static PyObject *
+render_binary(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "render_binary() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *records = args[0], *head = args[1], *sep = args[2];
+    if (!PyList_Check(records) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
+        PyErr_SetString(PyExc_TypeError, "render_binary(list, bytes, bytes)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
+    /* pass 1: validate and bound the size */
+    Py_ssize_t total = 0, payload = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5) {
+            PyErr_Format(PyExc_TypeError, "record %zd is not a 5-tuple", i);
+            return NULL;
+        }
+        PyObject *key = PyTuple_GET_ITEM(rec, 2), *value = PyTuple_GET_ITEM(rec, 3);
+        PyObject *headers = PyTuple_GET_ITEM(rec, 4);
+        if (check_bytes_or_none(key, i, "key") < 0 || check_bytes_or_none(value, i, "value") < 0)
+            return NULL;
+        if (!PyTuple_Check(headers)) {
+            PyErr_Format(PyExc_TypeError, "record %zd: headers must be a tuple", i);
+            return NULL;
+        }
+        Py_ssize_t n = head_len + sep_len + 120; /* numbers, field names, punctuation */
+        if (key != Py_None) {
+            n += b64_len(PyBytes_GET_SIZE(key));
+            payload += PyBytes_GET_SIZE(key);
+        }
+        if (value != Py_None) {
+            n += b64_len(PyBytes_GET_SIZE(value));
+            payload += PyBytes_GET_SIZE(value);
+        }
+        for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
+            PyObject *pair = PyTuple_GET_ITEM(headers, h);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))
+                || check_bytes_or_none(PyTuple_GET_ITEM(pair, 1), i, "header value") < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_TypeError, "record %zd: headers must be (str, bytes | None) pairs", i);
+                return NULL;
+            }
+            Py_ssize_t klen;
+            if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &klen) == NULL)
+                return NULL;
+            PyObject *hv = PyTuple_GET_ITEM(pair, 1);
+            n += 32 + 6 * klen + (hv == Py_None ? 0 : b64_len(PyBytes_GET_SIZE(hv)));
+        }
+        if (n > PY_SSIZE_T_MAX - total) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        total += n;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    char *start = PyBytes_AS_STRING(out), *o = start;
+    const char *hp = PyBytes_AS_STRING(head), *sp = PyBytes_AS_STRING(sep);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (i)
+            o = put_raw(o, sp, sep_len);
+        o = put_raw(o, hp, head_len);
+        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 0));
+        long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
+        if ((offset == -1 || ts == -1) && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        o = put_i64(o, offset);
+        o = PUT_LIT(o, ",\"timestamp\":");
+        o = put_i64(o, ts);
+        o = PUT_LIT(o, ",\"key\":");
+        o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 2));
+        o = PUT_LIT(o, ",\"value\":");
+        o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 3));
+        o = PUT_LIT(o, ",\"headers\":[");
+        PyObject *headers = PyTuple_GET_ITEM(rec, 4);
+        for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
+            PyObject *pair = PyTuple_GET_ITEM(headers, h);
+            Py_ssize_t klen;
+            const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &klen);
+            if (h)
+                *o++ = ',';
+            o = PUT_LIT(o, "{\"key\":\"");
+            o = put_json_text(o, k, klen);
+            o = PUT_LIT(o, "\",\"value\":");
+            o = put_b64_or_null(o, PyTuple_GET_ITEM(pair, 1));
+            *o++ = '}';
+        }
+        o = PUT_LIT(o, "]}");
+    }
+    if (_PyBytes_Resize(&out, o - start) < 0)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, payload);
+}
+
 static PyMethodDef methods[] = {
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,
      "decode_records(buf, start, end, count, base_offset, base_timestamp, append_timestamp, "
      "record_type) -> list\n\nDecode a magic-2 records section into record tuples."},
+    {"render_binary", (PyCFunction)(void (*)(void))render_binary, METH_FASTCALL,
+     "render_binary(records, head, sep) -> (bytes, payload)\n\nThe gateway's binary-format JSON "
+     "objects of records, joined by sep, and the records' key+value bytes."},
     {NULL, NULL, 0, NULL},
 };
 

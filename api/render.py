@@ -1,0 +1,147 @@
+"""Records to response bytes, without a model object per record.
+
+Both formats render one partition chunk at a time into a single ``bytes`` whose records are joined by a
+caller-chosen separator, so a JSON array, an ndjson stream and an SSE stream are all a join away:
+
+- binary: ``{"topic","partition","offset","timestamp","key","value","headers"}`` with base64 key, value and
+  header values. Written by the C accelerator (``service.protocol._crecords.render_binary``) when it is
+  available, else by the pure-Python fallback below; tests run both against the same records.
+- json: key and value are embedded JSON. A value that is valid JSON is spliced in as it arrived (validated
+  with orjson, not re-serialised); one containing a line break is compacted so ndjson/SSE stay one record
+  per line; one that is not JSON is still delivered (never lose a record): ``null`` plus ``<field>_error``
+  and ``<field>_base64``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Callable
+from typing import NamedTuple
+
+import orjson
+
+from service.consumer.subscription import TopicPartition
+from service.protocol import records as _records
+from service.protocol.records import Record
+
+Chunks = list[tuple[TopicPartition, list[Record]]]
+
+_b64 = binascii.b2a_base64
+
+
+class Rendered(NamedTuple):
+    parts: list[bytes]  # one per non-empty chunk: its records joined by the separator
+    count: int  # records
+    payload: int  # key + value bytes (the bytes-delivered metric)
+
+    def array(self) -> bytes:
+        return b"[" + b",".join(self.parts) + b"]"
+
+    def ndjson(self) -> bytes:
+        return b"\n".join(self.parts) + b"\n"
+
+    def sse(self) -> bytes:
+        return b"data: " + b"\n\ndata: ".join(self.parts) + b"\n\n"
+
+
+# The separator a framing needs between two records inside one part.
+ARRAY_SEP = b","
+NDJSON_SEP = b"\n"
+SSE_SEP = b"\n\ndata: "
+
+
+def _head(tp: TopicPartition) -> bytes:
+    return b'{"topic":%s,"partition":%d,"offset":' % (orjson.dumps(tp.topic), tp.partition)
+
+
+def _b64json(v: bytes | None) -> bytes:
+    return b'"' + _b64(v, newline=False) + b'"' if v is not None else b"null"
+
+
+def _headers_binary(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
+    if not headers:
+        return b"[]"
+    return b"[" + b",".join(b'{"key":%s,"value":%s}' % (orjson.dumps(k), _b64json(v)) for k, v in headers) + b"]"
+
+
+def render_binary_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
+    out = []
+    payload = 0
+    for r in recs:
+        k, v = r.key, r.value
+        if k is not None:
+            payload += len(k)
+        if v is not None:
+            payload += len(v)
+        out.append(b'%s%d,"timestamp":%d,"key":%s,"value":%s,"headers":%s}' % (
+            head, r.offset, r.timestamp, _b64json(k), _b64json(v), _headers_binary(r.headers)))
+    return sep.join(out), payload
+
+
+_crecords = getattr(_records, "_crecords", None)
+render_binary_chunk: Callable[[list[Record], bytes, bytes], tuple[bytes, int]] = (
+    _crecords.render_binary if _crecords is not None else render_binary_chunk_py)
+
+
+def use_c_renderer(enabled: bool) -> None:
+    """Switch between the C and the pure-Python binary renderer (tests)."""
+    global render_binary_chunk
+    if enabled and _crecords is None:
+        raise ImportError("service.protocol._crecords is not available")
+    render_binary_chunk = _crecords.render_binary if enabled else render_binary_chunk_py  # type: ignore[union-attr]
+
+
+def render_binary(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
+    parts: list[bytes] = []
+    count = payload = 0
+    for tp, recs in chunks:
+        if recs:
+            body, n = render_binary_chunk(recs, _head(tp), sep)
+            parts.append(body)
+            count += len(recs)
+            payload += n
+    return Rendered(parts, count, payload)
+
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+def _embedded(v: bytes | None, field: bytes) -> bytes:
+    if v is None:
+        return b'"%s":null' % field
+    try:
+        parsed = _loads(v)
+    except _JSONDecodeError:
+        return b'"%s":null,"%s_error":"not valid JSON","%s_base64":"%s"' % (
+            field, field, field, _b64(v, newline=False))
+    if b"\n" in v or b"\r" in v:  # one record per line in ndjson / SSE
+        v = _dumps(parsed)
+    return b'"%s":%s' % (field, v)
+
+
+def _headers_json(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
+    return _headers_binary(headers)  # header values are bytes either way: base64 in both formats
+
+
+def render_json(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
+    parts: list[bytes] = []
+    count = payload = 0
+    for tp, recs in chunks:
+        if not recs:
+            continue
+        head = _head(tp)
+        out = []
+        for r in recs:
+            k, v = r.key, r.value
+            if k is not None:
+                payload += len(k)
+            if v is not None:
+                payload += len(v)
+            out.append(b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
+                head, r.offset, r.timestamp, _embedded(k, b"key"), _embedded(v, b"value"),
+                _headers_json(r.headers)))
+        parts.append(sep.join(out))
+        count += len(recs)
+    return Rendered(parts, count, payload)

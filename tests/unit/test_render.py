@@ -1,0 +1,159 @@
+"""Response rendering (api/render.py): the C and the pure-Python binary renderer give the same JSON, every
+framing parses back to the records, and the json format splices valid JSON and never loses a record."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api import render as Rd
+from service.consumer.subscription import TopicPartition
+from service.protocol import records as R
+from service.protocol.records import Record
+
+REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
+TP = TopicPartition("t\u00e9st \"q\"", 3)
+
+
+@pytest.fixture(params=["c", "py"])
+def impl(request: pytest.FixtureRequest) -> Iterator[str]:
+    before = Rd.render_binary_chunk
+    if request.param == "c":
+        if not R.C_EXTENSION_AVAILABLE:
+            if REQUIRE_CEXT:
+                pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
+            pytest.skip("C renderer not importable")
+        Rd.use_c_renderer(True)
+    else:
+        Rd.use_c_renderer(False)
+    try:
+        yield request.param
+    finally:
+        Rd.render_binary_chunk = before
+
+
+def _b(v: bytes | None) -> str | None:
+    return None if v is None else base64.b64encode(v).decode()
+
+
+def expected_binary(tp: TopicPartition, r: Record) -> dict[str, Any]:
+    return {"topic": tp.topic, "partition": tp.partition, "offset": r.offset, "timestamp": r.timestamp,
+            "key": _b(r.key), "value": _b(r.value),
+            "headers": [{"key": k, "value": _b(v)} for k, v in r.headers]}
+
+
+RECORDS = [
+    Record(0, 1_700_000_000_000, b"k", b"v" * 100, ()),
+    Record(1, -1, None, None, ()),
+    Record(2**63 - 1, -(2**63), b"", b"", ()),
+    Record(7, 5, b"\x00\xff\xfe", b"ab", (("h", b"x"), ("n", None), ("e", b""))),
+    Record(8, 5, b"12", b"123", (("quote\" back\\ nl\n tab\t ctl\x01 \u2603 \U0001f600", b"\x00"),)),
+]
+
+
+def test_binary_renders_every_field(impl: str) -> None:
+    out = Rd.render_binary([(TP, RECORDS)])
+    assert out.count == len(RECORDS)
+    assert out.payload == sum(len(r.key or b"") + len(r.value or b"") for r in RECORDS)
+    assert orjson.loads(out.array()) == [expected_binary(TP, r) for r in RECORDS]
+
+
+def test_binary_framings_and_empty_chunks(impl: str) -> None:
+    other = TopicPartition("u", 0)
+    chunks = [(TP, RECORDS[:2]), (TopicPartition("empty", 1), []), (other, RECORDS[2:])]
+    want = [expected_binary(TP, r) for r in RECORDS[:2]] + [expected_binary(other, r) for r in RECORDS[2:]]
+    assert orjson.loads(Rd.render_binary(chunks).array()) == want
+    nd = Rd.render_binary(chunks, Rd.NDJSON_SEP).ndjson()
+    assert nd.endswith(b"\n") and [orjson.loads(x) for x in nd.splitlines()] == want
+    sse = Rd.render_binary(chunks, Rd.SSE_SEP).sse()
+    events = sse.split(b"\n\n")
+    assert events[-1] == b""
+    assert [orjson.loads(e.removeprefix(b"data: ")) for e in events[:-1]] == want
+    assert Rd.render_binary([]).array() == b"[]"
+
+
+def test_c_and_python_give_identical_bytes() -> None:
+    if not R.C_EXTENSION_AVAILABLE:
+        if REQUIRE_CEXT:
+            pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C renderer not importable")
+    head = b'{"topic":"t","partition":0,"offset":'
+    c = R._crecords.render_binary(RECORDS, head, b"\n")  # type: ignore[union-attr]
+    py = Rd.render_binary_chunk_py(RECORDS, head, b"\n")
+    # the same JSON values; the byte forms differ only in how a header key's controls are escaped
+    assert c[1] == py[1]
+    assert [orjson.loads(x) for x in c[0].split(b"\n")] == [orjson.loads(x) for x in py[0].split(b"\n")]
+    assert c[0].split(b"\n")[:4] == py[0].split(b"\n")[:4]
+
+
+def test_c_renderer_rejects_wrong_types() -> None:
+    if not R.C_EXTENSION_AVAILABLE:
+        if REQUIRE_CEXT:
+            pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C renderer not importable")
+    render = R._crecords.render_binary  # type: ignore[union-attr]
+    for bad in ([(1, 2, "str", None, ())], [(1, 2, None, None)], [(1, 2, None, None, [("k", b"v")])],
+                [(1, 2, None, None, ((b"k", b"v"),))], [(1, 2, None, None, (("k", "v"),))], [("x", 2, None, None, ())],
+                [(2**64, 2, None, None, ())]):
+        with pytest.raises((TypeError, OverflowError)):
+            render(bad, b"{", b",")
+    with pytest.raises(TypeError):
+        render((), b"{", b",")
+    with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no UTF-8 form
+        render([(1, 2, None, None, (("\ud800", None),))], b"{", b",")
+
+
+_bytes = st.one_of(st.none(), st.binary(max_size=40))
+_records = st.lists(st.builds(Record, st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**63 - 1), _bytes, _bytes,
+                              st.lists(st.tuples(st.text(max_size=8),
+                                                 _bytes), max_size=3).map(tuple)), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_records)
+def test_binary_round_trips(recs: list[Record]) -> None:
+    for enabled in ([True, False] if R.C_EXTENSION_AVAILABLE else [False]):
+        before = Rd.render_binary_chunk
+        Rd.use_c_renderer(enabled)
+        try:
+            assert orjson.loads(Rd.render_binary([(TP, recs)]).array()) == [expected_binary(TP, r) for r in recs]
+        finally:
+            Rd.render_binary_chunk = before
+
+
+# -- json format ---------------------------------------------------------------------------------------------
+def test_json_splices_valid_json_and_keeps_invalid_records() -> None:
+    recs = [
+        Record(0, 1, b'"k"', b'{"a": [1, 2.5, null], "b": "\\u00e9"}', ()),
+        Record(1, 2, None, b"not json", (("h", b"\x01"),)),
+        Record(2, 3, b"{bad", None, ()),
+        Record(3, 4, None, b'{\n  "pretty": true\r\n}', ()),
+        Record(4, 5, None, b"\xff\xfe", ()),
+        Record(5, 6, None, b"", ()),
+        Record(6, 7, None, b" 42 ", ()),
+    ]
+    out = Rd.render_json([(TP, recs)], Rd.NDJSON_SEP)
+    assert out.count == len(recs)
+    lines = out.ndjson().splitlines()
+    assert len(lines) == len(recs)  # pretty-printed JSON was compacted: one record per line
+    got = [orjson.loads(x) for x in lines]
+    base = {"topic": TP.topic, "partition": TP.partition}
+    assert got[0] == {**base, "offset": 0, "timestamp": 1, "key": "k", "value": {"a": [1, 2.5, None], "b": "\u00e9"},
+                      "headers": []}
+    assert got[1] == {**base, "offset": 1, "timestamp": 2, "key": None, "value": None,
+                      "value_error": "not valid JSON", "value_base64": base64.b64encode(b"not json").decode(),
+                      "headers": [{"key": "h", "value": "AQ=="}]}
+    assert got[2]["key"] is None and got[2]["key_error"] == "not valid JSON" and got[2]["value"] is None
+    assert base64.b64decode(got[2]["key_base64"]) == b"{bad"
+    assert got[3]["value"] == {"pretty": True}
+    assert got[4]["value"] is None and base64.b64decode(got[4]["value_base64"]) == b"\xff\xfe"
+    assert got[5]["value"] is None and got[5]["value_base64"] == ""
+    assert got[6]["value"] == 42
+    assert orjson.loads(Rd.render_json([(TP, recs)]).array()) == got

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -15,6 +16,17 @@ from service.logs import configure as configure_logging
 from service.settings import Settings
 
 log = logging.getLogger("gateway")
+
+
+def tune_gc() -> None:
+    """The hot path allocates many short-lived containers (records are untracked tuples, but lists of
+    them, dicts and coroutines are not): with the default thresholds the collector runs every 700
+    allocations and its full passes walk every module-level object. Freeze what start-up created (never
+    garbage) and collect the young generation less often; reference counting still frees everything else
+    at once."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 async def serve(settings: Settings) -> None:
@@ -30,6 +42,7 @@ async def serve(settings: Settings) -> None:
         print(f"embedded Tansu broker listening; Kafka bootstrap address: {bootstrap}", flush=True)
     try:
         app = create_app(settings, bootstrap)
+        tune_gc()
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False)
         server = uvicorn.Server(config)

@@ -47,6 +47,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
             "max_poll_interval_ms": settings.consumer_max_poll_interval_ms,
             "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
+            "fetch_active_max_wait_ms": settings.long_poll_fetch_wait_ms(),
             "client_rack": "",
         },
     )

@@ -61,6 +61,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 from bench.consume import produce as produce_binary
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker, free_port
+from service.settings import EMBEDDED_LONG_POLL_FETCH_WAIT_MS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "bench", "_http_client.py")
@@ -116,13 +117,16 @@ MB = 1024 * 1024
 
 # -- processes -----------------------------------------------------------------------------------------------
 class GatewayProc:
-    """The real gateway process (``python -m service.main``) against an external broker."""
+    """The real gateway process (``python -m service.main``) against an external broker: the bench's
+    Tansu, configured as the gateway configures its embedded Tansu (short broker-side fetch wait while a
+    client long-polls; see GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS in the README)."""
 
     def __init__(self, bootstrap: str, env: dict[str, str], log_file: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(self.port),
-                    "GATEWAY_LOG_LEVEL": "warning", **env}
+                    "GATEWAY_LOG_LEVEL": "warning",
+                    "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": str(EMBEDDED_LONG_POLL_FETCH_WAIT_MS), **env}
         self.log_file = log_file
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -10,6 +10,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
 
+# Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
+# client waits for records.
+EMBEDDED_LONG_POLL_FETCH_WAIT_MS = 10
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GATEWAY_", extra="ignore")
@@ -48,8 +52,17 @@ class Settings(BaseSettings):
     consumer_heartbeat_interval_ms: int = Field(3000, gt=0)
     consumer_max_poll_interval_ms: int = Field(300000, gt=0)
     consumer_fetch_max_wait_ms: int = Field(
-        500, ge=0, description="Broker-side fetch wait. Kafka answers a parked fetch as soon as data arrives; "
-        "Tansu waits the full time, so use ~10 ms there for low produce-to-HTTP latency")
+        500, ge=0, description="Broker-side fetch wait (Kafka answers a parked fetch as soon as data arrives)")
+    consumer_long_poll_fetch_max_wait_ms: int | None = Field(
+        None, ge=0, description="Broker-side fetch wait while an HTTP client is polling the instance (or did "
+        "within the last second). For brokers that answer a parked fetch only when its wait ends (Tansu): "
+        "bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
+        "consumer_fetch_max_wait_ms (off)")
+
+    def long_poll_fetch_wait_ms(self) -> int | None:
+        if self.consumer_long_poll_fetch_max_wait_ms is not None:
+            return self.consumer_long_poll_fetch_max_wait_ms
+        return EMBEDDED_LONG_POLL_FETCH_WAIT_MS if not self.kafka_bootstrap else None
 
     def connection_config(self) -> ConnectionConfig:
         ctx = None

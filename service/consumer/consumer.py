@@ -67,6 +67,9 @@ class ConsumerConfig:
     fetch_max_bytes: int = 52428800
     max_partition_fetch_bytes: int = 1048576
     fetch_max_wait_ms: int = 500
+    # Broker-side wait while a poll is waiting or was within the last second (None: fetch_max_wait_ms).
+    # For brokers that do not answer a parked fetch as soon as data arrives (Tansu).
+    fetch_active_max_wait_ms: int | None = None
     prefetch_max_bytes: int = 8 * 1024 * 1024
     assignment_strategies: tuple[str, ...] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
@@ -121,6 +124,7 @@ class Consumer:
             max_bytes=config.fetch_max_bytes,
             partition_max_bytes=config.max_partition_fetch_bytes,
             max_wait_ms=config.fetch_max_wait_ms,
+            active_max_wait_ms=config.fetch_active_max_wait_ms,
             prefetch_max_bytes=config.prefetch_max_bytes,
             rack_id=config.client_rack,
             idle_pause_s=config.fetch_idle_pause_ms / 1000,
@@ -533,7 +537,15 @@ class Consumer:
         self.stats.polls += 1
         started = time.monotonic()
         deadline = started + max(0.0, timeout)
-        self.fetcher.demand()
+        fetcher = self.fetcher
+        fetcher.demand()
+        try:
+            return await self._poll_batches(started, deadline, max_records, max_bytes)
+        finally:
+            fetcher.demand_done()
+
+    async def _poll_batches(self, started: float, deadline: float, max_records: int,
+                            max_bytes: int | None) -> list[tuple[TopicPartition, list[Record]]]:
         coord = self.coordinator if self.subs.is_group_managed else None
         if coord is None:
             return await self._poll_loop(started, deadline, max_records, max_bytes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -88,6 +89,11 @@ class FetchConfig:
     max_bytes: int = 52428800
     partition_max_bytes: int = 1048576
     max_wait_ms: int = 500
+    # The wait used while the owner is polling (a poll in progress, or one ended less than
+    # active_linger_s ago); None: always max_wait_ms. A broker that answers a parked fetch only when
+    # its wait ends (Tansu) otherwise adds up to max_wait_ms to the delivery of every record.
+    active_max_wait_ms: int | None = None
+    active_linger_s: float = 1.0
     prefetch_max_bytes: int = 8 * 1024 * 1024
     rack_id: str = ""
     # Stop fetching once the owner has not asked for records for this long (0: never). An idle
@@ -115,6 +121,8 @@ class Fetcher:
         self._closing = False
         self._rotation = 0
         self.last_demand = time.monotonic()
+        self.polling = 0  # polls in progress
+        self.last_poll_end = -math.inf
         self.idle = False
         #: called after a partition was marked for an offset reset (the owner resolves positions)
         self.on_reset: Callable[[], None] | None = None
@@ -253,11 +261,26 @@ class Fetcher:
                 await asyncio.sleep(0.1)
 
     def demand(self) -> None:
-        """The owner wants records (a poll): resume fetching if it was paused for idleness."""
+        """The owner wants records (a poll starts): resume fetching if it was paused for idleness."""
         self.last_demand = time.monotonic()
+        self.polling += 1
         if self.idle:
             self.idle = False
             self._wake.set()
+
+    def demand_done(self) -> None:
+        """A poll ended (pairs with :meth:`demand`)."""
+        self.polling -= 1
+        self.last_demand = self.last_poll_end = time.monotonic()
+
+    def max_wait_ms(self) -> int:
+        """The broker-side wait for the next fetch (see FetchConfig.active_max_wait_ms)."""
+        cfg = self.config
+        active = cfg.active_max_wait_ms
+        if active is not None and active < cfg.max_wait_ms and (
+                self.polling > 0 or time.monotonic() - self.last_poll_end < cfg.active_linger_s):
+            return active
+        return cfg.max_wait_ms
 
     async def _round(self) -> None:
         self._wake.clear()
@@ -360,12 +383,13 @@ class Fetcher:
         except KafkaError:
             handler.handle_error(None)
             raise
-        req = to_fetch_request(data, version=version, max_wait_ms=cfg.max_wait_ms, min_bytes=cfg.min_bytes,
+        max_wait_ms = self.max_wait_ms()
+        req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=cfg.min_bytes,
                                max_bytes=cfg.max_bytes, isolation_level=cfg.isolation_level, rack_id=cfg.rack_id)
         positions = {tp: d.fetch_offset for tp, d in data.session_partitions.items()}
         sent_before = conn.bytes_sent
         try:
-            resp = await conn.send(req, version, timeout=conn.config.request_timeout + cfg.max_wait_ms / 1000)
+            resp = await conn.send(req, version, timeout=conn.config.request_timeout + max_wait_ms / 1000)
         except (KafkaError, asyncio.CancelledError) as exc:
             with contextlib.suppress(FetchSessionStateError):
                 handler.handle_error(exc)

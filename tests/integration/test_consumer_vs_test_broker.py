@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -533,3 +534,33 @@ async def test_seek_to_timestamp_uses_list_offsets() -> None:
         assert [r.offset for r in got] == [3, 4, 5]
         assert await consumer.beginning_offsets([TP("t", 0)]) == {TP("t", 0): 0}
         assert await consumer.end_offsets([TP("t", 0)]) == {TP("t", 0): 6}
+
+
+# -- broker-side wait while the owner polls ----------------------------------------------------------
+async def test_fetch_wait_is_short_only_while_polled() -> None:
+    """With fetch_active_max_wait_ms, fetches sent while a poll waits (or within the linger after it)
+    ask the broker for the short wait; an instance nobody polls goes back to the long one."""
+    async with TestCluster(topics={"t": 1}) as cluster, consumer_for(
+            cluster, fetch_max_wait_ms=300, fetch_active_max_wait_ms=10, fetch_idle_pause_ms=0) as consumer:
+        consumer.fetcher.config = dataclasses.replace(consumer.fetcher.config, active_linger_s=0.3)
+        await consumer.assign([TP("t", 0)])
+        await cluster.wait_for_requests(ApiKey.FETCH, where=lambda e: e.request is not None
+                                        and e.request.max_wait_ms == 300)
+        before = cluster.requests(ApiKey.FETCH)[-1].seq
+        assert await consumer.poll(timeout=0.8) == []
+        during = [e.request.max_wait_ms for e in fetches(cluster, since=before + 1)]
+        assert during.count(10) >= 5, during  # brisk fetches while the poll waited
+        last_short = max(e.seq for e in fetches(cluster) if e.request.max_wait_ms == 10)
+        await cluster.wait_for_requests(ApiKey.FETCH, since=last_short + 1,
+                                        where=lambda e: e.request is not None and e.request.max_wait_ms == 300)
+        cluster.append("t", 0, [b"x"])
+        assert [r.value for r in await consume(consumer, 1)] == [b"x"]
+
+
+async def test_fetch_wait_without_active_setting_is_constant() -> None:
+    async with TestCluster(topics={"t": 1}) as cluster, consumer_for(
+            cluster, fetch_max_wait_ms=50, fetch_idle_pause_ms=0) as consumer:
+        await consumer.assign([TP("t", 0)])
+        assert await consumer.poll(timeout=0.3) == []
+        waits = {e.request.max_wait_ms for e in fetches(cluster)}
+        assert waits == {50}

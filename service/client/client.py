@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
@@ -62,8 +63,14 @@ class KafkaClient:
         # Idle connections for requests the broker may hold (JoinGroup, SyncGroup, long-poll Fetch).
         # A Kafka broker reads a connection's next request only after answering the previous one, so
         # such requests must not share the pipelined control connection with heartbeats and commits.
-        self._idle: dict[int, list[ManagedConnection]] = {}
-        self.max_idle_per_broker = 32
+        # Most recently returned last; a connection idle for idle_connection_ttl is closed, so the pool
+        # follows the concurrency actually needed (hundreds of consumers long-polling one broker need as
+        # many connections; closing and reopening them on every fetch would cost a connect + ApiVersions).
+        self._idle: dict[int, list[tuple[float, ManagedConnection]]] = {}
+        self.max_idle_per_broker = 10_000
+        self.idle_connection_ttl = 30.0
+        self._reaper: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self.leased = 0
         self._bootstrap_conn: ManagedConnection | None = None
         self._refresh_task: asyncio.Task[None] | None = None
@@ -133,7 +140,7 @@ class KafkaClient:
         idle = self._idle.setdefault(node_id, [])
         mc = None
         while idle:
-            cand = idle.pop()
+            _, cand = idle.pop()
             if (cand.host, cand.port) == (broker.host, broker.port) and cand.current is not None:
                 mc = cand
                 break
@@ -148,9 +155,32 @@ class KafkaClient:
         finally:
             self.leased -= 1
             if ok and not self._closed and mc.current is not None and len(idle) < self.max_idle_per_broker:
-                idle.append(mc)
+                idle.append((time.monotonic(), mc))
+                if self._reaper is None:
+                    self._reaper = asyncio.get_running_loop().call_later(
+                        self.idle_connection_ttl / 2, self._reap_idle)
             else:
                 await mc.close()
+
+    def _reap_idle(self) -> None:
+        """Close pooled connections unused for idle_connection_ttl (the oldest are at the front)."""
+        self._reaper = None
+        cutoff = time.monotonic() - self.idle_connection_ttl
+        loop = asyncio.get_running_loop()
+        for idle in self._idle.values():
+            n = 0
+            while n < len(idle) and idle[n][0] < cutoff:
+                n += 1
+            for _, mc in idle[:n]:
+                task = loop.create_task(mc.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            del idle[:n]
+        if any(self._idle.values()) and not self._closed:
+            self._reaper = loop.call_later(self.idle_connection_ttl / 2, self._reap_idle)
+
+    def pooled_connections(self) -> int:
+        return sum(len(v) for v in self._idle.values())
 
     async def send_blocking(self, node_id: int, req: Struct, version: int | None = None,
                             timeout: float | None = None) -> Any:
@@ -252,8 +282,11 @@ class KafkaClient:
                 await self._refresh_task
         conns = list(self._conns.values())
         for idle in self._idle.values():
-            conns.extend(idle)
+            conns.extend(mc for _, mc in idle)
         self._idle.clear()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         if self._bootstrap_conn is not None:
             conns.append(self._bootstrap_conn)
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)

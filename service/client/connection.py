@@ -50,6 +50,11 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     return True
 
 
+# ApiVersions answers already decoded, by (request version, response bytes): mass joins open many
+# short-lived connections to the same brokers. NegotiatedVersions is never mutated after creation.
+_NEGOTIATED: dict[tuple[int, bytes], NegotiatedVersions] = {}
+
+
 @dataclass(frozen=True)
 class SaslConfig:
     mechanism: str  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
@@ -151,6 +156,9 @@ class BrokerConnection:
                 client_software_name=CLIENT_SOFTWARE_NAME, client_software_version=CLIENT_SOFTWARE_VERSION
             )
             raw = await self._send_raw(req, version, raw=True)
+            cached = _NEGOTIATED.get((version, bytes(raw)))
+            if cached is not None:  # the same answer as another connection's: decoded once
+                return cached
             try:
                 resp = frames.decode_response(M.ApiKey.API_VERSIONS, version, raw)
             except ProtocolDecodeError:
@@ -169,7 +177,11 @@ class BrokerConnection:
             broker: dict[int, VersionRange] = {
                 k.api_key: (k.min_version, k.max_version) for k in resp.api_keys
             }
-            return NegotiatedVersions(broker)
+            negotiated = NegotiatedVersions(broker)
+            if len(_NEGOTIATED) >= 64:
+                _NEGOTIATED.clear()
+            _NEGOTIATED[(version, bytes(raw))] = negotiated
+            return negotiated
         raise KafkaConnectionError(f"{self.address} rejected every ApiVersions version", retriable=False)
 
     # -- SASL ------------------------------------------------------------------------------------

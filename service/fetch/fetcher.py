@@ -89,11 +89,14 @@ class FetchConfig:
     max_bytes: int = 52428800
     partition_max_bytes: int = 1048576
     max_wait_ms: int = 500
-    # The wait used while the owner is polling (a poll in progress, or one ended less than
-    # active_linger_s ago); None: always max_wait_ms. A broker that answers a parked fetch only when
-    # its wait ends (Tansu) otherwise adds up to max_wait_ms to the delivery of every record.
+    # The wait used while records flow to a polling owner (a poll in progress or ended less than
+    # active_linger_s ago, and records fetched less than active_quiet_s ago); None: always max_wait_ms.
+    # A broker that answers a parked fetch only when its wait ends (Tansu) otherwise adds up to
+    # max_wait_ms to the delivery of every record. A quiet partition goes back to the long wait, so
+    # long-polling an idle topic costs no more fetches than not polling it.
     active_max_wait_ms: int | None = None
     active_linger_s: float = 1.0
+    active_quiet_s: float = 1.0
     prefetch_max_bytes: int = 8 * 1024 * 1024
     rack_id: str = ""
     # Stop fetching once the owner has not asked for records for this long (0: never). An idle
@@ -123,6 +126,7 @@ class Fetcher:
         self.last_demand = time.monotonic()
         self.polling = 0  # polls in progress
         self.last_poll_end = -math.inf
+        self.last_data = -math.inf  # when a fetch last brought records
         self.idle = False
         #: called after a partition was marked for an offset reset (the owner resolves positions)
         self.on_reset: Callable[[], None] | None = None
@@ -277,9 +281,11 @@ class Fetcher:
         """The broker-side wait for the next fetch (see FetchConfig.active_max_wait_ms)."""
         cfg = self.config
         active = cfg.active_max_wait_ms
-        if active is not None and active < cfg.max_wait_ms and (
-                self.polling > 0 or time.monotonic() - self.last_poll_end < cfg.active_linger_s):
-            return active
+        if active is not None and active < cfg.max_wait_ms:
+            now = time.monotonic()
+            if now - self.last_data < cfg.active_quiet_s and (
+                    self.polling > 0 or now - self.last_poll_end < cfg.active_linger_s):
+                return active
         return cfg.max_wait_ms
 
     async def _round(self) -> None:
@@ -466,6 +472,7 @@ class Fetcher:
         self._account(size)
         self.stats.records += len(res.records)
         self.stats.bytes += size
+        self.last_data = time.monotonic()
         self.data_event.set()
         if rs.error is not None:
             self.errors[tp] = rs.error

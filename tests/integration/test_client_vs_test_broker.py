@@ -345,3 +345,65 @@ async def test_consumer_poll_surfaces_a_sasl_failure() -> None:
         finally:
             await c.close()
             await client.close()
+
+
+# -- leased connections (held requests) ---------------------------------------------------------------
+async def test_lease_pool_follows_concurrency_and_reaps_idle_connections() -> None:
+    """Many concurrent held requests each get their own connection; afterwards they are all kept for
+    reuse (no connect + ApiVersions per request), and closed once unused for the pool's TTL."""
+    async with TestCluster(topics={"t": 1}) as cluster:
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            await client.refresh_metadata(["t"])
+            node = next(iter(client.metadata.brokers))
+            client.idle_connection_ttl = 0.5
+
+            answered = 0
+            all_answered = asyncio.Event()
+
+            async def held() -> None:
+                nonlocal answered
+                async with client.lease(node) as mc:
+                    await mc.send(meta("t"))
+                    answered += 1
+                    if answered == 40:
+                        all_answered.set()
+                    await gate.wait()
+
+            gate = asyncio.Event()
+            tasks = [asyncio.create_task(held()) for _ in range(40)]
+            await asyncio.wait_for(all_answered.wait(), 10)  # 40 requests held at once: 40 connections
+            assert client.leased == 40
+            versions_before = len(cluster.requests(M.ApiKey.API_VERSIONS))
+            gate.set()
+            await asyncio.gather(*tasks)
+            assert client.pooled_connections() == 40
+            # reuse: 40 more held requests open no connection (no ApiVersions)
+            gate = asyncio.Event()
+            gate.set()
+            await asyncio.gather(*(held() for _ in range(40)))
+            assert len(cluster.requests(M.ApiKey.API_VERSIONS)) == versions_before
+            # unused for the TTL: closed
+            deadline = asyncio.get_running_loop().time() + 5
+            while client.pooled_connections() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert client.pooled_connections() == 0
+            async with client.lease(node) as mc:  # and a new lease still works
+                assert (await mc.send(meta("t"))).topics[0].name == "t"
+        finally:
+            await client.close()
+
+
+async def test_api_versions_answer_is_decoded_once() -> None:
+    from service.client import connection as C
+
+    async with TestCluster(topics={"t": 1}) as cluster:
+        C._NEGOTIATED.clear()
+        host, port = cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
+        a = await BrokerConnection.open(host, int(port), ConnectionConfig())
+        b = await BrokerConnection.open(host, int(port), ConnectionConfig())
+        try:
+            assert a.versions is b.versions and len(C._NEGOTIATED) == 1
+        finally:
+            await a.close()
+            await b.close()

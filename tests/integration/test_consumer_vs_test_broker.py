@@ -538,23 +538,30 @@ async def test_seek_to_timestamp_uses_list_offsets() -> None:
 
 # -- broker-side wait while the owner polls ----------------------------------------------------------
 async def test_fetch_wait_is_short_only_while_polled() -> None:
-    """With fetch_active_max_wait_ms, fetches sent while a poll waits (or within the linger after it)
-    ask the broker for the short wait; an instance nobody polls goes back to the long one."""
+    """With fetch_active_max_wait_ms, fetches sent while records flow to a polling owner ask the broker
+    for the short wait; a quiet partition, or an instance nobody polls, goes back to the long one."""
     async with TestCluster(topics={"t": 1}) as cluster, consumer_for(
             cluster, fetch_max_wait_ms=300, fetch_active_max_wait_ms=10, fetch_idle_pause_ms=0) as consumer:
-        consumer.fetcher.config = dataclasses.replace(consumer.fetcher.config, active_linger_s=0.3)
+        consumer.fetcher.config = dataclasses.replace(consumer.fetcher.config, active_linger_s=0.3,
+                                                      active_quiet_s=0.6)
         await consumer.assign([TP("t", 0)])
         await cluster.wait_for_requests(ApiKey.FETCH, where=lambda e: e.request is not None
                                         and e.request.max_wait_ms == 300)
-        before = cluster.requests(ApiKey.FETCH)[-1].seq
-        assert await consumer.poll(timeout=0.8) == []
-        during = [e.request.max_wait_ms for e in fetches(cluster, since=before + 1)]
-        assert during.count(10) >= 5, during  # brisk fetches while the poll waited
-        last_short = max(e.seq for e in fetches(cluster) if e.request.max_wait_ms == 10)
-        await cluster.wait_for_requests(ApiKey.FETCH, since=last_short + 1,
-                                        where=lambda e: e.request is not None and e.request.max_wait_ms == 300)
+        assert await consumer.poll(timeout=0.4) == []  # polled, but no records flow: long waits only
+        assert {e.request.max_wait_ms for e in fetches(cluster)} == {300}
         cluster.append("t", 0, [b"x"])
         assert [r.value for r in await consume(consumer, 1)] == [b"x"]
+        before = cluster.requests(ApiKey.FETCH)[-1].seq
+        assert await consumer.poll(timeout=1.2) == []  # records flowed: brisk, until quiet for 0.6 s
+        during = [e.request.max_wait_ms for e in fetches(cluster, since=before + 1)]
+        assert during.count(10) >= 5, during
+        assert during[-1] == 300, during
+        last_short = max(e.seq for e in fetches(cluster) if e.request.max_wait_ms == 10)
+        cluster.append("t", 0, [b"y"])
+        assert [r.value for r in await consume(consumer, 1)] == [b"y"]
+        # nobody polls: after the linger, long waits although records just flowed
+        await cluster.wait_for_requests(ApiKey.FETCH, since=last_short + 1,
+                                        where=lambda e: e.request is not None and e.request.max_wait_ms == 300)
 
 
 async def test_fetch_wait_without_active_setting_is_constant() -> None:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError
@@ -135,12 +136,13 @@ class Consumer:
         self._closed = False
         self._fatal: KafkaError | None = None
         self._positions_task: asyncio.Task[None] | None = None
-        self._positions_wake = asyncio.Event()
+        self._positions_wake = LightEvent()
         self._autocommit_task: asyncio.Task[None] | None = None
+        self._consumed = LightEvent()  # records delivered since the last auto-commit
         self._pattern_task: asyncio.Task[None] | None = None
-        self._assignment_event = asyncio.Event()
+        self._assignment_event = LightEvent()
         #: set whenever the assignment changes (assign, revoke, lose); waiters clear it themselves
-        self.assignment_changed = asyncio.Event()
+        self.assignment_changed = LightEvent()
         self.revoked_history: list[list[TopicPartition]] = []
         self._commit_lock = asyncio.Lock()
         self.coordinator: GroupCoordinator | None = None
@@ -343,7 +345,9 @@ class Consumer:
                        if tp not in self.fetcher.errors]
             # Work left over (e.g. a partition missing from a response) is retried after a backoff;
             # partitions blocked by an error wait until the owner has seen it and seeks.
-            wait = self.config.retry_backoff_ms / 1000 if pending else 5.0
+            # Nothing to do: sleep until woken (assignment, seek, reset); the long timeout is only a
+            # safety net, so tens of thousands of idle instances cost no wake-ups.
+            wait = self.config.retry_backoff_ms / 1000 if pending else 60.0
             await wait_event(self._positions_wake, wait)
 
     async def _update_positions(self) -> None:
@@ -575,6 +579,7 @@ class Consumer:
             chunks = fetcher.drain(max_records, max_bytes)
             if chunks:
                 self.stats.records += sum(len(c) for _, c in chunks)
+                self._consumed.set()
                 self.stats.poll_wait_seconds += time.monotonic() - started
                 return chunks
             remaining = deadline - time.monotonic()
@@ -627,7 +632,11 @@ class Consumer:
     async def _autocommit_loop(self) -> None:
         interval = self.config.auto_commit_interval_ms / 1000
         while not self._closed:
+            # Only after records were delivered (as the Java consumer, which auto-commits inside poll):
+            # an idle instance has nothing new to commit and costs no timer.
+            await self._consumed.wait()
             await asyncio.sleep(interval)
+            self._consumed.clear()
             if not self.subs.assignment or self.coordinator is None or not self.coordinator.stable:
                 continue
             try:

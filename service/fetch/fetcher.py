@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.consumer.subscription import (
@@ -115,10 +116,10 @@ class Fetcher:
         self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
         self.buffered_bytes = 0
         self.budget: Any = None  # optional process-wide prefetch budget (service.gateway.Budget)
-        self.data_event = asyncio.Event()
+        self.data_event = LightEvent()
         self.errors: dict[TopicPartition, Exception] = {}
         self.trackers: dict[TopicPartition, TxnTracker] = {}
-        self._wake = asyncio.Event()
+        self._wake = LightEvent()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._closing = False

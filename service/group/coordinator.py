@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
@@ -88,8 +89,8 @@ class GroupCoordinator:
         self._lost_at = 0.0  # when the coordinator was last marked unknown
         self.polls_in_progress = 0
         self._coord_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._stable = asyncio.Event()
+        self._wake = LightEvent()
+        self._stable = LightEvent()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.last_poll = time.monotonic()
@@ -99,7 +100,7 @@ class GroupCoordinator:
         self.fatal: KafkaError | None = None
         #: the last error of the membership loop, cleared once the member is stable again
         self.last_error: KafkaError | None = None
-        self._failed = asyncio.Event()  # set while a non-retriable error blocks membership
+        self._failed = LightEvent()  # set while a non-retriable error blocks membership
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:

@@ -356,7 +356,6 @@ async def test_lease_pool_follows_concurrency_and_reaps_idle_connections() -> No
         try:
             await client.refresh_metadata(["t"])
             node = next(iter(client.metadata.brokers))
-            client.idle_connection_ttl = 0.5
 
             answered = 0
             all_answered = asyncio.Event()
@@ -383,11 +382,14 @@ async def test_lease_pool_follows_concurrency_and_reaps_idle_connections() -> No
             gate.set()
             await asyncio.gather(*(held() for _ in range(40)))
             assert len(cluster.requests(M.ApiKey.API_VERSIONS)) == versions_before
-            # unused for the TTL: closed
-            deadline = asyncio.get_running_loop().time() + 5
-            while client.pooled_connections() and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
-            assert client.pooled_connections() == 0
+            # unused for the TTL: the scheduled reaper closes them (their return times made old here)
+            assert client._reaper is not None
+            pooled = [mc for _, mc in client._idle[node]]
+            client._idle[node] = [(t - 100, mc) for t, mc in client._idle[node][:30]] + client._idle[node][30:]
+            client._reap_idle()
+            assert client.pooled_connections() == 10 and client._reaper is not None
+            await asyncio.gather(*client._closing)
+            assert sum(mc.current is None for mc in pooled) == 30
             async with client.lease(node) as mc:  # and a new lease still works
                 assert (await mc.send(meta("t"))).topics[0].name == "t"
         finally:

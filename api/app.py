@@ -42,6 +42,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         prefetch_bytes=settings.prefetch_bytes_per_instance,
         memory_budget_bytes=settings.memory_budget_bytes,
         max_instances=settings.max_instances,
+        shutdown_timeout=settings.shutdown_timeout_s,
         consumer_defaults={
             "session_timeout_ms": settings.consumer_session_timeout_ms,
             "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,

@@ -9,7 +9,6 @@ distinct "expired" error instead of a plain "not found".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import secrets
@@ -27,6 +26,9 @@ log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 REPLICA_SEP = "~"
+# After the shutdown deadline: how long cancelled instance closes and the hard close of the broker
+# connections may take before Gateway.close() returns anyway.
+HARD_CLOSE_GRACE_S = 1.0
 
 
 class GatewayError(Exception):
@@ -131,6 +133,8 @@ class Gateway:
         consumer_defaults: dict[str, Any] | None = None,
         client_factory: Callable[[str], KafkaClient] | None = None,
         max_instances: int | None = None,
+        shutdown_timeout: float = 10.0,
+        shutdown_concurrency: int = 256,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9-]{1,40}", replica_id):
             raise ValueError("replica id must be 1-40 letters, digits or '-'")
@@ -141,6 +145,10 @@ class Gateway:
         self.budget = Budget(memory_budget_bytes)
         self.consumer_defaults = consumer_defaults or {}
         self.max_instances = max_instances
+        if shutdown_timeout <= 0 or shutdown_concurrency < 1:
+            raise ValueError("the shutdown timeout must be > 0 and the shutdown concurrency >= 1")
+        self.shutdown_timeout = shutdown_timeout
+        self.shutdown_concurrency = shutdown_concurrency
         self._client_factory = client_factory
         self.tenants: dict[str, TenantRuntime] = {}
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
@@ -177,16 +185,56 @@ class Gateway:
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap_loop(), name="instance-reaper")
 
-    async def close(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reaper
-        for rt in list(self.tenants.values()):
-            await asyncio.gather(*(self._close_instance(i) for i in list(rt.instances.values())),
-                                 return_exceptions=True)
+    async def close(self) -> int:
+        """Close every instance (final commit, LeaveGroup, fetch sessions), then the tenants' clients.
+
+        Instances close concurrently (at most ``shutdown_concurrency`` at a time) within an overall
+        deadline of ``shutdown_timeout`` seconds. Closes still running then are cancelled and every
+        broker connection is closed hard; the brokers expire those members after their session timeout.
+        Returns how many instances did not close cleanly (also logged as a warning).
+        """
+        deadline = time.monotonic() + self.shutdown_timeout
+        reaper = self._reaper
+        if reaper is not None:
+            reaper.cancel()  # it may be closing expired instances: bounded by the deadline below too
+        instances = [i for rt in self.tenants.values() for i in rt.instances.values()]
+        for rt in self.tenants.values():
             rt.instances.clear()
-            await rt.client.close()
+        slots = asyncio.Semaphore(self.shutdown_concurrency)
+
+        async def close_one(inst: ConsumerInstance) -> bool:
+            async with slots:
+                return await self._close_instance(inst)
+
+        tasks = [asyncio.create_task(close_one(i), name=f"close-{i.instance_id}") for i in instances]
+        waiting: set[asyncio.Task[Any]] = set(tasks)
+        if reaper is not None and not reaper.done():
+            waiting.add(reaper)
+        pending: set[asyncio.Task[Any]] = set()
+        if waiting:
+            _, pending = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        for t in pending:
+            t.cancel()
+        # Hard close: fails every request still waiting for an answer, so that cancelled closes stuck in
+        # broker I/O end now. Bounded too: a connection's close waits at most 1 s for its socket.
+        hard = {asyncio.create_task(rt.client.close(), name=f"close-client-{rt.tenant_id}")
+                for rt in self.tenants.values()}
+        if hard or pending:
+            _, stuck = await asyncio.wait(hard | pending, timeout=HARD_CLOSE_GRACE_S)
+            if stuck:
+                log.warning("%d shutdown tasks (instance or connection closes) were still running %.1f s "
+                            "into the hard close; abandoning them", len(stuck), HARD_CLOSE_GRACE_S)
+        if reaper is not None:
+            pending.discard(reaper)
+        done = [t for t in tasks if t not in pending]
+        failed = sum(1 for t in done if t.exception() is not None or not t.result())
+        unclean = len(pending) + failed
+        if unclean:
+            log.warning("%d of %d consumer instances did not close cleanly within the %.1f s shutdown "
+                        "timeout (%d still closing, cancelled; %d failed); their broker connections were "
+                        "closed hard and their groups will expire them after the session timeout",
+                        unclean, len(instances), self.shutdown_timeout, len(pending), failed)
+        return unclean
 
     def make_instance_id(self, name: str) -> str:
         return f"{self.replica_id}{REPLICA_SEP}{name}"
@@ -250,14 +298,17 @@ class Gateway:
         rt.instances.pop((group, instance_id), None)
         await self._close_instance(inst)
 
-    async def _close_instance(self, inst: ConsumerInstance) -> None:
+    async def _close_instance(self, inst: ConsumerInstance) -> bool:
+        """Close the instance's consumer; False if that failed (it is never raised to the caller)."""
         if inst.closed:
-            return
+            return True
         inst.closed = True
         try:
             await inst.consumer.close()
-        except Exception:  # pragma: no cover - closing must never fail the caller
+        except Exception:  # closing must never fail the caller
             log.exception("closing consumer instance %s failed", inst.instance_id)
+            return False
+        return True
 
     async def _reap_loop(self) -> None:
         while True:

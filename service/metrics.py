@@ -42,15 +42,29 @@ class GatewayMetrics:
                                         buckets=LATENCY_BUCKETS, registry=registry)
         self.commit_failures = Counter("kcg_commit_failures_total", "Failed offset commits", ["tenant"],
                                        registry=registry)
-        self.event_loop_lag = Gauge("kcg_event_loop_lag_seconds", "Delay of a periodic event-loop tick",
-                                    registry=registry)
+        # The largest lag since the previous scrape (reset by each scrape), so that a stall shorter than
+        # the scrape interval is still visible; 0 when no tick ended since the previous scrape.
+        self._loop_lag_max = 0.0
+        self.event_loop_lag = Gauge("kcg_event_loop_lag_seconds",
+                                    "Largest delay of a periodic event-loop tick since the previous scrape "
+                                    "(reset by every scrape)", registry=registry)
+        self.event_loop_lag.set_function(self._take_event_loop_lag)
+
+    def observe_event_loop_lag(self, seconds: float) -> None:
+        if seconds > self._loop_lag_max:
+            self._loop_lag_max = seconds
+
+    def _take_event_loop_lag(self) -> float:
+        """Called at scrape time: report the maximum since the previous scrape and start over."""
+        lag, self._loop_lag_max = self._loop_lag_max, 0.0
+        return lag
 
     async def watch_event_loop(self, interval: float = 0.5) -> None:
         loop = asyncio.get_running_loop()
         while True:
             start = loop.time()
             await asyncio.sleep(interval)
-            self.event_loop_lag.set(max(0.0, loop.time() - start - interval))
+            self.observe_event_loop_lag(max(0.0, loop.time() - start - interval))
 
 
 class GatewayCollector(Collector):

@@ -48,15 +48,19 @@ class Settings(BaseSettings):
     memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
+    shutdown_timeout_s: float = Field(
+        10.0, gt=0, description="On shutdown, in-flight HTTP requests get this long to finish (streams are cut "
+        "then); then instances close (final commit, LeaveGroup) within the same deadline, after which the "
+        "remaining closes are cancelled and broker connections are closed hard")
     consumer_session_timeout_ms: int = Field(45000, gt=0)
     consumer_heartbeat_interval_ms: int = Field(3000, gt=0)
     consumer_max_poll_interval_ms: int = Field(300000, gt=0)
     consumer_fetch_max_wait_ms: int = Field(
         500, ge=0, description="Broker-side fetch wait (Kafka answers a parked fetch as soon as data arrives)")
     consumer_long_poll_fetch_max_wait_ms: int | None = Field(
-        None, ge=0, description="Broker-side fetch wait while an HTTP client is polling the instance (or did "
-        "within the last second). For brokers that answer a parked fetch only when its wait ends (Tansu): "
-        "bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
+        None, ge=0, description="Broker-side fetch wait while records flow to an instance an HTTP client is "
+        "polling (within the last second). For brokers that answer a parked fetch only when its wait ends "
+        "(Tansu): bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
         "consumer_fetch_max_wait_ms (off)")
 
     def long_poll_fetch_wait_ms(self) -> int | None:

@@ -1,19 +1,27 @@
 """`make run`'s process: the gateway starts an embedded Tansu, serves /healthz and /metrics, and
-stops the broker on SIGTERM/SIGINT without leaving an orphan process."""
+stops the broker on SIGTERM/SIGINT without leaving an orphan process; SIGTERM is bounded in time even
+with open streams and a broker that does not answer."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from confluent_kafka import Producer as CKProducer
 
-from service.embedded import free_port
+from service.client.client import KafkaClient
+from service.embedded import EmbeddedBroker, free_port
+from service.gateway import HARD_CLOSE_GRACE_S
+from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +114,54 @@ def test_embedded_broker_dies_with_a_killed_gateway() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_sigterm_with_an_open_stream_and_a_silent_broker_exits_within_the_shutdown_timeout(
+        tmp_path: Path) -> None:
+    """SIGTERM while a client streams records and the broker has stopped answering (SIGSTOP): the open
+    stream is cut after GATEWAY_SHUTDOWN_TIMEOUT_S, the instance's close (final commit, LeaveGroup) is
+    given up after the same deadline, and the process exits, saying so."""
+    timeout_s = 1
+    broker = EmbeddedBroker(log_file=tmp_path / "tansu.log")
+    broker.start()
+    gw = GatewayProcess(broker.bootstrap, env={"GATEWAY_SHUTDOWN_TIMEOUT_S": str(timeout_s)},
+                        log_file=tmp_path / "gateway.log")
+    frozen = False
+    try:
+        kc = KafkaClient(broker.bootstrap)
+        try:
+            await kc.create_topics({"t": 1})
+        finally:
+            await kc.close()
+        gw.start()
+        h = {"Content-Type": "application/vnd.kafka.v2+json"}
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            r = await http.post("/consumers/g", json={"name": "c1", "auto.offset.reset": "earliest"}, headers=h)
+            assert r.status_code == 200, r.text
+            base = f"/consumers/g/instances/{r.json()['instance_id']}"
+            assert (await http.post(f"{base}/subscription", json={"topics": ["t"]}, headers=h)).status_code == 204
+            p = CKProducer({"bootstrap.servers": broker.bootstrap})
+            p.produce("t", value=b"one")
+            assert p.flush(10) == 0
+            async with http.stream("GET", f"{base}/records", headers={"Accept": "application/x-ndjson"}) as resp:
+                lines = resp.aiter_lines()
+                assert json.loads(await anext(lines))["offset"] == 0  # assigned, consumed, streaming on
+                assert broker.proc is not None
+                os.kill(broker.proc.pid, signal.SIGSTOP)  # the broker stops answering (connections stay open)
+                frozen = True
+                started = time.monotonic()
+                assert gw.proc is not None
+                gw.proc.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(gw.proc.wait, 20)
+                elapsed = time.monotonic() - started
+        print(f"SIGTERM to exit: {elapsed:.2f} s")
+        assert code == 0
+        # at most: the open stream's grace, the instances' deadline, the hard close (1 s), process exit
+        assert elapsed < 2 * timeout_s + HARD_CLOSE_GRACE_S + 1.5, elapsed
+        log = (tmp_path / "gateway.log").read_text()
+        assert "1 of 1 consumer instances did not close cleanly within the 1.0 s shutdown timeout" in log, log
+    finally:
+        gw.stop()
+        if frozen:
+            broker.kill()  # SIGKILL works on a stopped process; a SIGTERM would wait for SIGCONT
+        broker.stop()

@@ -281,6 +281,9 @@ class Consumer:
                 if t in md.topics and not md.topics[t].error_code}
 
     async def _on_revoke(self, partitions: list[TopicPartition]) -> None:
+        # Deliver nothing more from these partitions (polls run concurrently with this coroutine): what
+        # is committed below must cover everything handed out, or records would be delivered twice.
+        self.subs.pause([tp for tp in partitions if self.subs.is_assigned(tp)])
         if self.config.enable_auto_commit:
             offsets = {tp: OffsetAndMetadata(pos, "", epoch)
                        for tp, (pos, epoch) in self.subs.all_consumed().items() if tp in set(partitions)}

@@ -1031,3 +1031,32 @@ async def test_commit_timeout_holds_while_no_coordinator_is_available() -> None:
         assert c.coordinator is not None
         with pytest.raises(KafkaError):
             await asyncio.wait_for(c.coordinator.committed([TP("t", 0)], timeout=0.3), 1.5)
+
+
+async def test_records_are_not_delivered_while_their_revocation_commit_is_in_flight() -> None:
+    """A poll running while the member commits before revoking must not hand out more records of the
+    revoked partitions: the commit would not cover them and they would be delivered again."""
+    async with TestCluster(1, topics={"t": 1}, registry=default_registry(groups=True)) as cluster, \
+            group_consumer(cluster, enable_auto_commit=True) as c:
+        gc = group_coordinator(cluster)
+        gc.group_join_delay_ms = 0
+        cluster.append("t", 0, [b"r%d" % i for i in range(10)])
+        cluster.append("t", 0, [b"s%d" % i for i in range(10)])
+        await subscribed(c)
+        first = await c.poll(max_records=5, timeout=5)
+        assert [r.offset for r in first] == [0, 1, 2, 3, 4]
+        release = asyncio.Event()
+        cluster.delay(ApiKey.OFFSET_COMMIT, until=release)  # hold the commit made before revoking
+        mark = cluster.log.mark()
+        assert c.member is not None and c.coordinator is not None
+        c.member.request_rejoin("test")  # eager rebalance: revoke everything, commit first
+        c.coordinator.wake()
+        await cluster.wait_for_requests(ApiKey.OFFSET_COMMIT, since=mark)
+        during = await c.poll(max_records=100, timeout=0.3)
+        release.set()
+        assert during == []
+        assert await c.wait_for_assignment(10)
+        commit = cluster.requests(ApiKey.OFFSET_COMMIT, since=mark)[0].request
+        assert commit.topics[0].partitions[0].committed_offset == 5
+        rest = await consume(c, 15)
+        assert [r.offset for r in rest] == list(range(5, 20))  # nothing lost, nothing twice

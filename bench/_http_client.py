@@ -286,15 +286,15 @@ async def latency(a: argparse.Namespace) -> dict[str, Any]:
 # -- idle instances ----------------------------------------------------------------------------------------
 RETRIES = 3  # thousands of connections to a busy server: a closed keep-alive connection is retried
 async def idle(a: argparse.Namespace) -> dict[str, Any]:
-    limits = httpx.Limits(max_connections=a.connections, max_keepalive_connections=a.connections,
-                          keepalive_expiry=KEEPALIVE_EXPIRY)
+    conns = min(a.connections, 200)
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns, keepalive_expiry=KEEPALIVE_EXPIRY)
     bases: list[str] = []
     join_s: list[float] = []
     polls = 0
     t0 = time.perf_counter()
     async with httpx.AsyncClient(base_url=a.url, timeout=300, limits=limits) as http:
 
-        async def member(base: str) -> None:
+        async def member(base: str, http: httpx.AsyncClient) -> None:
             nonlocal polls
             await subscribe(http, base, a.topic, RETRIES)
             while True:  # the poll waits inside the gateway for the group to become stable
@@ -312,10 +312,15 @@ async def idle(a: argparse.Namespace) -> dict[str, Any]:
             async with sem:
                 started = time.perf_counter()
                 name = f"{a.group_prefix}-{g:03d}"
-                mine = await asyncio.gather(*(create(http, name, "binary", name=f"m{i:03d}", retries=RETRIES)
-                                              for i in range(a.per_group)))
-                bases.extend(mine)
-                await asyncio.gather(*(member(b) for b in mine))
+                # one connection pool per group: httpx scans its pool on every request, which costs
+                # O(connections) each and made the client, not the gateway, the bottleneck at 2,500
+                glimits = httpx.Limits(max_connections=a.per_group + 4, max_keepalive_connections=a.per_group + 4,
+                                       keepalive_expiry=KEEPALIVE_EXPIRY)
+                async with httpx.AsyncClient(base_url=a.url, timeout=300, limits=glimits) as ghttp:
+                    mine = await asyncio.gather(*(create(ghttp, name, "binary", name=f"m{i:03d}", retries=RETRIES)
+                                                  for i in range(a.per_group)))
+                    bases.extend(mine)
+                    await asyncio.gather(*(member(b, ghttp) for b in mine))
                 join_s.append(time.perf_counter() - started)
                 print(f"group {name}: {len(mine)} members in {join_s[-1]:.1f} s "
                       f"({len(bases)} instances so far, {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
@@ -326,7 +331,7 @@ async def idle(a: argparse.Namespace) -> dict[str, Any]:
         line = await asyncio.to_thread(sys.stdin.readline)  # wait for the benchmark to finish measuring
         if line.strip() != "verify":
             return {"verified": None}
-        sem2 = asyncio.Semaphore(a.connections)
+        sem2 = asyncio.Semaphore(conns)
 
         async def check(base: str) -> int:
             async with sem2:

@@ -18,19 +18,21 @@ every record counted and checked). Scenarios:
    persistent producer (linger.ms=0, flush per record) sends one record every 50 ms with its send time
    in the value; receive time - send time (time.time(), same machine). Direct confluent-kafka consumers
    read the same records at the same time (fetch.wait.max.ms 500 and 10) as a baseline for the broker.
-3. Idle capacity: N idle subscribed instances (groups of 100 members, one topic with 100 partitions
-   shared by the groups, so every member owns a partition) in a fresh gateway process (session timeout
-   6 s, heartbeat 3 s); RSS delta per instance after the fetchers paused, idle CPU (heartbeats), event-loop
-   health (/healthz round trips; kcg_event_loop_lag_seconds from /metrics). Default 1,000 and 2,000 and
-   the slope between them: 10,000 does not fit this 2-core machine with a co-located Tansu in a
-   reasonable time (about 20 instances join per second at best and it slows as the members' heartbeats
-   add up; idle heartbeats at 10,000 members would take about 0.7 core in the gateway and 1.3 in Tansu
-   extrapolated from the 1,000 measurement). ``--idle-instances 10000`` runs it anyway.
+3. Idle capacity: 10,000 idle subscribed instances (100 groups of 100 members, one topic with 100
+   partitions and one record per partition shared by the groups, so every member owns a partition) in a
+   fresh gateway process: session timeout 30 s, heartbeat 10 s (Kafka's 1/3 rule; at 3 s, 10,000 members
+   would send 3,300 heartbeats/s, more than Tansu can answer on this machine), max poll interval 1 h (idle
+   = not polled; the default 5 minutes would make the first groups leave before the build is over).
+   Groups are built 25 at a time: each member subscribes and long-polls until it owns a partition (Tansu
+   holds a JoinGroup for about half the session timeout, so a group takes one to two of those). Then:
+   RSS delta per instance after the fetchers paused and pooled broker connections were reaped, idle CPU
+   (heartbeats), event-loop health (/healthz round trips; kcg_event_loop_lag_seconds from /metrics), and
+   how many instances still own a partition. ``--idle-instances 1000,2000`` for smaller runs.
 
 All of it shares the machine's cores (printed): gateway, broker, client and other processes compete.
 
 Usage: .venv/bin/python bench/http_consume.py [--records N] [--rounds R] [--quick] [--skip-throughput]
-       [--skip-latency] [--skip-idle] [--idle-instances 1000,2000] [--only 'binary, 1 instance']
+       [--skip-latency] [--skip-idle] [--idle-instances 10000] [--only 'binary, 1 instance']
        [--gateway-env KEY=VALUE]
 """
 
@@ -485,14 +487,20 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
     asyncio.run(create_topics(broker.bootstrap, {topic: per_group}))
     env = {"GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(a.idle_session_ms),
            "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(a.idle_heartbeat_ms),
-           "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": "3600", **a.gateway_env}
+           "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": "3600",
+           # idle means not polled: without this, members would leave their groups after the default
+           # 5-minute max poll interval, long before a 10,000-instance build is over
+           "GATEWAY_CONSUMER_MAX_POLL_INTERVAL_MS": "3600000", **a.gateway_env}
     gw = GatewayProc(broker.bootstrap, env, tmp / "gateway-idle.log")
     gw.start()
     try:
         # Warm up: one instance created, subscribed, polled and deleted, so one-time costs (broker connection,
         # metadata, code paths, validators) are in the baseline, not in the per-instance figure.
+        # One record per partition: a member's first poll then ends as soon as it owns a partition
+        # (instead of waiting out its timeout on an empty topic), so building costs few requests.
         p = CKProducer({"bootstrap.servers": broker.bootstrap})
-        p.produce(topic, value=b"x" * 100, key=b"warm-up", partition=0)
+        for part in range(per_group):
+            p.produce(topic, value=b"x" * 100, key=b"warm-up", partition=part)
         p.flush(10)
         run_client(["throughput", "--url", gw.url, "--group", "bench-idle-warmup", "--topic", topic,
                     "--records", "1"])
@@ -503,7 +511,7 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
             [sys.executable, CLIENT, "idle", "--url", gw.url, "--topic", topic, "--group-prefix",
              f"idle{time.time_ns() % 10**6}", "--groups", str(groups), "--per-group", str(per_group),
              "--groups-in-flight", str(a.idle_groups_in_flight),
-             "--connections", str(a.idle_groups_in_flight * per_group)],
+             "--connections", str(a.idle_groups_in_flight * per_group), "--poll-ms", "30000"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=client_log, cwd=ROOT)
         assert client.stdout is not None
         line = client.stdout.readline()  # every instance is a member with an assignment
@@ -587,16 +595,16 @@ def main() -> None:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-idle", action="store_true")
     ap.add_argument("--latency-records", type=int, default=200)
-    ap.add_argument("--idle-instances", default="1000,2000",
+    ap.add_argument("--idle-instances", default="10000",
                     help="comma-separated counts, each in a fresh gateway process; more than one also prints the"
-                    " RSS slope between the first and the last (10000 does not fit this 2-core machine's time budget:"
-                    " see the module docstring)")
+                    " RSS slope between the first and the last")
     ap.add_argument("--idle-per-group", type=int, default=100, help="members per group (= partitions of the topic)")
-    ap.add_argument("--idle-groups-in-flight", type=int, default=10)
-    ap.add_argument("--idle-session-ms", type=int, default=6000)
-    ap.add_argument("--idle-heartbeat-ms", type=int, default=3000)
-    ap.add_argument("--idle-settle", type=float, default=32.0,
-                    help="seconds after joining before the idle measurement (fetchers pause after 30 s)")
+    ap.add_argument("--idle-groups-in-flight", type=int, default=25)
+    ap.add_argument("--idle-session-ms", type=int, default=30000)
+    ap.add_argument("--idle-heartbeat-ms", type=int, default=10000)
+    ap.add_argument("--idle-settle", type=float, default=50.0,
+                    help="seconds after joining before the idle measurement (fetchers pause after 30 s without a"
+                    " poll; pooled broker connections close after 30-45 s unused)")
     ap.add_argument("--idle-measure", type=float, default=15.0, help="seconds of idle measurement")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the gateway processes (repeatable)")

@@ -34,14 +34,24 @@ class Rendered(NamedTuple):
     count: int  # records
     payload: int  # key + value bytes (the bytes-delivered metric)
 
+    # Each framing copies the (possibly multi-megabyte) parts exactly once.
     def array(self) -> bytes:
-        return b"[" + b",".join(self.parts) + b"]"
+        return self._framed(b"[", b",", b"]")
 
     def ndjson(self) -> bytes:
-        return b"\n".join(self.parts) + b"\n"
+        return self._framed(b"", b"\n", b"\n")
 
     def sse(self) -> bytes:
-        return b"data: " + b"\n\ndata: ".join(self.parts) + b"\n\n"
+        return self._framed(b"data: ", b"\n\ndata: ", b"\n\n")
+
+    def _framed(self, lead: bytes, sep: bytes, trail: bytes) -> bytes:
+        pieces = [lead]
+        for i, part in enumerate(self.parts):
+            if i:
+                pieces.append(sep)
+            pieces.append(part)
+        pieces.append(trail)
+        return b"".join(pieces)
 
 
 # The separator a framing needs between two records inside one part.

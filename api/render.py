@@ -89,28 +89,44 @@ def render_binary_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple
 
 
 _crecords = getattr(_records, "_crecords", None)
-render_binary_chunk: Callable[[list[Record], bytes, bytes], tuple[bytes, int]] = (
-    _crecords.render_binary if _crecords is not None else render_binary_chunk_py)
+Renderer = Callable[[list[Record], bytes, bytes], tuple[bytes, int]]
+
+
+def _c_binary(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
+    return _crecords.render(recs, head, sep, False)  # type: ignore[union-attr,no-any-return]
+
+
+def _c_json(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
+    return _crecords.render(recs, head, sep, True)  # type: ignore[union-attr,no-any-return]
+
+
+render_binary_chunk: Renderer = render_binary_chunk_py
+render_json_chunk: Renderer = render_binary_chunk_py  # replaced below
 
 
 def use_c_renderer(enabled: bool) -> None:
-    """Switch between the C and the pure-Python binary renderer (tests)."""
-    global render_binary_chunk
+    """Switch between the C and the pure-Python renderers (tests)."""
+    global render_binary_chunk, render_json_chunk
     if enabled and _crecords is None:
         raise ImportError("service.protocol._crecords is not available")
-    render_binary_chunk = _crecords.render_binary if enabled else render_binary_chunk_py  # type: ignore[union-attr]
+    render_binary_chunk = _c_binary if enabled else render_binary_chunk_py
+    render_json_chunk = _c_json if enabled else render_json_chunk_py
 
 
-def render_binary(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
+def _render(chunks: Chunks, sep: bytes, chunk_renderer: Renderer) -> Rendered:
     parts: list[bytes] = []
     count = payload = 0
     for tp, recs in chunks:
         if recs:
-            body, n = render_binary_chunk(recs, _head(tp), sep)
+            body, n = chunk_renderer(recs, _head(tp), sep)
             parts.append(body)
             count += len(recs)
             payload += n
     return Rendered(parts, count, payload)
+
+
+def render_binary(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
+    return _render(chunks, sep, render_binary_chunk)
 
 
 _loads = orjson.loads
@@ -131,27 +147,23 @@ def _embedded(v: bytes | None, field: bytes) -> bytes:
     return b'"%s":%s' % (field, v)
 
 
-def _headers_json(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
-    return _headers_binary(headers)  # header values are bytes either way: base64 in both formats
+def render_json_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
+    out = []
+    payload = 0
+    for r in recs:
+        k, v = r.key, r.value
+        if k is not None:
+            payload += len(k)
+        if v is not None:
+            payload += len(v)
+        out.append(b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
+            head, r.offset, r.timestamp, _embedded(k, b"key"), _embedded(v, b"value"),
+            _headers_binary(r.headers)))  # header values are base64 in both formats
+    return sep.join(out), payload
 
 
 def render_json(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
-    parts: list[bytes] = []
-    count = payload = 0
-    for tp, recs in chunks:
-        if not recs:
-            continue
-        head = _head(tp)
-        out = []
-        for r in recs:
-            k, v = r.key, r.value
-            if k is not None:
-                payload += len(k)
-            if v is not None:
-                payload += len(v)
-            out.append(b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
-                head, r.offset, r.timestamp, _embedded(k, b"key"), _embedded(v, b"value"),
-                _headers_json(r.headers)))
-        parts.append(sep.join(out))
-        count += len(recs)
-    return Rendered(parts, count, payload)
+    return _render(chunks, sep, render_json_chunk)
+
+
+use_c_renderer(_crecords is not None)

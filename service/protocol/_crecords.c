@@ -381,28 +381,330 @@ check_bytes_or_none(PyObject *v, Py_ssize_t index, const char *what)
     return -1;
 }
 
+
+/* ---- json format: strict RFC 8259 validation, compaction, rendering -------------------------------- */
+
+#define JSON_MAX_DEPTH 512
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t i, n;
+} jcur;
+
+static inline void
+j_ws(jcur *c)
+{
+    while (c->i < c->n) {
+        unsigned char ch = c->p[c->i];
+        if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r')
+            return;
+        c->i++;
+    }
+}
+
+static inline int
+j_hex4(jcur *c, unsigned *out)
+{
+    if (c->n - c->i < 4)
+        return 0;
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        unsigned char ch = c->p[c->i++];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9')
+            v |= (unsigned)(ch - '0');
+        else if (ch >= 'a' && ch <= 'f')
+            v |= (unsigned)(ch - 'a' + 10);
+        else if (ch >= 'A' && ch <= 'F')
+            v |= (unsigned)(ch - 'A' + 10);
+        else
+            return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* One UTF-8 sequence starting at c->i (a byte >= 0x80): strict (no overlongs, surrogates, > U+10FFFF). */
+static inline int
+j_utf8(jcur *c)
+{
+    const unsigned char *p = c->p;
+    Py_ssize_t i = c->i, n = c->n;
+    unsigned char b0 = p[i];
+    int len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+        len = 2;
+    else if (b0 >= 0xE0 && b0 <= 0xEF) {
+        len = 3;
+        if (b0 == 0xE0)
+            lo = 0xA0;
+        else if (b0 == 0xED)
+            hi = 0x9F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+        len = 4;
+        if (b0 == 0xF0)
+            lo = 0x90;
+        else if (b0 == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (n - i < len)
+        return 0;
+    if (p[i + 1] < lo || p[i + 1] > hi)
+        return 0;
+    for (int k = 2; k < len; k++)
+        if (p[i + k] < 0x80 || p[i + k] > 0xBF)
+            return 0;
+    c->i = i + len;
+    return 1;
+}
+
+static int
+j_string(jcur *c)
+{
+    c->i++; /* opening quote */
+    while (c->i < c->n) {
+        unsigned char ch = c->p[c->i];
+        if (ch == '"') {
+            c->i++;
+            return 1;
+        }
+        if (ch < 0x20)
+            return 0;
+        if (ch == '\\') {
+            c->i++;
+            if (c->i >= c->n)
+                return 0;
+            ch = c->p[c->i++];
+            if (ch == 'u') {
+                unsigned u;
+                if (!j_hex4(c, &u))
+                    return 0;
+                if (u >= 0xDC00 && u <= 0xDFFF)
+                    return 0; /* lone trailing surrogate */
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    unsigned u2;
+                    if (c->n - c->i < 6 || c->p[c->i] != '\\' || c->p[c->i + 1] != 'u')
+                        return 0;
+                    c->i += 2;
+                    if (!j_hex4(c, &u2) || u2 < 0xDC00 || u2 > 0xDFFF)
+                        return 0;
+                }
+            } else if (!(ch == '"' || ch == '\\' || ch == '/' || ch == 'b' || ch == 'f' || ch == 'n'
+                         || ch == 'r' || ch == 't'))
+                return 0;
+        } else if (ch >= 0x80) {
+            if (!j_utf8(c))
+                return 0;
+        } else
+            c->i++;
+    }
+    return 0;
+}
+
+static inline int
+j_digits(jcur *c)
+{
+    Py_ssize_t start = c->i;
+    while (c->i < c->n && c->p[c->i] >= '0' && c->p[c->i] <= '9')
+        c->i++;
+    return c->i > start;
+}
+
+static int
+j_number(jcur *c)
+{
+    if (c->p[c->i] == '-')
+        c->i++;
+    if (c->i >= c->n)
+        return 0;
+    if (c->p[c->i] == '0')
+        c->i++;
+    else if (!j_digits(c))
+        return 0;
+    if (c->i < c->n && c->p[c->i] == '.') {
+        c->i++;
+        if (!j_digits(c))
+            return 0;
+    }
+    if (c->i < c->n && (c->p[c->i] == 'e' || c->p[c->i] == 'E')) {
+        c->i++;
+        if (c->i < c->n && (c->p[c->i] == '+' || c->p[c->i] == '-'))
+            c->i++;
+        if (!j_digits(c))
+            return 0;
+    }
+    return 1;
+}
+
+static inline int
+j_lit(jcur *c, const char *lit, Py_ssize_t len)
+{
+    if (c->n - c->i < len || memcmp(c->p + c->i, lit, (size_t)len) != 0)
+        return 0;
+    c->i += len;
+    return 1;
+}
+
+static int
+j_value(jcur *c, int depth)
+{
+    j_ws(c);
+    if (c->i >= c->n)
+        return 0;
+    unsigned char ch = c->p[c->i];
+    switch (ch) {
+    case '"':
+        return j_string(c);
+    case 't':
+        return j_lit(c, "true", 4);
+    case 'f':
+        return j_lit(c, "false", 5);
+    case 'n':
+        return j_lit(c, "null", 4);
+    case '[':
+    case '{': {
+        if (depth >= JSON_MAX_DEPTH)
+            return 0;
+        unsigned char close = ch == '[' ? ']' : '}';
+        c->i++;
+        j_ws(c);
+        if (c->i < c->n && c->p[c->i] == close) {
+            c->i++;
+            return 1;
+        }
+        for (;;) {
+            if (ch == '{') {
+                j_ws(c);
+                if (c->i >= c->n || c->p[c->i] != '"' || !j_string(c))
+                    return 0;
+                j_ws(c);
+                if (c->i >= c->n || c->p[c->i] != ':')
+                    return 0;
+                c->i++;
+            }
+            if (!j_value(c, depth + 1))
+                return 0;
+            j_ws(c);
+            if (c->i >= c->n)
+                return 0;
+            if (c->p[c->i] == ',') {
+                c->i++;
+                continue;
+            }
+            if (c->p[c->i] == close) {
+                c->i++;
+                return 1;
+            }
+            return 0;
+        }
+    }
+    default:
+        if (ch == '-' || (ch >= '0' && ch <= '9'))
+            return j_number(c);
+        return 0;
+    }
+}
+
+/* 1 if p[0:n] is exactly one JSON text (RFC 8259, UTF-8, surrounding whitespace allowed), else 0. */
+static int
+json_valid(const unsigned char *p, Py_ssize_t n)
+{
+    jcur c = {p, 0, n};
+    if (!j_value(&c, 0))
+        return 0;
+    j_ws(&c);
+    return c.i == n;
+}
+
+/* Copy a valid JSON text without the whitespace outside its strings. */
+static inline char *
+put_json_compact(char *o, const unsigned char *p, Py_ssize_t n)
+{
+    int in_str = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char ch = p[i];
+        if (in_str) {
+            *o++ = (char)ch;
+            if (ch == '\\') {
+                *o++ = (char)p[++i];
+            } else if (ch == '"')
+                in_str = 0;
+        } else if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') {
+            continue;
+        } else {
+            *o++ = (char)ch;
+            if (ch == '"')
+                in_str = 1;
+        }
+    }
+    return o;
+}
+
+/* "<name>":<compact JSON>  or  "<name>":null,"<name>_error":"not valid JSON","<name>_base64":"..." */
+static inline char *
+put_json_field(char *o, const char *name, Py_ssize_t name_len, PyObject *v)
+{
+    *o++ = '"';
+    o = put_raw(o, name, name_len);
+    o = PUT_LIT(o, "\":");
+    if (v == Py_None)
+        return PUT_LIT(o, "null");
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(v);
+    Py_ssize_t n = PyBytes_GET_SIZE(v);
+    if (json_valid(p, n))
+        return put_json_compact(o, p, n);
+    o = PUT_LIT(o, "null,\"");
+    o = put_raw(o, name, name_len);
+    o = PUT_LIT(o, "_error\":\"not valid JSON\",\"");
+    o = put_raw(o, name, name_len);
+    o = PUT_LIT(o, "_base64\":\"");
+    o = put_b64(o, p, n);
+    *o++ = '"';
+    return o;
+}
+
+static PyObject *
+py_json_valid(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int ok = json_valid((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 /*
- * render_binary(records, head, sep) -> (bytes, payload)
+ * render(records, head, sep, json) -> (bytes, payload)
  *   records  list of record tuples (offset, timestamp, key, value, headers) as decode_records makes
  *   head     bytes written before each record's offset, e.g. {"topic":"t","partition":0,"offset":
  *   sep      bytes written between two records
  * Each record becomes HEAD<offset>,"timestamp":<ts>,"key":<b64|null>,"value":<b64|null>,
  * "headers":[{"key":<json string>,"value":<b64|null>},...]}
+ * With json true, key and value are embedded JSON instead of base64: a valid JSON text (RFC 8259) is
+ * written without the whitespace outside its strings (so one record is one line); one that is not
+ * JSON becomes null plus "<field>_error" and "<field>_base64". Header values are base64 either way.
  * payload is the sum of the key and value lengths (the bytes-delivered metric).
  */
 static PyObject *
-render_binary(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "render_binary() takes 3 arguments (%zd given)", nargs);
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "render() takes 4 arguments (%zd given)", nargs);
         return NULL;
     }
     PyObject *records = args[0], *head = args[1], *sep = args[2];
     if (!PyList_Check(records) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
-        PyErr_SetString(PyExc_TypeError, "render_binary(list, bytes, bytes)");
+        PyErr_SetString(PyExc_TypeError, "render(list, bytes, bytes, bool)");
         return NULL;
     }
+    int json = PyObject_IsTrue(args[3]);
+    if (json < 0)
+        return NULL;
     Py_ssize_t count = PyList_GET_SIZE(records);
     Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
     /* pass 1: validate and bound the size */
@@ -423,11 +725,11 @@ render_binary(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_ssize_t n = head_len + sep_len + 120; /* numbers, field names, punctuation */
         if (key != Py_None) {
-            n += b64_len(PyBytes_GET_SIZE(key));
+            n += b64_len(PyBytes_GET_SIZE(key)) + (json ? PyBytes_GET_SIZE(key) + 80 : 0);
             payload += PyBytes_GET_SIZE(key);
         }
         if (value != Py_None) {
-            n += b64_len(PyBytes_GET_SIZE(value));
+            n += b64_len(PyBytes_GET_SIZE(value)) + (json ? PyBytes_GET_SIZE(value) + 80 : 0);
             payload += PyBytes_GET_SIZE(value);
         }
         for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
@@ -469,10 +771,17 @@ render_binary(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         o = put_i64(o, offset);
         o = PUT_LIT(o, ",\"timestamp\":");
         o = put_i64(o, ts);
-        o = PUT_LIT(o, ",\"key\":");
-        o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 2));
-        o = PUT_LIT(o, ",\"value\":");
-        o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 3));
+        if (json) {
+            *o++ = ',';
+            o = put_json_field(o, "key", 3, PyTuple_GET_ITEM(rec, 2));
+            *o++ = ',';
+            o = put_json_field(o, "value", 5, PyTuple_GET_ITEM(rec, 3));
+        } else {
+            o = PUT_LIT(o, ",\"key\":");
+            o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 2));
+            o = PUT_LIT(o, ",\"value\":");
+            o = put_b64_or_null(o, PyTuple_GET_ITEM(rec, 3));
+        }
         o = PUT_LIT(o, ",\"headers\":[");
         PyObject *headers = PyTuple_GET_ITEM(rec, 4);
         for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
@@ -498,9 +807,11 @@ static PyMethodDef methods[] = {
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,
      "decode_records(buf, start, end, count, base_offset, base_timestamp, append_timestamp, "
      "record_type) -> list\n\nDecode a magic-2 records section into record tuples."},
-    {"render_binary", (PyCFunction)(void (*)(void))render_binary, METH_FASTCALL,
-     "render_binary(records, head, sep) -> (bytes, payload)\n\nThe gateway's binary-format JSON "
-     "objects of records, joined by sep, and the records' key+value bytes."},
+    {"render", (PyCFunction)(void (*)(void))render, METH_FASTCALL,
+     "render(records, head, sep, json) -> (bytes, payload)\n\nThe gateway's JSON objects of records "
+     "(binary or json format), joined by sep, and the records' key+value bytes."},
+    {"json_valid", (PyCFunction)py_json_valid, METH_O,
+     "json_valid(buf) -> bool\n\nWhether buf is exactly one JSON text (RFC 8259, UTF-8)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ TP = TopicPartition("t\u00e9st \"q\"", 3)
 
 @pytest.fixture(params=["c", "py"])
 def impl(request: pytest.FixtureRequest) -> Iterator[str]:
-    before = Rd.render_binary_chunk
+    before = (Rd.render_binary_chunk, Rd.render_json_chunk)
     if request.param == "c":
         if not R.C_EXTENSION_AVAILABLE:
             if REQUIRE_CEXT:
@@ -36,7 +36,7 @@ def impl(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         yield request.param
     finally:
-        Rd.render_binary_chunk = before
+        Rd.render_binary_chunk, Rd.render_json_chunk = before
 
 
 def _b(v: bytes | None) -> str | None:
@@ -85,7 +85,7 @@ def test_c_and_python_give_identical_bytes() -> None:
             pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
         pytest.skip("C renderer not importable")
     head = b'{"topic":"t","partition":0,"offset":'
-    c = R._crecords.render_binary(RECORDS, head, b"\n")  # type: ignore[union-attr]
+    c = R._crecords.render(RECORDS, head, b"\n", False)  # type: ignore[union-attr]
     py = Rd.render_binary_chunk_py(RECORDS, head, b"\n")
     # the same JSON values; the byte forms differ only in how a header key's controls are escaped
     assert c[1] == py[1]
@@ -98,7 +98,9 @@ def test_c_renderer_rejects_wrong_types() -> None:
         if REQUIRE_CEXT:
             pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
         pytest.skip("C renderer not importable")
-    render = R._crecords.render_binary  # type: ignore[union-attr]
+    def render(recs: Any, head: bytes, sep: bytes) -> Any:
+        return R._crecords.render(recs, head, sep, False)  # type: ignore[union-attr]
+
     for bad in ([(1, 2, "str", None, ())], [(1, 2, None, None)], [(1, 2, None, None, [("k", b"v")])],
                 [(1, 2, None, None, ((b"k", b"v"),))], [(1, 2, None, None, (("k", "v"),))], [("x", 2, None, None, ())],
                 [(2**64, 2, None, None, ())]):
@@ -120,16 +122,16 @@ _records = st.lists(st.builds(Record, st.integers(0, 2**63 - 1), st.integers(-(2
 @given(_records)
 def test_binary_round_trips(recs: list[Record]) -> None:
     for enabled in ([True, False] if R.C_EXTENSION_AVAILABLE else [False]):
-        before = Rd.render_binary_chunk
+        before = (Rd.render_binary_chunk, Rd.render_json_chunk)
         Rd.use_c_renderer(enabled)
         try:
             assert orjson.loads(Rd.render_binary([(TP, recs)]).array()) == [expected_binary(TP, r) for r in recs]
         finally:
-            Rd.render_binary_chunk = before
+            Rd.render_binary_chunk, Rd.render_json_chunk = before
 
 
 # -- json format ---------------------------------------------------------------------------------------------
-def test_json_splices_valid_json_and_keeps_invalid_records() -> None:
+def test_json_splices_valid_json_and_keeps_invalid_records(impl: str) -> None:
     recs = [
         Record(0, 1, b'"k"', b'{"a": [1, 2.5, null], "b": "\\u00e9"}', ()),
         Record(1, 2, None, b"not json", (("h", b"\x01"),)),
@@ -157,3 +159,94 @@ def test_json_splices_valid_json_and_keeps_invalid_records() -> None:
     assert got[5]["value"] is None and got[5]["value_base64"] == ""
     assert got[6]["value"] == 42
     assert orjson.loads(Rd.render_json([(TP, recs)]).array()) == got
+
+
+def _need_c() -> Any:
+    if not R.C_EXTENSION_AVAILABLE:
+        if REQUIRE_CEXT:
+            pytest.fail("C renderer not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C renderer not importable")
+    return R._crecords
+
+
+def strict_json(b: bytes) -> bool:
+    """The oracle: RFC 8259 JSON text in strict UTF-8, no NaN/Infinity, no lone surrogate escapes."""
+    import json
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        text = b.decode("utf-8")
+        if text.startswith("\ufeff"):
+            return False
+        v = json.loads(text, parse_constant=no_constants)
+        json.dumps(v, ensure_ascii=False).encode("utf-8")  # lone surrogates cannot be encoded
+    except (ValueError, UnicodeError, RecursionError):
+        return False
+    return True
+
+
+VALID = [b"0", b"-0", b"1.5e-3", b"-12E+4", b'""', b'"\\u00e9\\ud83d\\ude00\\/\\b\\f\\n\\r\\t"', b"true", b"false",
+         b"null", b"[]", b"{}", b' \t\r\n[1, {"a": [null, true]}, "x"] \n', "\"\u00e9\u2603\U0001f600\"".encode(),
+         b"[" * 500 + b"]" * 500, b'{"a":{"b":{"c":[]}}}', b"123456789012345678901234567890"]
+INVALID = [b"", b" ", b"01", b"1.", b".5", b"-", b"1e", b"+1", b"NaN", b"Infinity", b"tru", b"nul", b"[1,]",
+           b'{"a":1,}', b'{"a" 1}', b"{1:2}", b"[1 2]", b'"\x01"', b'"\\x"', b'"\\u12"', b'"\\ud800"', b'"\\udc00"',
+           b'"\\ud800\\u0041"', b'"unterminated', b"[", b"]", b"1 2", b'"\xff"', b'"\xc0\xaf"', b'"\xed\xa0\x80"',
+           b'"\xf4\x90\x80\x80"', b'"\xe2\x82"', b"\xef\xbb\xbf{}", b"[" * 600 + b"]" * 600, b"'a'", b"[1]x"]
+
+
+def test_json_validator_examples() -> None:
+    c = _need_c()
+    for v in VALID:
+        assert c.json_valid(v) is True, v
+        assert strict_json(v), v
+    for v in INVALID:
+        assert c.json_valid(v) is False, v
+        if not v.startswith(b"[" * 600):  # the oracle accepts depth 600; ours stops at 512 (orjson at 1024)
+            assert not strict_json(v), v
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values, st.sampled_from([None, 1, 2]))
+def test_json_validator_accepts_what_serialisers_write(value: Any, indent: int | None) -> None:
+    import json
+
+    c = _need_c()
+    text = json.dumps(value, ensure_ascii=False, indent=indent).encode()
+    assert c.json_valid(text) is True
+    assert c.json_valid(orjson.dumps(value)) is True
+    out, _ = c.render([Record(0, 0, None, text, ())], b'{"o":', b",", True)
+    assert orjson.loads(out)["value"] == orjson.loads(text)
+    assert b"\n" not in out
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.binary(max_size=24), st.builds(lambda a, b: a + b, st.sampled_from(
+    [v for v in VALID + INVALID if len(v) < 1000]), st.binary(max_size=3))))
+def test_json_validator_agrees_with_a_strict_parser(data: bytes) -> None:
+    c = _need_c()
+    assert c.json_valid(data) is strict_json(data), data
+
+
+def test_c_json_render_never_loses_a_record() -> None:
+    c = _need_c()
+    recs = [Record(i, i, None if i % 3 == 0 else v, v, ()) for i, v in enumerate(VALID + INVALID)]
+    out, payload = c.render(recs, b'{"o":', b"\n", True)
+    lines = out.split(b"\n")
+    assert len(lines) == len(recs) and payload == sum(len(r.key or b"") + len(r.value or b"") for r in recs)
+    for r, line in zip(recs, lines, strict=True):
+        obj = orjson.loads(line)
+        for field, raw in (("key", r.key), ("value", r.value)):
+            if raw is None:
+                assert obj[field] is None and f"{field}_error" not in obj
+            elif c.json_valid(raw):
+                assert obj[field] == orjson.loads(raw)
+            else:
+                assert obj[field] is None and obj[f"{field}_error"] == "not valid JSON"
+                assert base64.b64decode(obj[f"{field}_base64"]) == raw

@@ -72,8 +72,32 @@ class GatewayCollector(Collector):
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self._prepared: list[GaugeMetricFamily | CounterMetricFamily] | None = None
+        self._families: list[GaugeMetricFamily | CounterMetricFamily] = []
+        self.lock = asyncio.Lock()  # one scrape at a time: prepare() and the collect() it feeds pair up
+
+    async def prepare(self, batch: int = 256) -> None:
+        """Read the live consumers now, yielding to the event loop every ``batch`` instances; the next
+        collect() (e.g. generate_latest in a worker thread) returns what was read. With 10,000 instances
+        a scrape would otherwise hold the event loop for a few hundred milliseconds."""
+        steps = self._read()
+        n = 0
+        for _ in steps:
+            n += 1
+            if n % batch == 0:
+                await asyncio.sleep(0)
+        self._prepared = self._families
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            for _ in self._read():
+                pass
+            prepared = self._families
+        yield from prepared
+
+    def _read(self) -> Iterator[None]:
+        """Build ``self._families`` from the live state, yielding after each instance."""
         fetch = CounterMetricFamily("kcg_fetch_requests", "Fetch requests by kind", labels=["tenant", "kind"])
         session_err = CounterMetricFamily("kcg_fetch_session_errors", "Fetch session errors", labels=["tenant"])
         wakeups = CounterMetricFamily("kcg_long_poll_wakeups", "Long polls woken by arriving data", labels=["tenant"])
@@ -88,13 +112,14 @@ class GatewayCollector(Collector):
         instances = GaugeMetricFamily("kcg_consumer_instances", "Consumer instances", labels=["tenant"])
         lag = GaugeMetricFamily("kcg_consumer_lag", "Records behind the end (LSO under read_committed)",
                                 labels=["tenant", "group", "topic", "partition"])
-        for tid, rt in self.gateway.tenants.items():
+        for tid, rt in list(self.gateway.tenants.items()):
             instances.add_metric([tid], len(rt.instances))
             full = inc = errs = wk = reb = ab = 0
             hb_max = 0.0
             pre = 0
             lags: dict[tuple[str, str, int], int] = {}
-            for inst in rt.instances.values():
+            for inst in list(rt.instances.values()):
+                yield
                 c = inst.consumer
                 fs = c.fetcher.stats
                 full += fs.full_fetches
@@ -119,7 +144,7 @@ class GatewayCollector(Collector):
             prefetch.add_metric([tid], pre)
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
-        yield from (instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag)
+        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag]
 
 
 @contextlib.contextmanager

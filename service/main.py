@@ -47,7 +47,8 @@ async def serve(settings: Settings) -> None:
         # it is cancelled then), and then Gateway.close() gets the same deadline for the instances.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False,
-                                timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
+                                timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
+                                timeout_keep_alive=settings.http_keep_alive_s)
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
+    http_keep_alive_s: int = Field(
+        65, gt=0, description="An idle HTTP keep-alive connection is closed after this (uvicorn's default is "
+        "5 s; longer than the usual 60 s of load balancers, so the server never closes first under them)")
     shutdown_timeout_s: float = Field(
         10.0, gt=0, description="On shutdown, in-flight HTTP requests get this long to finish (streams are cut "
         "then); then instances close (final commit, LeaveGroup) within the same deadline, after which the "

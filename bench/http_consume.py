@@ -327,7 +327,7 @@ def report_throughput(title: str, base: Scenario, rows: list[Scenario]) -> None:
     print(f"\n{title}")
     print(f"{'consumer':36} {'first rec':>9} {'steady rec/s':>13} {'overall rec/s':>13} {'ratio':>11}"
           f" {'poll p50':>8} {'poll p99':>8} {'rec/poll':>8} {'gw CPU':>7} {'gw us/rec':>9} {'broker CPU':>10}"
-          f" {'client CPU':>10} {'cl us/rec':>9} {'others':>7} {'gw RSS before/after/peak MB':>27}")
+          f" {'client CPU':>10} {'cl us/rec':>9} {'cl max':>7} {'others':>7} {'gw RSS before/after/peak MB':>27}")
     for sc in [base, *rows]:
         steady = sc.med(lambda r: r.steady_rate)
         overall = sc.med(lambda r: r.overall_rate)
@@ -351,13 +351,14 @@ def report_throughput(title: str, base: Scenario, rows: list[Scenario]) -> None:
                      f" {sc.med(lambda r: r.broker_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_cpu_s / r.records) * 1e6:>9.2f}"
+                     f" {statistics.median(r.records / r.client_cpu_s / b.steady_rate for r, b in zip(sc.runs, base.runs, strict=True)):>6.2f}x"
                      f" {sc.med(lambda r: r.others_cpu_s / r.wall_s) * 100:>6.0f}%"
                      f" {sc.med(lambda r: r.rss_before) / MB:>9.0f}/{sc.med(lambda r: r.rss_after) / MB:.0f}"
                      f"/{max(r.rss_peak for r in sc.runs) / MB:.0f}")
         else:
             line += (f" {'-':>7} {'-':>9} {sc.med(lambda r: r.broker_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_cpu_s) / busy * 100:>9.0f}%"
-                     f" {sc.med(lambda r: r.client_cpu_s / r.records) * 1e6:>9.2f}"
+                     f" {sc.med(lambda r: r.client_cpu_s / r.records) * 1e6:>9.2f} {'-':>7}"
                      f" {sc.med(lambda r: r.others_cpu_s / r.wall_s) * 100:>6.0f}%")
         bad = sum(r.anomalies for r in sc.runs)
         if bad:
@@ -403,7 +404,9 @@ def throughput_scenarios(broker: EmbeddedBroker, gw: GatewayProc, a: argparse.Na
           " request sent -> body received, the first poll of each instance excluded; CPU = CPU time / the run's"
           " transfer window (the request that got the first records -> the last records), 100% = one core; gw us/rec ="
           " gateway CPU microseconds per record delivered; cl us/rec = the same for the client process (for the"
-          " direct consumer: this process); others = CPU of all other processes of the machine"
+          " direct consumer: this process); cl max = the ratio the HTTP client alone would allow (records per second"
+          " of its own CPU / the direct consumer's steady rate): no gateway can make that row faster; others = CPU"
+          " of all other processes of the machine"
           " (e.g. other test runs) over the run's wall time)")
 
 

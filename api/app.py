@@ -20,6 +20,7 @@ from api.responses import OrjsonResponse
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
+from service.gcpolicy import GcPolicy
 from service.metrics import GatewayCollector, GatewayMetrics
 from service.settings import Settings
 from service.tenants import TenantError, TenantRegistry
@@ -121,10 +122,17 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.start()
         lag_task = asyncio.create_task(metrics.watch_event_loop())
+        gc_task = None
+        if settings.gc_freeze_interval_s > 0:
+            policy = GcPolicy(lambda: gateway.instance_count, lambda: gateway.closed_total,
+                              freeze_interval=settings.gc_freeze_interval_s)
+            gc_task = asyncio.create_task(policy.run(), name="gc-policy")
         try:
             yield
         finally:
             lag_task.cancel()
+            if gc_task is not None:
+                gc_task.cancel()
             await gateway.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,

@@ -118,6 +118,7 @@ class Tally:
     first: float = 0.0  # perf_counter of the first non-empty response
     first_sent: float = 0.0  # perf_counter when the request that got it was sent
     first_batch: int = 0  # records in that response
+    first_cpu: float = 0.0  # this process's CPU time then
     last: float = 0.0
     polls: list[float] = field(default_factory=list)  # seconds per GET (request sent -> body received)
     parse: list[float] = field(default_factory=list)  # seconds to parse + check one body
@@ -131,6 +132,7 @@ class Tally:
             return
         if self.got == 0:
             self.first, self.first_batch, self.first_sent = received, n, sent
+            self.first_cpu = cpu_self()
         self.got += n
         self.last = received
         self.batch_sizes.append(n)
@@ -248,6 +250,7 @@ async def throughput(a: argparse.Namespace) -> dict[str, Any]:
         "total_s": tally.last - t0, "window_s": tally.last - tally.first_sent, "polls": tally.polls, "parse": tally.parse,
         "batch_mean": sum(tally.batch_sizes) / max(1, len(tally.batch_sizes)), "anomalies": tally.anomalies,
         "partitions_seen": len(tally.next_offset), "client_cpu_s": cpu1 - cpu0,
+        "client_steady_cpu_s": cpu1 - tally.first_cpu, "steady_records": tally.got - tally.first_batch,
     }
 
 

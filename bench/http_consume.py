@@ -221,6 +221,7 @@ class Run:
     gw_cpu_s: float = 0.0
     broker_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    client_steady_us: float = 0.0  # HTTP client CPU per record after the first response (no start-up costs)
     rss_before: int = 0
     rss_after: int = 0
     rss_peak: int = 0
@@ -318,7 +319,8 @@ def http_run(gw: GatewayProc, broker_pid: int, topic: str, fmt: str, instances: 
         raise RuntimeError(f"only {res['records']} of {n} records arrived over HTTP")
     run = m.fill(Run(res["records"], res["first_record_s"], res["steady_rate"], res["total_s"], res["window_s"],
                      res["polls"],
-                     client_cpu_s=res["client_cpu_s"], anomalies=res["anomalies"], batch_mean=res["batch_mean"]))
+                     client_cpu_s=res["client_cpu_s"], anomalies=res["anomalies"], batch_mean=res["batch_mean"],
+                     client_steady_us=res["client_steady_cpu_s"] / max(1, res["steady_records"]) * 1e6))
     return run
 
 
@@ -350,8 +352,8 @@ def report_throughput(title: str, base: Scenario, rows: list[Scenario]) -> None:
             line += (f" {gw_cpu / busy * 100:>6.0f}% {gw_cpu / sc.runs[0].records * 1e6:>9.2f}"
                      f" {sc.med(lambda r: r.broker_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_cpu_s) / busy * 100:>9.0f}%"
-                     f" {sc.med(lambda r: r.client_cpu_s / r.records) * 1e6:>9.2f}"
-                     f" {statistics.median(r.records / r.client_cpu_s / b.steady_rate for r, b in zip(sc.runs, base.runs, strict=True)):>6.2f}x"
+                     f" {sc.med(lambda r: r.client_steady_us):>9.2f}"
+                     f" {statistics.median(1e6 / r.client_steady_us / b.steady_rate for r, b in zip(sc.runs, base.runs, strict=True)):>6.2f}x"
                      f" {sc.med(lambda r: r.others_cpu_s / r.wall_s) * 100:>6.0f}%"
                      f" {sc.med(lambda r: r.rss_before) / MB:>9.0f}/{sc.med(lambda r: r.rss_after) / MB:.0f}"
                      f"/{max(r.rss_peak for r in sc.runs) / MB:.0f}")
@@ -403,8 +405,8 @@ def throughput_scenarios(broker: EmbeddedBroker, gw: GatewayProc, a: argparse.Na
           " rounds; poll = one GET records,"
           " request sent -> body received, the first poll of each instance excluded; CPU = CPU time / the run's"
           " transfer window (the request that got the first records -> the last records), 100% = one core; gw us/rec ="
-          " gateway CPU microseconds per record delivered; cl us/rec = the same for the client process (for the"
-          " direct consumer: this process); cl max = the ratio the HTTP client alone would allow (records per second"
+          " gateway CPU microseconds per record delivered; cl us/rec = the client process's CPU per record after its"
+          " first response (for the direct consumer: this process, whole run); cl max = the ratio the HTTP client alone would allow (records per second"
           " of its own CPU / the direct consumer's steady rate): no gateway can make that row faster; others = CPU"
           " of all other processes of the machine"
           " (e.g. other test runs) over the run's wall time)")

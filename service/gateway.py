@@ -154,6 +154,7 @@ class Gateway:
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self.created_total = 0
+        self.closed_total = 0
         self.expired_total = 0
 
     # -- tenants -------------------------------------------------------------------------------------
@@ -303,6 +304,7 @@ class Gateway:
         if inst.closed:
             return True
         inst.closed = True
+        self.closed_total += 1
         try:
             await inst.consumer.close()
         except Exception:  # closing must never fail the caller

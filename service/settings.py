@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     http_keep_alive_s: int = Field(
         65, gt=0, description="An idle HTTP keep-alive connection is closed after this (uvicorn's default is "
         "5 s; longer than the usual 60 s of load balancers, so the server never closes first under them)")
+    gc_freeze_interval_s: float = Field(
+        30.0, ge=0, description="Every this many seconds, freeze the objects that survived (gc.freeze) so the "
+        "collector never re-walks thousands of long-lived instances; 0 = Python's default collector")
     shutdown_timeout_s: float = Field(
         10.0, gt=0, description="On shutdown, in-flight HTTP requests get this long to finish (streams are cut "
         "then); then instances close (final commit, LeaveGroup) within the same deadline, after which the "

@@ -4,12 +4,14 @@ Both formats render one partition chunk at a time into a single ``bytes`` whose 
 caller-chosen separator, so a JSON array, an ndjson stream and an SSE stream are all a join away:
 
 - binary: ``{"topic","partition","offset","timestamp","key","value","headers"}`` with base64 key, value and
-  header values. Written by the C accelerator (``service.protocol._crecords.render_binary``) when it is
-  available, else by the pure-Python fallback below; tests run both against the same records.
-- json: key and value are embedded JSON. A value that is valid JSON is spliced in as it arrived (validated
-  with orjson, not re-serialised); one containing a line break is compacted so ndjson/SSE stay one record
-  per line; one that is not JSON is still delivered (never lose a record): ``null`` plus ``<field>_error``
-  and ``<field>_base64``.
+  header values.
+- json: key and value are embedded JSON. A value that is valid JSON (RFC 8259) is spliced in as it arrived,
+  never re-serialised (the C path drops the whitespace outside strings; the Python path only compacts a
+  value containing a line break), so ndjson/SSE stay one record per line; one that is not JSON is still
+  delivered (never lose a record): ``null`` plus ``<field>_error`` and ``<field>_base64``.
+
+Both are written by the C accelerator (``service.protocol._crecords.render``) when it is available, else
+by the pure-Python fallbacks below; tests run both against the same records.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def render_binary_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple
 
 
 _crecords = getattr(_records, "_crecords", None)
+if _crecords is not None and not hasattr(_crecords, "render"):  # a module built from an older source
+    _crecords = None
 Renderer = Callable[[list[Record], bytes, bytes], tuple[bytes, int]]
 
 

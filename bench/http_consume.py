@@ -20,10 +20,11 @@ every record counted and checked). Scenarios:
    read the same records at the same time (fetch.wait.max.ms 500 and 10) as a baseline for the broker.
 3. Idle capacity: 10,000 idle subscribed instances (100 groups of 100 members, one topic with 100
    partitions and one record per partition shared by the groups, so every member owns a partition) in a
-   fresh gateway process: session timeout 30 s, heartbeat 10 s (Kafka's 1/3 rule; at 3 s, 10,000 members
-   would send 3,300 heartbeats/s, more than Tansu can answer on this machine), max poll interval 1 h (idle
+   fresh gateway process: session timeout 45 s (Kafka's default), heartbeat 15 s (Kafka's 1/3 rule; at
+   3 s, 10,000 members would send 3,300 heartbeats/s, far more than Tansu answers on this machine, and at
+   10 s a co-located Tansu saturated in one of three runs, expiring sessions), max poll interval 1 h (idle
    = not polled; the default 5 minutes would make the first groups leave before the build is over).
-   Groups are built 25 at a time: each member subscribes and long-polls until it owns a partition (Tansu
+   Groups are built 20 at a time: each member subscribes and long-polls until it owns a partition (Tansu
    holds a JoinGroup for about half the session timeout, so a group takes one to two of those). Then:
    RSS delta per instance after the fetchers paused and pooled broker connections were reaped, idle CPU
    (heartbeats), event-loop health (/healthz round trips; kcg_event_loop_lag_seconds from /metrics), and
@@ -604,9 +605,9 @@ def main() -> None:
                     help="comma-separated counts, each in a fresh gateway process; more than one also prints the"
                     " RSS slope between the first and the last")
     ap.add_argument("--idle-per-group", type=int, default=100, help="members per group (= partitions of the topic)")
-    ap.add_argument("--idle-groups-in-flight", type=int, default=25)
-    ap.add_argument("--idle-session-ms", type=int, default=30000)
-    ap.add_argument("--idle-heartbeat-ms", type=int, default=10000)
+    ap.add_argument("--idle-groups-in-flight", type=int, default=20)
+    ap.add_argument("--idle-session-ms", type=int, default=45000)
+    ap.add_argument("--idle-heartbeat-ms", type=int, default=15000)
     ap.add_argument("--idle-settle", type=float, default=50.0,
                     help="seconds after joining before the idle measurement (fetchers pause after 30 s without a"
                     " poll; pooled broker connections close after 30-45 s unused)")

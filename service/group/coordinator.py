@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -291,7 +292,9 @@ class GroupCoordinator:
         self.heartbeats += 1
         step = m.on_heartbeat_response(resp)
         if step.action is Action.OK:
-            await self._pause(self.heartbeat_interval)
+            # up to 20% early, at random: members that joined together (a whole group, a gateway's
+            # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds
+            await self._pause(self.heartbeat_interval * (1.0 - 0.2 * random.random()))
         elif step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")
         elif step.action is Action.RETRY:

@@ -76,18 +76,14 @@ def _headers_binary(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
     return b"[" + b",".join(b'{"key":%s,"value":%s}' % (orjson.dumps(k), _b64json(v)) for k, v in headers) + b"]"
 
 
+def _payload(recs: list[Record]) -> int:
+    return sum((len(r.key) if r.key is not None else 0) + (len(r.value) if r.value is not None else 0) for r in recs)
+
+
 def render_binary_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
-    out = []
-    payload = 0
-    for r in recs:
-        k, v = r.key, r.value
-        if k is not None:
-            payload += len(k)
-        if v is not None:
-            payload += len(v)
-        out.append(b'%s%d,"timestamp":%d,"key":%s,"value":%s,"headers":%s}' % (
-            head, r.offset, r.timestamp, _b64json(k), _b64json(v), _headers_binary(r.headers)))
-    return sep.join(out), payload
+    out = [b'%s%d,"timestamp":%d,"key":%s,"value":%s,"headers":%s}' % (
+        head, r.offset, r.timestamp, _b64json(r.key), _b64json(r.value), _headers_binary(r.headers)) for r in recs]
+    return sep.join(out), _payload(recs)
 
 
 _crecords = getattr(_records, "_crecords", None)
@@ -152,18 +148,10 @@ def _embedded(v: bytes | None, field: bytes) -> bytes:
 
 
 def render_json_chunk_py(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
-    out = []
-    payload = 0
-    for r in recs:
-        k, v = r.key, r.value
-        if k is not None:
-            payload += len(k)
-        if v is not None:
-            payload += len(v)
-        out.append(b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
-            head, r.offset, r.timestamp, _embedded(k, b"key"), _embedded(v, b"value"),
-            _headers_binary(r.headers)))  # header values are base64 in both formats
-    return sep.join(out), payload
+    out = [b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
+        head, r.offset, r.timestamp, _embedded(r.key, b"key"), _embedded(r.value, b"value"),
+        _headers_binary(r.headers)) for r in recs]  # header values are base64 in both formats
+    return sep.join(out), _payload(recs)
 
 
 def render_json(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:

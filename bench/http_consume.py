@@ -63,8 +63,9 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from bench.consume import produce as produce_binary
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded import EmbeddedBroker
 from service.settings import EMBEDDED_LONG_POLL_FETCH_WAIT_MS
+from tests.integration.gateway_proc import GatewayProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLIENT = os.path.join(ROOT, "bench", "_http_client.py")
@@ -119,48 +120,21 @@ MB = 1024 * 1024
 
 
 # -- processes -----------------------------------------------------------------------------------------------
-class GatewayProc:
+class GatewayProc(GatewayProcess):
     """The real gateway process (``python -m service.main``) against an external broker: the bench's
     Tansu, configured as the gateway configures its embedded Tansu (short broker-side fetch wait while a
-    client long-polls; see GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS in the README)."""
+    client long-polls; see GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS in the README), with the
+    gateway's default timeouts (not the tests' fast ones)."""
 
     def __init__(self, bootstrap: str, env: dict[str, str], log_file: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(self.port),
-                    "GATEWAY_LOG_LEVEL": "warning",
-                    "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": str(EMBEDDED_LONG_POLL_FETCH_WAIT_MS), **env}
-        self.log_file = log_file
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(bootstrap, env, log_file, cwd=ROOT, base_env={
+            "GATEWAY_LOG_LEVEL": "warning",
+            "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": str(EMBEDDED_LONG_POLL_FETCH_WAIT_MS)})
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
-
-    def start(self) -> None:
-        with open(self.log_file, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env, cwd=ROOT,
-                                         stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not start (exit {self.proc.poll()}); see {self.log_file}")
-            time.sleep(0.05)  # an external process binding its port: nothing to await
-
-    def stop(self, grace: float = 20.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
     def metric(self, name: str) -> float | None:
         """Sum of a metric's samples from /metrics (None when absent)."""

@@ -20,18 +20,20 @@ FAST_ENV = {
 
 
 class GatewayProcess:
-    def __init__(self, bootstrap: str, env: dict[str, str] | None = None, log_file: Path | None = None) -> None:
+    def __init__(self, bootstrap: str, env: dict[str, str] | None = None, log_file: Path | None = None,
+                 base_env: dict[str, str] = FAST_ENV, cwd: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **FAST_ENV, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(self.port),
+        self.env = {**os.environ, **base_env, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(self.port),
                     **(env or {})}
         self.log_file = log_file
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env, stdout=out,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, cwd=self.cwd)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -43,11 +45,11 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway did not start (exit {self.proc.poll()}); see {self.log_file}")
             time.sleep(0.05)  # waiting for an external process to bind its port
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -16,7 +16,9 @@ from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.errors import error_response, install_error_handlers
 from api.openapi import install_openapi
+from api.produce import router as produce_router
 from api.responses import OrjsonResponse
+from api.topics import router as topics_router
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
@@ -46,6 +48,14 @@ class ObserveMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
+        if len(path) > 1 and path.endswith("/"):
+            # A trailing slash matches the route directly (Confluent does; a 307 redirect breaks clients
+            # that do not follow it on POST/DELETE, and loses X-Forwarded-Prefix).
+            scope = dict(scope, path=path.rstrip("/") or "/")
+            raw = scope.get("raw_path")
+            if raw:
+                scope["raw_path"] = raw.rstrip(b"/") or b"/"
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length")
         rejected: Response | None = None
@@ -107,8 +117,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         max_instances=settings.max_instances,
         shutdown_timeout=settings.shutdown_timeout_s,
         consumer_defaults={
-            "session_timeout_ms": settings.consumer_session_timeout_ms,
-            "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
+            "session_timeout_ms": settings.session_timeout_ms(),
+            "heartbeat_interval_ms": settings.heartbeat_interval_ms(),
             "max_poll_interval_ms": settings.consumer_max_poll_interval_ms,
             "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
             "fetch_active_max_wait_ms": settings.long_poll_fetch_wait_ms(),
@@ -140,6 +150,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                   description="HTTP gateway to consume Kafka as members of consumer groups; compatible with "
                               "the Confluent REST Proxy v2 consumer API, with long-poll, streaming, timestamps "
                               "and headers as extensions.")
+    app.router.redirect_slashes = False  # trailing slashes are stripped by ObserveMiddleware instead
     app.state.settings = settings
     app.state.tenants = tenants
     app.state.gateway = gateway
@@ -187,5 +198,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(consumers_router)
+    app.include_router(topics_router)
+    app.include_router(produce_router)
     install_openapi(app)
     return app

@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant
+from api.consumer_config import ConfigError, parse_properties
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
 from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
@@ -93,17 +94,30 @@ def _bool(v: Any) -> bool:
     raise ValueError("must be true or false")
 
 
+def _lower(v: Any) -> Any:
+    return v.lower() if isinstance(v, str) else v
+
+
 class CreateConsumer(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """Confluent's create body; any other Kafka consumer property is sorted by :mod:`api.consumer_config`
+    (honoured, ignored, or refused with 42204)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    format: Literal["binary", "json"] = "binary"
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$",
+                           description="legacy name of the instance (overrides name, as in Confluent)")
+    format: Annotated[Literal["binary", "json"], BeforeValidator(_lower)] = "binary"
     auto_offset_reset: Literal["earliest", "latest", "none", "smallest", "largest"] | None = Field(
         None, alias="auto.offset.reset")
     auto_commit_enable: ConfigBool = Field(None, alias="auto.commit.enable")
     enable_auto_commit: ConfigBool = Field(None, alias="enable.auto.commit")
     fetch_min_bytes: ConfigInt = Field(None, alias="fetch.min.bytes")
     consumer_request_timeout_ms: ConfigInt = Field(None, alias="consumer.request.timeout.ms")
+    consumer_request_max_bytes: ConfigInt = Field(
+        None, alias="consumer.request.max.bytes", description="default max_bytes of a records request")
+    max_poll_records: ConfigInt = Field(
+        None, alias="max.poll.records", description="default max_records of a records request (1-100000)")
     isolation_level: Literal["read_uncommitted", "read_committed"] | None = Field(None, alias="isolation.level")
     group_instance_id: str | None = Field(None, alias="group.instance.id")
     session_timeout_ms: ConfigInt = Field(None, alias="session.timeout.ms")
@@ -113,7 +127,8 @@ class CreateConsumer(BaseModel):
     def _b(cls, v: Any) -> Any:
         return None if v is None else _bool(v)
 
-    @field_validator("fetch_min_bytes", "consumer_request_timeout_ms", "session_timeout_ms")
+    @field_validator("fetch_min_bytes", "consumer_request_timeout_ms", "session_timeout_ms",
+                     "consumer_request_max_bytes", "max_poll_records")
     @classmethod
     def _i(cls, v: Any) -> Any:
         if v is None:
@@ -279,6 +294,14 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
     body = body or CreateConsumer()
     if not tenant.allows_group(group):
         raise TenantError(403, 40301, f"tenant {tenant.id!r} may not use consumer group {group!r}")
+    try:
+        props = parse_properties(body.model_extra or {})
+    except ConfigError as exc:
+        raise GatewayError(str(exc), status=422, error_code=exc.code) from None
+    if body.max_poll_records is not None and not 1 <= body.max_poll_records <= 100_000:
+        raise GatewayError("max.poll.records: must be between 1 and 100000", status=422, error_code=42206)
+    if body.consumer_request_max_bytes is not None and body.consumer_request_max_bytes < 1:
+        raise GatewayError("consumer.request.max.bytes: must be at least 1", status=422, error_code=42206)
     auto = body.enable_auto_commit if body.enable_auto_commit is not None else body.auto_commit_enable
     reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
                                                              body.auto_offset_reset or "latest")
@@ -289,10 +312,14 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
         isolation_level=body.isolation_level or "read_uncommitted",
         group_instance_id=body.group_instance_id,
         session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
+        max_poll_records=body.max_poll_records,
+        max_bytes=body.consumer_request_max_bytes,
+        overrides=props.overrides,
     )
+    name = body.id if body.id is not None else body.name  # the legacy 'id' overrides 'name', as in Confluent
     gw = gateway(request)
-    bind(tenant.id, group, gw.make_instance_id(body.name) if body.name else None)
-    inst = await gw.create_instance(runtime(request, tenant), group, opts, body.name,
+    bind(tenant.id, group, name)
+    inst = await gw.create_instance(runtime(request, tenant), group, opts, name,
                                     tenant_max_instances=tenant.quotas.max_instances)
     bind(instance=inst.instance_id)
     log.info("created consumer instance (format %s, auto commit %s)", opts.format, opts.auto_commit)
@@ -314,18 +341,23 @@ async def delete_consumer(request: Request, group: str, instance_id: str,
 async def subscribe(request: Request, group: str, instance_id: str, body: Subscription,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
-    if (body.topics is None) == (body.topic_pattern is None) or body.topics == []:
-        raise GatewayError("give either a non-empty 'topics' list or a 'topic_pattern'", status=422, error_code=42206)
+    # As Confluent's v2 consumer (KafkaConsumerState.subscribe): a topics list wins over a pattern, and
+    # an empty list unsubscribes (Java's subscribe(empty) = unsubscribe()).
+    if body.topics is None and body.topic_pattern is None:
+        raise GatewayError("give a 'topics' list or a 'topic_pattern'", status=422, error_code=42206)
     if body.topics is not None:
+        if not body.topics:
+            await inst.consumer.unsubscribe()
+            return Response(status_code=204)
         for t in body.topics:
             check_topic(tenant, t)
-        if inst.consumer.subs.type is SubscriptionType.ASSIGNED:
-            raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
+        subs = inst.consumer.subs
+        if subs.type is SubscriptionType.ASSIGNED or subs.type is SubscriptionType.PATTERN:
+            raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually "
+                                    "exclusive; unsubscribe first")
         await inst.consumer.subscribe(topics=body.topics)
     else:
         pattern = body.topic_pattern or ""
-        import re
-
         try:
             re.compile(pattern)
         except re.error as exc:
@@ -444,15 +476,16 @@ async def commit(request: Request, group: str, instance_id: str, body: CommitOff
 
 
 @router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,
-            summary="Last committed offsets of the given partitions (request body on GET, as Confluent)")
+            summary="Last committed offsets of the given partitions (request body on GET, as Confluent); "
+            "partitions never committed are left out")
 async def committed(request: Request, group: str, instance_id: str, body: Partitions,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
     got = await inst.consumer.committed(tps(body.partitions))
+    # Partitions without a committed offset are left out, as Confluent's v2 consumer does.
     return v2({"offsets": [
-        {"topic": tp.topic, "partition": tp.partition, "offset": om.offset if om else -1,
-         "metadata": (om.metadata or "") if om else ""}
-        for tp, om in got.items()]})
+        {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata or ""}
+        for tp, om in got.items() if om is not None and om.offset >= 0]})
 
 
 def _accept(request: Request, inst: ConsumerInstance) -> str:
@@ -488,7 +521,8 @@ async def records(request: Request, group: str, instance_id: str,
     gw = gateway(request)
     cap = gw.max_poll_timeout
     wait = min(cap, (timeout if timeout is not None else inst.options.request_timeout_ms) / 1000)
-    limit = max_records or 500
+    limit = max_records or inst.options.max_poll_records or 500
+    max_bytes = max_bytes or inst.options.max_bytes
     render = render_binary if inst.options.format == "binary" else render_json
     metrics = request.app.state.metrics
     if media in (NDJSON, SSE):

@@ -125,9 +125,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(SubscriptionError)
     async def _subscription(request: Request, exc: SubscriptionError) -> OrjsonResponse:
-        msg = str(exc)
-        code = 40901 if "mutually exclusive" in msg else 40903
-        return error_response(409, code, msg)
+        # Java's IllegalStateException, which Confluent's v2 consumer answers with 40903
+        return error_response(409, 40903, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> OrjsonResponse:

@@ -75,7 +75,7 @@ async def create(http: httpx.AsyncClient, group: str, fmt: str, name: str | None
     retries = retries if name is not None else 0  # a named instance that exists already: 409 below
     r = await request(http, "POST", f"/consumers/{group}", retries, json=body, headers=H)
     if r.status_code == 409 and retries and name is not None:  # created by an attempt whose answer was lost
-        return f"/consumers/{group}/instances/r0~{name}"
+        return f"/consumers/{group}/instances/{name}"
     if r.status_code != 200:
         raise RuntimeError(f"create instance: {r.status_code} {r.text}")
     instance_id = orjson.loads(r.content)["instance_id"]

@@ -1,9 +1,10 @@
 """The registry of consumer instances: tenants → groups → instances, lifecycle, idle expiry, budgets.
 
-Every instance id names the replica that owns it (``<replica>~<name>``), so a multi-replica deployment
-can route any request to its owner without a sticky load balancer. An instance that was not used for
-``idle_timeout`` is closed (leaving its group) and remembered for a while, so a late request gets a
-distinct "expired" error instead of a plain "not found".
+An instance's id is the name its client chose (as in the Confluent REST Proxy, whose clients build URLs
+from that name); without a name the gateway generates one that names this replica
+(``rest-consumer-<replica>-<uuid>``), but nothing relies on an id's text to find its owner. An instance
+that was not used for ``idle_timeout`` is closed (leaving its group) and remembered for a while, so a late
+request gets a distinct "expired" error instead of a plain "not found".
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import secrets
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,6 @@ from service.consumer.consumer import Consumer, ConsumerConfig
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
-REPLICA_SEP = "~"
 # After the shutdown deadline: how long cancelled instance closes and the hard close of the broker
 # connections may take before Gateway.close() returns anyway.
 HARD_CLOSE_GRACE_S = 1.0
@@ -78,6 +78,10 @@ class InstanceOptions:
     isolation_level: str = "read_uncommitted"
     group_instance_id: str | None = None
     session_timeout_ms: int | None = None
+    max_poll_records: int | None = None  # default max_records of a records request
+    max_bytes: int | None = None  # default max_bytes of a records request
+    # Kafka consumer properties the client set, as ConsumerConfig fields (heartbeat, fetch sizes, ...)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,6 +123,9 @@ class TenantRuntime:
     tenant_id: str
     client: KafkaClient
     instances: dict[tuple[str, str], ConsumerInstance] = field(default_factory=dict)  # (group, id)
+    # The tenant's producer (created on the first produce request; see service/producer); closed with the
+    # gateway before the client.
+    producer: Any = None
 
 
 class Gateway:
@@ -216,6 +223,12 @@ class Gateway:
             _, pending = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
         for t in pending:
             t.cancel()
+        producers = [rt.producer for rt in self.tenants.values() if rt.producer is not None]
+        if producers:
+            _, stuck = await asyncio.wait([asyncio.create_task(p.close()) for p in producers],
+                                          timeout=max(0.1, deadline - time.monotonic()))
+            for t in stuck:
+                t.cancel()
         # Hard close: fails every request still waiting for an answer, so that cancelled closes stuck in
         # broker I/O end now. Bounded too: a connection's close waits at most 1 s for its socket.
         hard = {asyncio.create_task(rt.client.close(), name=f"close-client-{rt.tenant_id}")
@@ -237,22 +250,18 @@ class Gateway:
                         unclean, len(instances), self.shutdown_timeout, len(pending), failed)
         return unclean
 
-    def make_instance_id(self, name: str) -> str:
-        return f"{self.replica_id}{REPLICA_SEP}{name}"
-
-    @staticmethod
-    def replica_of(instance_id: str) -> str | None:
-        head, sep, _ = instance_id.partition(REPLICA_SEP)
-        return head if sep else None
+    def generate_name(self) -> str:
+        """An id for an instance created without a name (Confluent: ``rest-consumer-<server id>-<uuid>``)."""
+        return f"rest-consumer-{self.replica_id}-{uuid.uuid4()}"
 
     async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
                               name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
         if name is None:
-            name = f"consumer-{secrets.token_hex(8)}"
+            name = self.generate_name()
         elif not NAME_RE.fullmatch(name):
             raise GatewayError("name must be 1-200 characters of letters, digits, '.', '_' or '-'",
                                status=422, error_code=42206)
-        instance_id = self.make_instance_id(name)
+        instance_id = name
         key = (group, instance_id)
         if key in rt.instances:
             raise InstanceExists(f"consumer instance {name!r} already exists in group {group!r}")
@@ -264,9 +273,16 @@ class Gateway:
         defaults = dict(self.consumer_defaults)
         if options.session_timeout_ms is not None:
             defaults["session_timeout_ms"] = options.session_timeout_ms
+        defaults.update(options.overrides)
+        if defaults.get("heartbeat_interval_ms", 0) >= defaults.get("session_timeout_ms", 45000):
+            # A shorter session than the gateway's heartbeat default: beat at a third of it, as Kafka advises
+            if "heartbeat_interval_ms" in options.overrides:
+                raise GatewayError("heartbeat.interval.ms must be lower than session.timeout.ms",
+                                   status=422, error_code=42206)
+            defaults["heartbeat_interval_ms"] = max(1, defaults["session_timeout_ms"] // 3)
         cfg = ConsumerConfig(
             group_id=group,
-            client_id=f"kcg-{rt.tenant_id}-{name}"[:200],
+            client_id=defaults.pop("client_id", None) or f"kcg-{rt.tenant_id}-{name}"[:200],
             group_instance_id=options.group_instance_id,
             auto_offset_reset=options.auto_offset_reset,
             enable_auto_commit=options.auto_commit,

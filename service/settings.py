@@ -13,6 +13,14 @@ from service.client.connection import ConnectionConfig, SaslConfig
 # Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
 # client waits for records.
 EMBEDDED_LONG_POLL_FETCH_WAIT_MS = 10
+# Tansu holds a JoinGroup for about half the group session timeout before it answers, so with Kafka's
+# 45 s default a new user would wait ~23 s for a first record after subscribing. On the embedded broker
+# (a development broker on this machine) a 4 s session gets the first assignment in ~2 s; external
+# brokers keep Kafka's defaults.
+EMBEDDED_SESSION_TIMEOUT_MS = 4000
+EMBEDDED_HEARTBEAT_INTERVAL_MS = 1000
+KAFKA_SESSION_TIMEOUT_MS = 45000
+KAFKA_HEARTBEAT_INTERVAL_MS = 3000
 
 
 class Settings(BaseSettings):
@@ -58,8 +66,11 @@ class Settings(BaseSettings):
         10.0, gt=0, description="On shutdown, in-flight HTTP requests get this long to finish (streams are cut "
         "then); then instances close (final commit, LeaveGroup) within the same deadline, after which the "
         "remaining closes are cancelled and broker connections are closed hard")
-    consumer_session_timeout_ms: int = Field(45000, gt=0)
-    consumer_heartbeat_interval_ms: int = Field(3000, gt=0)
+    consumer_session_timeout_ms: int | None = Field(
+        None, gt=0, description="Group session timeout of instances. Default: Kafka's 45000, or 4000 on the "
+        "embedded broker (Tansu holds a JoinGroup for half of it)")
+    consumer_heartbeat_interval_ms: int | None = Field(
+        None, gt=0, description="Heartbeat interval. Default: Kafka's 3000, or 1000 on the embedded broker")
     consumer_max_poll_interval_ms: int = Field(300000, gt=0)
     consumer_fetch_max_wait_ms: int = Field(
         500, ge=0, description="Broker-side fetch wait (Kafka answers a parked fetch as soon as data arrives)")
@@ -68,6 +79,16 @@ class Settings(BaseSettings):
         "polling (within the last second). For brokers that answer a parked fetch only when its wait ends "
         "(Tansu): bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
         "consumer_fetch_max_wait_ms (off)")
+
+    def session_timeout_ms(self) -> int:
+        if self.consumer_session_timeout_ms is not None:
+            return self.consumer_session_timeout_ms
+        return EMBEDDED_SESSION_TIMEOUT_MS if not self.kafka_bootstrap else KAFKA_SESSION_TIMEOUT_MS
+
+    def heartbeat_interval_ms(self) -> int:
+        if self.consumer_heartbeat_interval_ms is not None:
+            return self.consumer_heartbeat_interval_ms
+        return EMBEDDED_HEARTBEAT_INTERVAL_MS if not self.kafka_bootstrap else KAFKA_HEARTBEAT_INTERVAL_MS
 
     def long_poll_fetch_wait_ms(self) -> int | None:
         if self.consumer_long_poll_fetch_max_wait_ms is not None:

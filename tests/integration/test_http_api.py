@@ -75,7 +75,7 @@ async def test_confluent_binary_flow(tansu: EmbeddedBroker, kclient: KafkaClient
     group = f"g-{topic_name}"
     base = await create(http, group, name="c1", format="binary", **{"auto.offset.reset": "earliest",
                                                                   "auto.commit.enable": "false"})
-    assert base.endswith("/instances/r0~c1")
+    assert base.endswith("/instances/c1")
     r = await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
     assert r.status_code == 204, r.text
     r = await http.get(f"{base}/subscription")
@@ -301,7 +301,7 @@ async def test_error_paths(http: httpx.AsyncClient, kclient: KafkaClient, topic_
     r = await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
     assert r.status_code == 204
     await expect(await http.post(f"{base}/assignments", json={"partitions": [
-        {"topic": topic_name, "partition": 0}]}, headers=H), 409, 40901)
+        {"topic": topic_name, "partition": 0}]}, headers=H), 409, 40903)
     await expect(await http.get(f"{base}/records", headers={"Accept": "text/html"}), 406, 40601)
     await http.delete(base)
 
@@ -326,9 +326,9 @@ async def test_base_uri_follows_forwarded_headers(http: httpx.AsyncClient) -> No
     r = await http.post("/consumers/g-fwd", json={"name": "fwd1"},
                         headers={**H, "X-Forwarded-Proto": "https", "X-Forwarded-Host": "gw.example.com",
                                  "X-Forwarded-Prefix": "/kafka"})
-    assert r.json()["base_uri"] == "https://gw.example.com/kafka/consumers/g-fwd/instances/r0~fwd1"
+    assert r.json()["base_uri"] == "https://gw.example.com/kafka/consumers/g-fwd/instances/fwd1"
     r2 = await http.post("/consumers/g-fwd", json={"name": "fwd2"},
                          headers={**H, "Forwarded": 'for=1.2.3.4;proto=https;host="api.example.org"'})
-    assert r2.json()["base_uri"] == "https://api.example.org/consumers/g-fwd/instances/r0~fwd2"
+    assert r2.json()["base_uri"] == "https://api.example.org/consumers/g-fwd/instances/fwd2"
     for name in ("fwd1", "fwd2"):
-        assert (await http.delete(f"/consumers/g-fwd/instances/r0~{name}")).status_code == 204
+        assert (await http.delete(f"/consumers/g-fwd/instances/{name}")).status_code == 204

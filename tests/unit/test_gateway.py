@@ -29,13 +29,13 @@ async def test_ids_duplicates_limits_and_expiry() -> None:
     gw = Gateway(replica_id="east-1", idle_timeout=10.0, max_instances=3)
     rt = gw.tenant("t1", bootstrap="127.0.0.1:1")  # no connection is made until a consumer starts
     a = await gw.create_instance(rt, "g", InstanceOptions(), "alpha")
-    assert a.instance_id == "east-1~alpha" and Gateway.replica_of(a.instance_id) == "east-1"
+    assert a.instance_id == "alpha"  # the id is the chosen name, as in Confluent
     with pytest.raises(InstanceExists):
         await gw.create_instance(rt, "g", InstanceOptions(), "alpha")
     b = await gw.create_instance(rt, "other-group", InstanceOptions(), "alpha")  # same name, other group
-    assert b.instance_id == "east-1~alpha"
+    assert b.instance_id == "alpha"
     anon = await gw.create_instance(rt, "g", InstanceOptions())
-    assert anon.instance_id.startswith("east-1~consumer-")
+    assert anon.instance_id.startswith("rest-consumer-east-1-")  # generated ids name the replica
     with pytest.raises(TooManyInstances):
         await gw.create_instance(rt, "g", InstanceOptions(), "delta")
     with pytest.raises(GatewayError, match="name must be"):
@@ -46,7 +46,7 @@ async def test_ids_duplicates_limits_and_expiry() -> None:
         await gw.create_instance(rt2, "g", InstanceOptions(), "x", tenant_max_instances=0)
     # tenants do not see each other's instances
     with pytest.raises(InstanceNotFound):
-        gw.get_instance(rt2, "g", "east-1~alpha")
+        gw.get_instance(rt2, "g", "alpha")
     # expiry: idle past the timeout → closed, and a distinct error afterwards
     now = time.monotonic()
     a.last_used = now - 11
@@ -54,12 +54,12 @@ async def test_ids_duplicates_limits_and_expiry() -> None:
     b.last_used = now - 11
     assert await gw.reap(now) == 1
     with pytest.raises(InstanceExpired, match="expired after 10 s"):
-        gw.get_instance(rt, "g", "east-1~alpha")
-    assert gw.get_instance(rt, "other-group", "east-1~alpha") is b
+        gw.get_instance(rt, "g", "alpha")
+    assert gw.get_instance(rt, "other-group", "alpha") is b
     assert a.closed and gw.expired_total == 1
     # recreating the name clears the expired marker
     again = await gw.create_instance(rt, "g", InstanceOptions(), "alpha")
-    assert gw.get_instance(rt, "g", "east-1~alpha") is again
+    assert gw.get_instance(rt, "g", "alpha") is again
     await gw.close()
 
 
@@ -73,7 +73,6 @@ def test_budget_and_replica_id_validation() -> None:
     assert b.used == 0 and b.available()
     with pytest.raises(ValueError):
         Gateway(replica_id="bad~id")
-    assert Gateway.replica_of("no-separator") is None
     assert isinstance(KafkaClient("h:1"), KafkaClient)
 
 

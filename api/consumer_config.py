@@ -1,0 +1,184 @@
+"""Kafka consumer properties in a create-consumer body: which are honoured, ignored or refused.
+
+Clients written for other proxies (Confluent REST Proxy, Strimzi Kafka Bridge, Karapace) send Kafka
+consumer properties when they create an instance. The gateway
+
+- **honours** the ones it can apply per instance (:data:`HONOURED`: group timeouts, fetch sizes and waits,
+  auto-commit, isolation, the default size of a records request, ...);
+- **accepts and ignores** client-side-only properties of the Java client and of librdkafka
+  (:data:`IGNORED`: deserializers, socket buffers, metric reporters, librdkafka queue sizes, ...), logging
+  each key once per process;
+- **refuses** (422/42204) the properties that only the gateway's operator may set (:data:`OPERATOR_ONLY`:
+  brokers, security, group id) and any key that is not a Kafka consumer property at all, so that a typo
+  such as ``auto.ofset.reset`` still fails loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+INT32_MAX = 2**31 - 1
+_DIGITS = re.compile(r"[0-9]{1,10}")
+
+
+class ConfigError(ValueError):
+    """A refused key (``code`` 42204) or an invalid value (``code`` 42206)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def to_int(key: str, v: Any, lo: int = 0, hi: int = INT32_MAX) -> int:
+    if isinstance(v, str) and _DIGITS.fullmatch(v.strip()):
+        v = int(v.strip())
+    elif isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{key}: must be an integer (a JSON number or a string of digits)", 42206)
+    if not lo <= v <= hi:
+        raise ConfigError(f"{key}: must be between {lo} and {hi}", 42206)
+    return v
+
+
+def to_bool(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ConfigError(f"{key}: must be true or false", 42206)
+
+
+def _ms(lo: int = 0, hi: int = INT32_MAX) -> Callable[[str, Any], int]:
+    return lambda k, v: to_int(k, v, lo, hi)
+
+
+_ASSIGNORS = {
+    "range": "range", "org.apache.kafka.clients.consumer.rangeassignor": "range",
+    "roundrobin": "roundrobin", "org.apache.kafka.clients.consumer.roundrobinassignor": "roundrobin",
+    "cooperative-sticky": "cooperative-sticky",
+    "org.apache.kafka.clients.consumer.cooperativestickyassignor": "cooperative-sticky",
+}
+
+
+def _assignors(key: str, v: Any) -> tuple[str, ...]:
+    items = v if isinstance(v, list) else str(v).split(",")
+    out = []
+    for item in items:
+        name = str(item).strip()
+        if not name:
+            continue
+        got = _ASSIGNORS.get(name.lower())
+        if got is None:
+            raise ConfigError(f"{key}: {name!r} is not supported; use range, roundrobin or cooperative-sticky "
+                              "(or their Java class names)", 42206)
+        if got not in out:
+            out.append(got)
+    if not out:
+        raise ConfigError(f"{key}: give at least one assignor", 42206)
+    return tuple(out)
+
+
+def _client_id(key: str, v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
+        raise ConfigError(f"{key}: must be 1-200 letters, digits, '.', '_' or '-'", 42206)
+    return v
+
+
+def _rack(key: str, v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 200 or any(ord(c) < 32 for c in v):
+        raise ConfigError(f"{key}: must be a string of at most 200 printable characters", 42206)
+    return v
+
+
+#: Kafka property → (ConsumerConfig field, parser). Applied to the instance's consumer.
+HONOURED: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", _ms(1, 3_600_000)),
+    "max.poll.interval.ms": ("max_poll_interval_ms", _ms(1000)),
+    "auto.commit.interval.ms": ("auto_commit_interval_ms", _ms(1)),
+    "fetch.max.bytes": ("fetch_max_bytes", _ms(1)),
+    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", _ms(1)),
+    "fetch.max.wait.ms": ("fetch_max_wait_ms", _ms(0, 30_000)),
+    "fetch.wait.max.ms": ("fetch_max_wait_ms", _ms(0, 30_000)),  # librdkafka's name
+    "metadata.max.age.ms": ("metadata_max_age_ms", _ms(1000)),
+    "topic.metadata.refresh.interval.ms": ("metadata_max_age_ms", _ms(1000)),  # librdkafka's name
+    "retry.backoff.ms": ("retry_backoff_ms", _ms(1, 60_000)),
+    "partition.assignment.strategy": ("assignment_strategies", _assignors),
+    "client.id": ("client_id", _client_id),
+    "client.rack": ("client_rack", _rack),
+}
+
+#: Properties the create body has as first-class fields (see api/consumers.CreateConsumer).
+FIELDS = frozenset({
+    "name", "id", "format", "auto.offset.reset", "auto.commit.enable", "enable.auto.commit", "fetch.min.bytes",
+    "consumer.request.timeout.ms", "consumer.request.max.bytes", "max.poll.records", "isolation.level",
+    "group.instance.id", "session.timeout.ms",
+})
+
+#: Client-side-only properties (Java consumer, common client configs, librdkafka): accepted, ignored.
+IGNORED = frozenset({
+    # Java consumer / common client configs that only shape the client process
+    "key.deserializer", "value.deserializer", "check.crcs", "connections.max.idle.ms", "default.api.timeout.ms",
+    "request.timeout.ms", "reconnect.backoff.ms", "reconnect.backoff.max.ms", "retry.backoff.max.ms",
+    "receive.buffer.bytes", "send.buffer.bytes", "exclude.internal.topics", "allow.auto.create.topics",
+    "interceptor.classes", "metric.reporters", "metrics.num.samples", "metrics.recording.level",
+    "metrics.sample.window.ms", "auto.include.jmx.reporter", "enable.metrics.push", "client.dns.lookup",
+    "socket.connection.setup.timeout.ms", "socket.connection.setup.timeout.max.ms", "group.protocol",
+    "group.remote.assignor", "internal.leave.group.on.close", "internal.throw.on.fetch.stable.offset.unsupported",
+    "consumer.id", "security.providers", "metadata.recovery.strategy", "metadata.recovery.rebootstrap.trigger.ms",
+    "share.acknowledgement.mode",
+    # librdkafka consumer properties
+    "queued.min.messages", "queued.max.messages.kbytes", "fetch.message.max.bytes", "fetch.error.backoff.ms",
+    "fetch.queue.backoff.ms", "enable.partition.eof", "enable.auto.offset.store", "statistics.interval.ms",
+    "socket.timeout.ms", "socket.keepalive.enable", "socket.nagle.disable", "socket.max.fails",
+    "socket.send.buffer.bytes", "socket.receive.buffer.bytes", "api.version.request",
+    "api.version.request.timeout.ms", "api.version.fallback.ms", "broker.version.fallback",
+    "broker.address.ttl", "broker.address.family", "log.connection.close", "log.queue", "log.thread.name",
+    "log_level", "debug", "coordinator.query.interval.ms", "topic.metadata.refresh.fast.interval.ms",
+    "topic.metadata.refresh.sparse", "topic.metadata.propagation.max.ms", "topic.blacklist",
+    "message.max.bytes", "message.copy.max.bytes", "receive.message.max.bytes", "max.in.flight",
+    "max.in.flight.requests.per.connection", "consume.callback.max.messages", "enable.random.seed",
+    "internal.termination.signal", "offset.store.method", "auto.commit.interval", "reconnect.backoff.jitter.ms", "resolve.canonical.bootstrap.servers.only",
+    "enable.sparse.connections", "client.software.name", "client.software.version",
+})
+
+#: Kafka consumer properties only the gateway's operator sets (per tenant): refused per instance.
+OPERATOR_ONLY_PREFIXES = ("ssl.", "sasl.", "security.", "ssl_", "sasl_")
+OPERATOR_ONLY = frozenset({
+    "bootstrap.servers", "metadata.broker.list", "group.id", "security.protocol", "enable.ssl.certificate.verification",
+})
+
+_logged: set[str] = set()
+
+
+@dataclass
+class ConsumerProperties:
+    overrides: dict[str, Any] = field(default_factory=dict)  # ConsumerConfig field → value
+    ignored: list[str] = field(default_factory=list)
+
+
+def parse_properties(extra: dict[str, Any]) -> ConsumerProperties:
+    """Sort the keys of a create body that are not first-class fields; raise :class:`ConfigError`."""
+    out = ConsumerProperties()
+    for key, value in extra.items():
+        if key in HONOURED:
+            name, parse = HONOURED[key]
+            out.overrides[name] = parse(key, value)
+        elif key in IGNORED:
+            out.ignored.append(key)
+        elif key in OPERATOR_ONLY or key.startswith(OPERATOR_ONLY_PREFIXES):
+            raise ConfigError(f"{key!r} cannot be set per consumer instance: the gateway's operator configures "
+                              "the Kafka connection and the group comes from the URL", 42204)
+        else:
+            raise ConfigError(f"unknown consumer configuration key {key!r}", 42204)
+    for key in out.ignored:
+        if key not in _logged:
+            _logged.add(key)
+            log.info("ignoring the client-side Kafka consumer property %r (it has no effect in the gateway)", key)
+    return out

@@ -1,0 +1,7 @@
+"""Confluent REST Proxy v2 produce endpoints. Owned by the produce work."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["produce"])

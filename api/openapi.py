@@ -107,11 +107,21 @@ format is 406 (40601).
 ## Confluent-compatible semantics
 - `POST /offsets` commits **offset + 1** for every listed record offset (the offset of the last record
   consumed is given, the position after it is stored), as the Confluent REST Proxy does; `GET /offsets`
-  returns what is stored (so the value sent + 1), or -1 when nothing is committed. An empty body commits
-  everything consumed so far.
+  returns what is stored (so the value sent + 1) and leaves out partitions with nothing committed, as
+  Confluent does. An empty body commits everything consumed so far.
 - `GET /offsets` takes its partitions in a **request body on a GET**, as the Confluent REST Proxy does.
-- `auto.offset.reset` accepts `smallest`/`largest` as aliases of `earliest`/`latest`; configuration values
-  may be strings (`"true"`, `"1000"`) as Confluent clients send them.
+- The instance id is the `name` the client chose (or the legacy `id`), so clients can build URLs from it;
+  a name already used in the group is 409 (40902). Without a name an id is generated.
+- Paths match with or without a trailing slash (no redirect).
+- `auto.offset.reset` accepts `smallest`/`largest` as aliases of `earliest`/`latest`; `format` is
+  case-insensitive; configuration values may be strings (`"true"`, `"1000"`) as Confluent clients send them.
+- Kafka consumer properties in the create body (as clients of other proxies send them) are honoured when
+  they apply per instance (`session.timeout.ms`, `heartbeat.interval.ms`, `max.poll.interval.ms`,
+  `fetch.max.wait.ms`, `fetch.max.bytes`, `max.partition.fetch.bytes`, `auto.commit.interval.ms`,
+  `max.poll.records`, `consumer.request.max.bytes`, `partition.assignment.strategy`, `client.id`,
+  `client.rack`, `metadata.max.age.ms`, ...), accepted and ignored when they only shape a client process
+  (deserializers, socket buffers, librdkafka queue sizes, ...), and refused (422, 42204) when only the
+  operator may set them (brokers, security, group id) or when they are not Kafka consumer properties.
 
 ## Authentication
 With a tenants file (`GATEWAY_TENANTS_FILE`) every `/consumers` request needs `Authorization: Bearer
@@ -246,21 +256,26 @@ SECURITY_SCHEMES = {
 _SECURITY = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
 
 _OPERATION_NOTES = {
-    "createConsumer": "The body is optional (all defaults). `name` makes the instance id predictable "
-                      "(`<replica>~<name>`); `base_uri` honours `GATEWAY_PUBLIC_URL`, `Forwarded` and "
-                      "`X-Forwarded-*`. `format` chooses binary (base64) or json (embedded JSON) records.",
-    "subscribe": "Give either `topics` (a non-empty list) or `topic_pattern` (a regular expression; new "
-                 "matching topics are picked up). Exclusive with manual assignment (409, 40901).",
+    "createConsumer": "The body is optional (all defaults). The instance id is the `name` (or legacy `id`) "
+                      "given, as in the Confluent REST Proxy; without one an id is generated. A name already "
+                      "used in the group is 409 (40902). `base_uri` honours `GATEWAY_PUBLIC_URL`, `Forwarded` "
+                      "and `X-Forwarded-*`. `format` chooses binary (base64) or json (embedded JSON) records. "
+                      "Other Kafka consumer properties are honoured, ignored or refused (42204) as the API "
+                      "description explains.",
+    "subscribe": "Give `topics` or `topic_pattern` (a regular expression; new matching topics are picked up). "
+                 "With both, `topics` wins, and an empty `topics` list unsubscribes, as in the Confluent REST "
+                 "Proxy. Switching between topics, a pattern and manual assignment without unsubscribing "
+                 "first is 409 (40903).",
     "assignPartitions": "Manual assignment without group management; exclusive with a subscription "
-                        "(409, 40901). Unknown topics are 404 (40401), unknown partitions 404 (40402).",
+                        "(409, 40903). Unknown topics are 404 (40401), unknown partitions 404 (40402).",
     "seek": "Seek assigned partitions to `offsets` and/or, as an extension, to the first offset at or after "
             "each `timestamps` entry (milliseconds). Unassigned partitions are 409 (40903).",
     "commitOffsets": "Commits **offset + 1** for each listed record offset, as the Confluent REST Proxy does "
                      "(give the offset of the last record consumed). Without a body, or with no `offsets`, "
                      "commits the position after everything this instance has returned.",
     "getCommittedOffsets": "The partitions are given in a **request body on a GET**, as the Confluent REST "
-                           "Proxy does. `offset` is what is stored (the committed record offset + 1), -1 "
-                           "when nothing is committed.",
+                           "Proxy does. `offset` is what is stored (the committed record offset + 1); "
+                           "partitions with nothing committed are left out, as Confluent does.",
     "getRecords": "Long-poll: returns as soon as records are buffered, or an empty array when `timeout` "
                   "(milliseconds, default the instance's `consumer.request.timeout.ms`, capped by the "
                   "gateway) passes. With `Accept: application/x-ndjson` or `text/event-stream` the response "

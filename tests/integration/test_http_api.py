@@ -225,6 +225,39 @@ async def test_max_bytes_still_returns_one_record(tansu: EmbeddedBroker, kclient
     await http.delete(base)
 
 
+async def test_consumer_properties_from_other_proxies_are_applied(tansu: EmbeddedBroker, kclient: KafkaClient,
+                                                                   http: httpx.AsyncClient, topic_name: str) -> None:
+    """max.poll.records and consumer.request.max.bytes set the defaults of a records request; Kafka
+    properties a client of another proxy sends are accepted; a query parameter still wins."""
+    await kclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"v%02d" % i for i in range(20)])
+    group = f"g-{topic_name}"
+    base = await create(http, group, name="props", **{
+        "auto.offset.reset": "earliest", "max.poll.records": "3", "fetch.max.wait.ms": 100,
+        "heartbeat.interval.ms": "500", "session.timeout.ms": "2000", "max.poll.interval.ms": 60000,
+        "topic.metadata.refresh.interval.ms": "30000", "key.deserializer": "x.y.Z", "enable.auto.commit": "false"})
+    await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
+    sizes = []
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 9 and time.monotonic() < deadline:
+        r = await http.get(f"{base}/records", params={"timeout": 2000}, headers={"Accept": BIN})
+        assert r.status_code == 200, r.text
+        if r.json():
+            sizes.append(len(r.json()))
+            got += [base64.b64decode(x["value"]) for x in r.json()]
+    assert got[:9] == [b"v%02d" % i for i in range(9)] and max(sizes) == 3
+    r = await http.get(f"{base}/records", params={"timeout": 2000, "max_records": 5}, headers={"Accept": BIN})
+    assert [base64.b64decode(x["value"]) for x in r.json()] == [b"v%02d" % i for i in range(len(got), len(got) + 5)]
+    await http.delete(base)
+    # consumer.request.max.bytes: 3-byte values, a 7-byte budget → two records per request
+    base = await create(http, group + "-b", **{"auto.offset.reset": "earliest", "consumer.request.max.bytes": 7})
+    await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
+    r = await http.get(f"{base}/records", params={"timeout": 15000}, headers={"Accept": BIN})
+    assert 1 <= len(r.json()) <= 2, r.json()
+    await http.delete(base)
+
+
 async def test_streaming_ndjson(tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess,
                                 topic_name: str) -> None:
     await kclient.create_topics({topic_name: 1})

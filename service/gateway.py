@@ -126,6 +126,8 @@ class TenantRuntime:
     # The tenant's producer (created on the first produce request; see service/producer); closed with the
     # gateway before the client.
     producer: Any = None
+    # The tenant's TopicCatalog (service/topics.py: cached topic metadata for /topics), created on first use.
+    topics: Any = None
 
 
 class Gateway:

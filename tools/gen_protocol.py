@@ -38,6 +38,7 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "AddPartitionsToTxn": (0, 3),
     "EndTxn": (0, 3),
     "TxnOffsetCommit": (0, 3),
+    "DescribeConfigs": (1, 4),
 }
 DATA: dict[str, tuple[int, int]] = {
     "ConsumerProtocolSubscription": (0, 3),

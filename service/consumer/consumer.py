@@ -51,6 +51,34 @@ class ConsumerClosedError(KafkaError):
     retriable = False
 
 
+async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
+                      isolation: int) -> dict[TopicPartition, Any]:
+    """A one-off sessionless Fetch (max wait 5 ms) of ``offsets`` from broker ``node``; partition responses
+    by partition. Their high watermark and last stable offset are right on every broker (Tansu's
+    ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py)."""
+    from service.fetch.session import (
+        FetchPartitionData,
+        FetchSessionHandler,
+        choose_version,
+        to_fetch_request,
+    )
+
+    handler = FetchSessionHandler(node)
+    b = handler.builder()
+    md = client.metadata
+    for tp, off in offsets.items():
+        b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
+                                 fetch_offset=off, partition_max_bytes=max_bytes))
+    data = b.build()
+    conn = await client.connection(node).get()
+    version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
+    # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
+    req = to_fetch_request(data, version=version, max_wait_ms=5, min_bytes=1, isolation_level=isolation)
+    resp = await conn.send(req, version)
+    handler.handle_response(resp, version)
+    return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     group_id: str | None = None
@@ -459,29 +487,7 @@ class Consumer:
 
     async def _probe_fetch(self, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
                            isolation: int) -> dict[TopicPartition, Any]:
-        """A one-off sessionless Fetch (max wait 0) of ``offsets``; partition responses by partition."""
-        from service.fetch.session import (
-            FetchPartitionData,
-            FetchSessionHandler,
-            choose_version,
-            to_fetch_request,
-        )
-
-        handler = FetchSessionHandler(node)
-        b = handler.builder()
-        md = self.client.metadata
-        for tp, off in offsets.items():
-            b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
-                                     fetch_offset=off, partition_max_bytes=max_bytes))
-        data = b.build()
-        conn = await self.client.connection(node).get()
-        version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-        # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
-        req = to_fetch_request(data, version=version, max_wait_ms=5, min_bytes=1,
-                               isolation_level=isolation)
-        resp = await conn.send(req, version)
-        handler.handle_response(resp, version)
-        return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
+        return await probe_fetch(self.client, node, offsets, max_bytes=max_bytes, isolation=isolation)
 
     async def _probe_end_offsets(self, node: int, guesses: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         iso = self.config.isolation

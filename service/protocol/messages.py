@@ -62,6 +62,7 @@ class ApiKey:
     ADD_PARTITIONS_TO_TXN = 24
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
 
 
@@ -107,6 +108,8 @@ EndTxnRequest = _cls("EndTxnRequest")
 EndTxnResponse = _cls("EndTxnResponse")
 TxnOffsetCommitRequest = _cls("TxnOffsetCommitRequest")
 TxnOffsetCommitResponse = _cls("TxnOffsetCommitResponse")
+DescribeConfigsRequest = _cls("DescribeConfigsRequest")
+DescribeConfigsResponse = _cls("DescribeConfigsResponse")
 ConsumerProtocolSubscription = _cls("ConsumerProtocolSubscription")
 ConsumerProtocolAssignment = _cls("ConsumerProtocolAssignment")
 

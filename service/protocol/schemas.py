@@ -577,6 +577,40 @@ TXN_OFFSET_COMMIT_RESPONSE = MessageSchema('TxnOffsetCommitResponse', api_key=28
     )),
 ))
 
+DESCRIBE_CONFIGS_REQUEST = MessageSchema('DescribeConfigsRequest', api_key=32, kind='request', versions=(1, 4), flexible='4+', fields=(
+    F('resources', '[]DescribeConfigsResource', '0+', fields=(
+        F('resource_type', 'int8', '0+'),
+        F('resource_name', 'string', '0+'),
+        F('configuration_keys', '[]string', '0+', nullable='0+'),
+    )),
+    F('include_synonyms', 'bool', '1+', default='false'),
+    F('include_documentation', 'bool', '3+', default='false'),
+))
+
+DESCRIBE_CONFIGS_RESPONSE = MessageSchema('DescribeConfigsResponse', api_key=32, kind='response', versions=(1, 4), flexible='4+', fields=(
+    F('throttle_time_ms', 'int32', '0+'),
+    F('results', '[]DescribeConfigsResult', '0+', fields=(
+        F('error_code', 'int16', '0+'),
+        F('error_message', 'string', '0+', nullable='0+'),
+        F('resource_type', 'int8', '0+'),
+        F('resource_name', 'string', '0+'),
+        F('configs', '[]DescribeConfigsResourceResult', '0+', fields=(
+            F('name', 'string', '0+'),
+            F('value', 'string', '0+', nullable='0+'),
+            F('read_only', 'bool', '0+'),
+            F('config_source', 'int8', '1+', default='-1', ignorable=True),
+            F('is_sensitive', 'bool', '0+'),
+            F('synonyms', '[]DescribeConfigsSynonym', '1+', ignorable=True, fields=(
+                F('name', 'string', '1+'),
+                F('value', 'string', '1+', nullable='0+'),
+                F('source', 'int8', '1+'),
+            )),
+            F('config_type', 'int8', '3+', default='0', ignorable=True),
+            F('documentation', 'string', '3+', nullable='0+', ignorable=True),
+        )),
+    )),
+))
+
 CONSUMER_PROTOCOL_SUBSCRIPTION = MessageSchema('ConsumerProtocolSubscription', api_key=None, kind='data', versions=(0, 3), flexible='none', fields=(
     F('topics', '[]string', '0+'),
     F('user_data', 'bytes', '0+', nullable='0+', default='null'),
@@ -639,6 +673,8 @@ ALL_SCHEMAS = (
     END_TXN_RESPONSE,
     TXN_OFFSET_COMMIT_REQUEST,
     TXN_OFFSET_COMMIT_RESPONSE,
+    DESCRIBE_CONFIGS_REQUEST,
+    DESCRIBE_CONFIGS_RESPONSE,
     CONSUMER_PROTOCOL_SUBSCRIPTION,
     CONSUMER_PROTOCOL_ASSIGNMENT,
 )

@@ -1,0 +1,369 @@
+"""Topic metadata and partition offsets for the Confluent REST Proxy v2 ``/topics`` endpoints (no HTTP here).
+
+:class:`TopicCatalog` (one per tenant client) answers topic lists and descriptions from cached Metadata
+responses: a full listing is kept for ``ttl`` seconds, so tools that probe ``GET /topics`` in a loop cost
+one Metadata request per ``ttl``; a topic missing from the cache is looked up at once (a just-created topic
+appears) and then joins the cached listing. Concurrent callers share one broker request per key.
+Topic configs come from DescribeConfigs (cached likewise); offsets are always read live.
+
+Offsets are taken the way the consumer engine takes end offsets (``service.consumer.consumer.probe_fetch``):
+the high watermark and the last stable offset come from a Fetch response, which every broker computes
+correctly, while Tansu's ListOffsets(latest) miscounts multi-record batches and answers 0 under
+read_committed. The beginning offset is ListOffsets(earliest), as Confluent's REST Proxy reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from service.client.client import KafkaClient
+from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
+from service.consumer.consumer import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, probe_fetch
+from service.consumer.subscription import TopicPartition
+from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
+from service.gateway import GatewayError
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 5.0
+# Kafka's legal topic names; anything else cannot exist, so it is answered without asking the broker.
+TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+RESOURCE_TOPIC = 2  # DescribeConfigs resource type
+# Metadata answers for one topic that mean "no such topic" (not an access or broker problem).
+_MISSING_CODES = frozenset({EC.UNKNOWN_TOPIC_OR_PARTITION, 17})  # 17: INVALID_TOPIC_EXCEPTION
+
+_ListTopic = M.struct("ListOffsetsRequest", "ListOffsetsTopic")
+_ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
+_MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
+_ConfigResource = M.struct("DescribeConfigsRequest", "DescribeConfigsResource")
+
+
+class TopicNotFound(GatewayError):
+    status = 404
+    error_code = 40401
+
+
+class PartitionNotFound(GatewayError):
+    status = 404
+    error_code = 40402
+
+
+# -- views (pure) ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    partition: int
+    leader: int  # -1: no leader
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Confluent v2 ``GetPartitionResponse``: partition, leader, replicas [{broker, leader, in_sync}]."""
+        return {
+            "partition": self.partition,
+            "leader": self.leader,
+            "replicas": [{"broker": b, "leader": b == self.leader, "in_sync": b in self.isr} for b in self.replicas],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    name: str
+    internal: bool
+    partitions: tuple[PartitionView, ...]  # by partition number
+
+    def partition(self, partition: int) -> PartitionView | None:
+        for p in self.partitions:
+            if p.partition == partition:
+                return p
+        return None
+
+    def to_json(self, configs: dict[str, str | None]) -> dict[str, Any]:
+        """Confluent v2 ``GetTopicResponse``: name, configs (name → value), partitions."""
+        return {"name": self.name, "configs": configs, "partitions": [p.to_json() for p in self.partitions]}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    beginning_offset: int
+    end_offset: int  # the high watermark (Confluent: ListOffsets(latest), read_uncommitted)
+    last_stable_offset: int  # our extension: the end for read_committed consumers
+
+    def to_json(self) -> dict[str, int]:
+        return {"beginning_offset": self.beginning_offset, "end_offset": self.end_offset,
+                "last_stable_offset": self.last_stable_offset}
+
+
+def topic_view(t: Any) -> TopicView:
+    """A view of one topic of a decoded MetadataResponse."""
+    parts = sorted(
+        (PartitionView(p.partition_index, p.leader_id if p.leader_id >= 0 else -1,
+                       tuple(p.replica_nodes), tuple(p.isr_nodes)) for p in t.partitions),
+        key=lambda p: p.partition,
+    )
+    return TopicView(t.name, bool(getattr(t, "is_internal", False)), tuple(parts))
+
+
+def topics_from_metadata(resp: Any) -> dict[str, TopicView]:
+    """The existing topics of an all-topics MetadataResponse (topics answered with an error are left out,
+    except LEADER_NOT_AVAILABLE: such a topic exists, its leaders are being elected)."""
+    out: dict[str, TopicView] = {}
+    for t in resp.topics:
+        if t.name is None or (t.error_code and t.error_code != EC.LEADER_NOT_AVAILABLE):
+            continue
+        out[t.name] = topic_view(t)
+    return out
+
+
+def visible_topic_names(topics: Iterable[TopicView], allowed: Callable[[str], bool]) -> list[str]:
+    """Sorted names of the non-internal topics a tenant may see (Confluent lists topics without the
+    internal ones: the Admin client's listTopics() default)."""
+    return sorted(t.name for t in topics if not t.internal and allowed(t.name))
+
+
+def configs_from_response(resp: Any, topic: str) -> dict[str, str | None]:
+    """name → value of a DescribeConfigsResponse for one topic (sensitive values are null, as in Kafka)."""
+    for r in resp.results:
+        if r.resource_name != topic:
+            continue
+        if r.error_code:
+            raise BrokerResponseError(r.error_code, f"DescribeConfigs {topic}", r.error_message)
+        return {c.name: c.value for c in sorted(r.configs, key=lambda c: c.name)}
+    return {}
+
+
+# -- a small TTL cache with shared in-flight loads -----------------------------------------------------------
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class TtlCache(Generic[K, V]):
+    """Values loaded on demand and kept ``ttl`` seconds. Concurrent loads of one key share one load (a
+    caller that gives up does not cancel it for the others); a failed load is not cached."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.clock = clock
+        self._values: dict[K, tuple[float, V]] = {}
+        self._loading: dict[K, asyncio.Task[V]] = {}
+        self.loads = 0  # loads started (for tests and metrics)
+
+    def peek(self, key: K) -> V | None:
+        """The value if it is fresh, else None (no load)."""
+        entry = self._values.get(key)
+        if entry is None:
+            return None
+        if self.clock() - entry[0] >= self.ttl:
+            del self._values[key]
+            return None
+        return entry[1]
+
+    def put(self, key: K, value: V) -> None:
+        self._values[key] = (self.clock(), value)
+
+    def replace(self, key: K, value: V) -> None:
+        """Change a cached value without making it any younger."""
+        entry = self._values.get(key)
+        if entry is not None:
+            self._values[key] = (entry[0], value)
+
+    def clear(self) -> None:
+        self._values.clear()
+
+    async def get(self, key: K, load: Callable[[], Awaitable[V]], *, fresh: bool = False,
+                  keep: Callable[[V], bool] | None = None) -> V:
+        """The cached value, or the result of ``load()`` (joined if one is in flight). ``fresh`` skips the
+        cached value; ``keep`` decides whether a loaded value is cached (default: always)."""
+        if not fresh:
+            entry = self._values.get(key)
+            if entry is not None and self.clock() - entry[0] < self.ttl:
+                return entry[1]
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._load(key, load, keep))
+            self._loading[key] = task
+            task.add_done_callback(lambda t: self._loaded(key, t))
+            self.loads += 1
+        return await asyncio.shield(task)
+
+    async def _load(self, key: K, load: Callable[[], Awaitable[V]], keep: Callable[[V], bool] | None) -> V:
+        value = await load()
+        if keep is None or keep(value):
+            self.put(key, value)
+        return value
+
+    def _loaded(self, key: K, task: asyncio.Task[V]) -> None:
+        if self._loading.get(key) is task:
+            del self._loading[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter may have given up
+
+
+# -- the catalog -----------------------------------------------------------------------------------------
+class TopicCatalog:
+    """A tenant's cached view of its cluster's topics (see the module docstring)."""
+
+    def __init__(self, client: KafkaClient, ttl: float = DEFAULT_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self._listing: TtlCache[None, dict[str, TopicView]] = TtlCache(ttl, clock)
+        self._topics: TtlCache[str, TopicView | None] = TtlCache(ttl, clock)
+        self._configs: TtlCache[str, dict[str, str | None]] = TtlCache(ttl, clock)
+        self._no_describe_configs = False
+
+    @property
+    def metadata_requests(self) -> int:
+        return self._listing.loads + self._topics.loads
+
+    async def list_topics(self) -> list[TopicView]:
+        listing = await self._listing.get(None, self._load_all)
+        return list(listing.values())
+
+    async def topic(self, name: str, *, fresh: bool = False) -> TopicView:
+        """The topic from the cache, else (or with ``fresh``) from the broker; TopicNotFound if none."""
+        if not TOPIC_NAME_RE.fullmatch(name):
+            raise TopicNotFound(f"topic {name!r} not found")
+        if not fresh:
+            listing = self._listing.peek(None)
+            if listing is not None and name in listing:
+                return listing[name]
+        view = await self._topics.get(name, lambda: self._load_one(name), fresh=fresh,
+                                      keep=lambda v: v is not None)
+        if view is None:
+            raise TopicNotFound(f"topic {name!r} not found")
+        return view
+
+    async def partition(self, topic: str, partition: int) -> PartitionView:
+        view = await self.topic(topic)
+        p = view.partition(partition)
+        if p is None:
+            # perhaps added since the cache was filled
+            p = (await self.topic(topic, fresh=True)).partition(partition)
+        if p is None:
+            raise PartitionNotFound(f"partition {partition} of topic {topic!r} not found")
+        return p
+
+    async def configs(self, topic: str) -> dict[str, str | None]:
+        """The topic's configuration (DescribeConfigs; ``{}`` from a broker without that API)."""
+        if self._no_describe_configs:
+            return {}
+        return await self._configs.get(topic, lambda: self._load_configs(topic))
+
+    async def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        await self.partition(topic, partition)
+        return await read_offsets(self.client, TopicPartition(topic, partition))
+
+    # -- loads ---------------------------------------------------------------------------------------------
+    async def _load_all(self) -> dict[str, TopicView]:
+        resp = await self.client.send_any(M.MetadataRequest(topics=None, allow_auto_topic_creation=False))
+        self._topics.clear()  # the listing supersedes single-topic lookups
+        return topics_from_metadata(resp)
+
+    async def _load_one(self, name: str) -> TopicView | None:
+        resp = await self.client.send_any(
+            M.MetadataRequest(topics=[_MetaTopic(name=name)], allow_auto_topic_creation=False))
+        t = next((t for t in resp.topics if t.name == name), None)
+        view: TopicView | None = None
+        if t is None or t.error_code in _MISSING_CODES:
+            view = None
+        elif t.error_code and t.error_code != EC.LEADER_NOT_AVAILABLE:
+            raise BrokerResponseError(t.error_code, f"Metadata {name}")
+        else:
+            view = topic_view(t)
+        # Keep a cached listing consistent with what was just learnt (a new topic appears, a deleted one goes).
+        listing = self._listing.peek(None)
+        if listing is not None and (view is None) == (name in listing):
+            listing = dict(listing)
+            if view is None:
+                del listing[name]
+            else:
+                listing[name] = view
+            self._listing.replace(None, listing)
+        return view
+
+    async def _load_configs(self, topic: str) -> dict[str, str | None]:
+        req = M.DescribeConfigsRequest(resources=[_ConfigResource(
+            resource_type=RESOURCE_TOPIC, resource_name=topic, configuration_keys=None)])
+        try:
+            resp = await self.client.send_any(req)
+        except NoCommonVersionError:
+            log.info("the broker does not support DescribeConfigs: topic configs are reported as {}")
+            self._no_describe_configs = True
+            return {}
+        return configs_from_response(resp, topic)
+
+
+# -- live offsets ----------------------------------------------------------------------------------------
+async def _list_offset(client: KafkaClient, node: int, tp: TopicPartition, timestamp: int) -> int:
+    req = M.ListOffsetsRequest(replica_id=-1, isolation_level=READ_UNCOMMITTED, topics=[_ListTopic(
+        name=tp.topic, partitions=[_ListPartition(
+            partition_index=tp.partition, timestamp=timestamp,
+            current_leader_epoch=client.metadata.leader_epoch(tp.topic, tp.partition))])])
+    resp = await client.send(node, req)
+    for t in resp.topics:
+        for p in t.partitions:
+            if t.name == tp.topic and p.partition_index == tp.partition:
+                if p.error_code:
+                    client.handle_error_code(p.error_code, tp.topic)
+                    raise BrokerResponseError(p.error_code, f"ListOffsets {tp.topic}-{tp.partition}")
+                return max(0, p.offset)
+    raise KafkaError(f"ListOffsets: no answer for {tp.topic}-{tp.partition}", retriable=True)
+
+
+async def _leader(client: KafkaClient, tp: TopicPartition, refresh: bool) -> int:
+    if refresh:
+        await client.refresh_metadata([tp.topic])
+    else:
+        await client.ensure_metadata([tp.topic])
+    node = client.metadata.leader(tp.topic, tp.partition)
+    if node is None and not refresh:
+        await client.refresh_metadata([tp.topic])
+        node = client.metadata.leader(tp.topic, tp.partition)
+    if node is None:
+        code = client.metadata.topic_error(tp.topic) or EC.LEADER_NOT_AVAILABLE
+        raise BrokerResponseError(code, f"leader of {tp.topic}-{tp.partition}")
+    return node
+
+
+async def _read_offsets_once(client: KafkaClient, tp: TopicPartition, refresh: bool) -> PartitionOffsets:
+    node = await _leader(client, tp, refresh)
+    beginning, guess = await asyncio.gather(_list_offset(client, node, tp, EARLIEST_TIMESTAMP),
+                                            _list_offset(client, node, tp, LATEST_TIMESTAMP))
+    # Fetch from ListOffsets' idea of the end: nothing (Kafka) or the last batch (Tansu) comes back, and the
+    # response carries the true high watermark and last stable offset. A read_committed fetch returns no
+    # records past the LSO, and its high watermark is still the partition's.
+    start = guess
+    for _ in range(2):
+        parts = await probe_fetch(client, node, {tp: start}, max_bytes=1, isolation=READ_COMMITTED)
+        p = parts.get(tp)
+        if p is None:
+            raise KafkaError(f"Fetch: no answer for {tp.topic}-{tp.partition}", retriable=True)
+        if p.error_code == EC.OFFSET_OUT_OF_RANGE and start != beginning:
+            start = beginning  # the log moved (or ListOffsets was wrong): ask from its start
+            continue
+        if p.error_code:
+            client.handle_error_code(p.error_code, tp.topic)
+            raise BrokerResponseError(p.error_code, f"end offset of {tp.topic}-{tp.partition}")
+        end = p.high_watermark
+        lso = p.last_stable_offset if p.last_stable_offset >= 0 else end
+        return PartitionOffsets(beginning, end, lso)
+    raise BrokerResponseError(EC.OFFSET_OUT_OF_RANGE, f"end offset of {tp.topic}-{tp.partition}")
+
+
+async def read_offsets(client: KafkaClient, tp: TopicPartition) -> PartitionOffsets:
+    """Beginning, end (high watermark) and last stable offset of one partition, from its leader. A stale
+    leader (NOT_LEADER_OR_FOLLOWER and the like) is looked up again once."""
+    try:
+        return await _read_offsets_once(client, tp, refresh=False)
+    except BrokerResponseError as exc:
+        if exc.code not in EC.METADATA_REFRESH_CODES:
+            raise
+        log.debug("offsets of %s-%d: %s; retrying with fresh metadata", tp.topic, tp.partition, exc)
+    return await _read_offsets_once(client, tp, refresh=True)

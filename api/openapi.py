@@ -73,6 +73,9 @@ OPERATION_IDS = {
     "assign": "assignPartitions", "get_assignments": "getAssignments",
     "seek": "seek", "seek_beginning": "seekToBeginning", "seek_end": "seekToEnd",
     "commit": "commitOffsets", "committed": "getCommittedOffsets", "records": "getRecords",
+    "list_topics": "listTopics", "get_topic": "getTopic", "list_partitions": "listPartitions",
+    "get_partition": "getPartition", "get_partition_offsets": "getPartitionOffsets",
+    "produce_to_topic": "produceToTopic", "produce_to_partition": "produceToPartition",
 }
 
 _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",
@@ -364,6 +367,8 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     schema["info"]["description"] = DESCRIPTION + error_table_markdown()
     schema["tags"] = [
         {"name": "consumers", "description": "Confluent REST Proxy v2 consumer API, with extensions"},
+        {"name": "topics", "description": "Confluent REST Proxy v2 topic metadata and partition offsets"},
+        {"name": "produce", "description": "Confluent REST Proxy v2 produce API (binary and json formats)"},
         {"name": "ops", "description": "Health, readiness and Prometheus metrics (no credentials)"},
     ]
     for path, item in schema["paths"].items():
@@ -372,7 +377,7 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             op["operationId"] = OPERATION_IDS.get(name, name)
             if op["operationId"] in _OPERATION_NOTES:
                 op["description"] = _OPERATION_NOTES[op["operationId"]]
-            consumer = path.startswith("/consumers/")
+            consumer = path.startswith(("/consumers/", "/topics"))
             op["security"] = copy.deepcopy(_SECURITY) if consumer else []
             if "requestBody" in op:
                 op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"])

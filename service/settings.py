@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         "(Tansu): bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
         "consumer_fetch_max_wait_ms (off)")
     topic_metadata_ttl_s: float = Field(
-        5.0, ge=0, description="GET /topics and topic/partition descriptions are answered from Metadata and "
+        1.0, ge=0, description="GET /topics and topic/partition descriptions are answered from Metadata and "
         "DescribeConfigs responses at most this old (a topic not in the cache is looked up at once)")
 
     def session_timeout_ms(self) -> int:

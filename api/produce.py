@@ -1,7 +1,377 @@
-"""Confluent REST Proxy v2 produce endpoints. Owned by the produce work."""
+"""Confluent REST Proxy v2 produce endpoints: ``POST /topics/{topic}`` and ``POST /topics/{topic}/partitions/{p}``.
+
+Bodies are Confluent's ``{"records": [{"key", "value", "partition"}], "key_schema", "value_schema",
+"key_schema_id", "value_schema_id"}``, with ``Content-Type``:
+
+- ``application/vnd.kafka.binary.v2+json``: key and value are base64 strings (strict RFC 4648 with
+  padding, as Confluent's Guava decoder) or null;
+- ``application/vnd.kafka.json.v2+json``: key and value are any JSON value, stored as their compact JSON
+  text (UTF-8; a JSON ``null`` is a null key/value, as in Confluent; integers beyond 64 bits are kept
+  exactly).
+
+Extensions (mirroring what the consumer's records carry, see :mod:`api.render`): per record
+``"headers": [{"key": "<string>", "value": "<base64>" | null}]`` (base64 in both formats) and
+``"timestamp"`` (ms since the epoch; default: the time of the request).
+
+The answer is Confluent's ``ProduceResponse``: ``{"offsets": [{"partition", "offset", "error_code",
+"error"}], "key_schema_id": null, "value_schema_id": null}`` in record order, sent once the broker
+acknowledged every record (acks=all, idempotent producer: retries never duplicate) or it failed. A failed
+record has null partition and offset, ``error_code`` 50003 (retriable Kafka error: sending it again may
+work; a message ending in "may have been written" says the outcome is unknown) or 50002 (other Kafka
+error), 40301/40101 for authorization/authentication failures, and ``error`` (the Kafka error). The HTTP
+status is 200 even then, except 403/401 when a record failed authorization/authentication, like
+Confluent's ``ProduceResponse.getRequestStatus``.
+
+Decisions where Confluent's behaviour was not followed or had to be chosen (its v2 code:
+``ProduceToTopicAction``, ``ProduceToPartitionAction``, ``AbstractProduceAction``, entities
+``ProduceRequest``/``ProduceResponse``/``PartitionOffset``):
+
+- an unknown topic is **404/40401** at once. Confluent hands the records to its Java producer, which
+  either auto-creates the topic or fails every record after ``max.block.ms`` (60 s) in a 200 answer; the
+  gateway never auto-creates topics. An unknown partition (path, or a record's ``partition``) is
+  **404/40402** before anything is produced (Confluent's older v2 checked the path partition the same
+  way; a bad record partition made its Java producer throw, a 500).
+- avro, protobuf and jsonschema content types are **415/41501**: the gateway has no schema registry
+  (Confluent without one answers a "Schema Registry must be configured" error). Other content types, or
+  none, are 415/41501 too (Confluent's resources consume only the five embedded formats).
+  ``key_schema``/``value_schema``/``*_schema_id`` are ignored with binary and json, as Confluent does.
+- bad base64 is **422/42206** naming the record and field (Confluent's old entities: a 422 constraint
+  violation; its current serializer answers 408/40801, a known FIXME there).
+- an empty body, a body without a non-empty ``records`` array, unknown fields (a typo such as ``vaule``
+  would otherwise silently produce a null value) and malformed records are **422/42206**; a bad
+  ``partition`` or ``timestamp`` value is 422/42207; malformed JSON is 400/40001. A record's
+  ``partition`` on the partition route must be absent, null or that partition (Confluent lets it win).
+- a topic outside the tenant's patterns is 403/40301.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import binascii
+import json
+import re
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, Field
+
+from api.auth import current_tenant
+from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
+from service.gateway import GatewayError
+from service.producer import (
+    ProduceFailure,
+    Producer,
+    ProducerConfig,
+    RecordMetadata,
+    UnknownTopicError,
+    parse_compression,
+)
+from service.tenants import Tenant
 
 router = APIRouter(tags=["produce"])
+
+SCHEMA_FORMATS = {
+    "application/vnd.kafka.avro.v2+json": "avro",
+    "application/vnd.kafka.protobuf.v2+json": "protobuf",
+    "application/vnd.kafka.jsonschema.v2+json": "jsonschema",
+}
+TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_BODY_KEYS = frozenset({"records", "key_schema", "value_schema", "key_schema_id", "value_schema_id"})
+_RECORD_KEYS = frozenset({"key", "value", "partition", "headers", "timestamp"})
+_KEY_VALUE = frozenset({"key", "value"})
+_NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
+_LONG_DIGITS = re.compile(rb"\d{19}")  # a number orjson might turn into a float (beyond 64 bits)
+INT64_MAX = 2**63 - 1
+_AUTHZ_CODES = frozenset({29, 30, 31, 53})  # TOPIC/GROUP/CLUSTER/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+_AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
+
+
+# -- OpenAPI description (validation itself is plain code below, never a model per record) -------------------
+class PartitionOffset(BaseModel):
+    partition: int | None = Field(description="null when the record failed")
+    offset: int | None = Field(description="null when the record failed; -1 if the broker stored the record but "
+                                           "could not tell its offset (a retried duplicate)")
+    error_code: int | None = Field(description="50002 Kafka error, 50003 retriable Kafka error, 40301 not "
+                                               "authorized; null on success")
+    error: str | None = Field(description="the Kafka error; null on success")
+
+
+class ProduceResponse(BaseModel):
+    offsets: list[PartitionOffset]
+    key_schema_id: int | None = None
+    value_schema_id: int | None = None
+
+
+def _body_schema(value_schema: dict[str, Any], partition_route: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "key": value_schema,
+            "value": value_schema,
+            "headers": {"type": "array", "description": "extension: record headers (values base64)", "items": {
+                "type": "object", "required": ["key"], "additionalProperties": False, "properties": {
+                    "key": {"type": "string"}, "value": {"type": ["string", "null"], "format": "byte"}}}},
+            "timestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX,
+                          "description": "extension: record timestamp in ms (default: now)"},
+        },
+    }
+    record["properties"]["partition"] = {
+        "type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1,
+        "description": "must be null or the path's partition" if partition_route else
+        "default: by key (murmur2, as the Java client), else a sticky partition"}
+    return {
+        "type": "object",
+        "required": ["records"],
+        "additionalProperties": False,
+        "properties": {
+            "records": {"type": "array", "minItems": 1, "items": record},
+            "key_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
+            "value_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
+            "key_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
+            "value_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
+        },
+    }
+
+
+def _openapi(partition_route: bool) -> dict[str, Any]:
+    b64 = {"type": ["string", "null"], "format": "byte", "description": "base64"}
+    anyjson: dict[str, Any] = {"description": "any JSON value (stored as its JSON text; null: no key/value)"}
+    return {"requestBody": {"required": True, "content": {
+        BINARY: {"schema": _body_schema(b64, partition_route)},
+        JSONFMT: {"schema": _body_schema(anyjson, partition_route)},
+    }}}
+
+
+PRODUCE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **{s: e for s, e in ERRORS.items() if s not in (404, 409, 410)},
+    404: {"model": ERRORS[404]["model"], "description": "not found (40401 topic, 40402 partition)"},
+}
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+def _invalid(message: str, code: int = 42206) -> GatewayError:
+    return GatewayError(message, status=422, error_code=code)
+
+
+def embedded_format(request: Request) -> str:
+    ct = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ct == BINARY:
+        return "binary"
+    if ct == JSONFMT:
+        return "json"
+    if ct in SCHEMA_FORMATS:
+        raise GatewayError(f"{SCHEMA_FORMATS[ct]} records need a schema registry, which this gateway does not "
+                           f"provide; produce with {BINARY} or {JSONFMT}", status=415, error_code=41501)
+    raise GatewayError(f"unsupported content type {ct or '(none)'!r} for produce; use {BINARY} (base64 keys and "
+                       f"values) or {JSONFMT}", status=415, error_code=41501)
+
+
+def producer_for(request: Request, tenant: Tenant) -> Producer:
+    """The tenant's producer, created on first use (one idempotent producer per tenant)."""
+    rt = runtime(request, tenant)
+    producer: Producer | None = rt.producer
+    if producer is None:  # a closed one (shutdown) stays: its send_many answers 503/50003
+        s = request.app.state.settings
+        batch = s.producer_max_batch_bytes
+        producer = rt.producer = Producer(rt.client, ProducerConfig(
+            compression=parse_compression(s.producer_compression),
+            linger_ms=s.producer_linger_ms,
+            max_batch_bytes=batch,
+            max_request_bytes=max(batch, 8 * 1024 * 1024),
+            request_timeout_ms=s.request_timeout_ms,
+            delivery_timeout_ms=s.producer_delivery_timeout_ms,
+            idempotent=s.producer_idempotent,
+        ))
+    return producer
+
+
+def _parse_body(raw: bytes, fmt: str) -> Any:
+    if not raw.strip():
+        raise _invalid('the request body is empty; expected {"records": [...]}')
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayError(f"malformed JSON: {exc}", status=400, error_code=40001) from None
+    if fmt == "json" and _LONG_DIGITS.search(raw):
+        body = json.loads(raw)  # exact integers beyond 64 bits (orjson would make them floats)
+    return body
+
+
+def _b64(v: Any, i: int, field: str) -> bytes | None:
+    if v is None:
+        return None
+    if type(v) is not str:
+        raise _invalid(f"records[{i}].{field} must be a base64 string or null")
+    try:
+        return binascii.a2b_base64(v, strict_mode=True)
+    except ValueError:
+        raise _invalid(f"records[{i}].{field} is not valid base64 (RFC 4648, with padding)") from None
+
+
+def _json_bytes(v: Any) -> bytes | None:
+    if v is None:
+        return None
+    try:
+        return orjson.dumps(v)
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _headers(v: Any, i: int) -> list[tuple[str, bytes | None]]:
+    if v is None:
+        return []
+    if type(v) is not list:
+        raise _invalid(f"records[{i}].headers must be an array of {{\"key\", \"value\"}} objects")
+    out = []
+    for j, h in enumerate(v):
+        if type(h) is not dict or type(h.get("key")) is not str or not set(h) <= {"key", "value"}:
+            raise _invalid(f"records[{i}].headers[{j}] must be {{\"key\": <string>, \"value\": <base64> | null}}")
+        out.append((h["key"], _b64(h.get("value"), i, f"headers[{j}].value")))
+    return out
+
+
+def _int_field(v: Any, i: int, field: str, maximum: int) -> int | None:
+    if v is None:
+        return None
+    if type(v) is not int or not 0 <= v <= maximum:
+        raise _invalid(f"records[{i}].{field} must be an integer between 0 and {maximum}", 42207)
+    return v
+
+
+def parse_records(body: Any, fmt: str, path_partition: int | None) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """(key, value, headers, partition, timestamp) tuples and key+value sizes, or a 422 GatewayError."""
+    if type(body) is not dict:
+        raise _invalid('the body must be a JSON object {"records": [...]}')
+    extra = [k for k in body if k not in _BODY_KEYS]
+    if extra:
+        raise _invalid(f"unknown field(s) {', '.join(repr(k) for k in extra)}; expected records (and the ignored "
+                       "key_schema, value_schema, key_schema_id, value_schema_id)")
+    records = body.get("records")
+    if type(records) is not list or not records:
+        raise _invalid("records must be a non-empty array")
+    out: list[tuple[Any, ...]] = []
+    sizes: list[int] = []
+    binary = fmt == "binary"
+    a2b = binascii.a2b_base64
+    for i, r in enumerate(records):
+        # fast path: a binary record of only a key and/or a value (base64 strings or null)
+        if binary and type(r) is dict and len(r) <= 2 and r.keys() <= _KEY_VALUE:
+            k = r.get("key")
+            v = r.get("value")
+            if (k is None or type(k) is str) and (v is None or type(v) is str):
+                try:
+                    key = None if k is None else a2b(k, strict_mode=True)
+                    value = None if v is None else a2b(v, strict_mode=True)
+                except ValueError:
+                    pass  # the full check below names the field
+                else:
+                    out.append((key, value, _NO_HEADERS, path_partition, None))
+                    sizes.append((len(key) if key is not None else 0) + (len(value) if value is not None else 0))
+                    continue
+        rec = _parse_record(r, i, binary, path_partition)
+        out.append(rec)
+        sizes.append((len(rec[0]) if rec[0] is not None else 0) + (len(rec[1]) if rec[1] is not None else 0))
+    return out, sizes
+
+
+def _parse_record(r: Any, i: int, binary: bool, path_partition: int | None) -> tuple[Any, ...]:
+    if type(r) is not dict:
+        raise _invalid(f"records[{i}] must be an object")
+    unknown = [k for k in r if k not in _RECORD_KEYS]
+    if unknown:
+        raise _invalid(f"records[{i}]: unknown field(s) {', '.join(repr(k) for k in unknown)}")
+    if binary:
+        key = _b64(r.get("key"), i, "key")
+        value = _b64(r.get("value"), i, "value")
+    else:
+        key = _json_bytes(r.get("key"))
+        value = _json_bytes(r.get("value"))
+    partition = _int_field(r.get("partition"), i, "partition", 2**31 - 1)
+    if path_partition is not None:
+        if partition is not None and partition != path_partition:
+            raise _invalid(f"records[{i}].partition ({partition}) differs from the partition in the path "
+                           f"({path_partition})", 42207)
+        partition = path_partition
+    headers = _headers(r.get("headers"), i) if "headers" in r else _NO_HEADERS
+    ts = _int_field(r.get("timestamp"), i, "timestamp", INT64_MAX) if "timestamp" in r else None
+    return key, value, headers, partition, ts
+
+
+def _rest_code(f: ProduceFailure) -> int:
+    if f.code in _AUTHZ_CODES:
+        return 40301
+    if f.code in _AUTHN_CODES:
+        return 40101
+    return 50003 if f.retriable else 50002
+
+
+def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:
+    """The ProduceResponse body, its HTTP status (Confluent: 403/401 if a record failed authorization or
+    authentication, else 200), the number of failures and which records succeeded."""
+    parts: list[bytes] = []
+    status = 200
+    failed = 0
+    oks: list[bool] = []
+    for r in results:
+        if type(r) is RecordMetadata:
+            parts.append(b'{"partition":%d,"offset":%d,"error_code":null,"error":null}' % (r.partition, r.offset))
+            oks.append(True)
+        else:
+            code = _rest_code(r)
+            if status == 200 and code in (40301, 40101):
+                status = 403 if code == 40301 else 401
+            parts.append(orjson.dumps({"partition": None, "offset": None, "error_code": code, "error": r.message}))
+            failed += 1
+            oks.append(False)
+    body = b'{"offsets":[' + b",".join(parts) + b'],"key_schema_id":null,"value_schema_id":null}'
+    return body, status, failed, oks
+
+
+async def produce(request: Request, tenant: Tenant, topic: str, path_partition: int | None) -> Response:
+    fmt = embedded_format(request)
+    tenant.require_topic(topic)
+    body = _parse_body(await request.body(), fmt)
+    records, sizes = parse_records(body, fmt, path_partition)
+    if not TOPIC_NAME_RE.fullmatch(topic):
+        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401)
+    producer = producer_for(request, tenant)
+    try:
+        partitions = set(await producer.partitions(topic))
+    except UnknownTopicError:
+        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+    if path_partition is not None:
+        if path_partition not in partitions:
+            raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,
+                               error_code=40402)
+    else:
+        for i, rec in enumerate(records):
+            if rec[3] is not None and rec[3] not in partitions:
+                raise GatewayError(f"records[{i}]: partition {rec[3]} of topic {topic!r} not found", status=404,
+                                   error_code=40402)
+    results = await producer.send_many(topic, records)
+    content, status, failed, oks = render(results)
+    metrics = request.app.state.metrics
+    acked = len(results) - failed
+    if acked:
+        metrics.produced_records.labels(tenant.id).inc(acked)
+        metrics.produced_bytes.labels(tenant.id).inc(sum(s for s, ok in zip(sizes, oks, strict=True) if ok))
+    if failed:
+        metrics.produce_failures.labels(tenant.id).inc(failed)
+    return Response(content, status_code=status, media_type=V2)
+
+
+@router.post("/topics/{topic}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,
+             openapi_extra=_openapi(partition_route=False),
+             summary="Produce records to a topic (partition by key, or per record)")
+async def produce_to_topic(request: Request, topic: str, tenant: Tenant = Depends(current_tenant)) -> Response:
+    return await produce(request, tenant, topic, None)
+
+
+@router.post("/topics/{topic}/partitions/{partition}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,
+             openapi_extra=_openapi(partition_route=True), summary="Produce records to one partition of a topic")
+async def produce_to_partition(request: Request, topic: str, partition: int,
+                               tenant: Tenant = Depends(current_tenant)) -> Response:
+    if partition < 0:
+        raise GatewayError(f"partition {partition} of topic {topic!r} not found", status=404, error_code=40402)
+    return await produce(request, tenant, topic, partition)

@@ -42,6 +42,14 @@ class GatewayMetrics:
                                         buckets=LATENCY_BUCKETS, registry=registry)
         self.commit_failures = Counter("kcg_commit_failures_total", "Failed offset commits", ["tenant"],
                                        registry=registry)
+        self.produced_records = Counter("kcg_records_produced_total",
+                                        "Records produced over HTTP and acknowledged by the broker", ["tenant"],
+                                        registry=registry)
+        self.produced_bytes = Counter("kcg_record_bytes_produced_total", "Key+value bytes produced over HTTP",
+                                      ["tenant"], registry=registry)
+        self.produce_failures = Counter("kcg_produce_failures_total",
+                                        "Records produced over HTTP that the broker did not acknowledge",
+                                        ["tenant"], registry=registry)
         # The largest lag since the previous scrape (reset by each scrape), so that a stall shorter than
         # the scrape interval is still visible; 0 when no tick ended since the previous scrape.
         self._loop_lag_max = 0.0

@@ -83,6 +83,18 @@ class Settings(BaseSettings):
         1.0, ge=0, description="GET /topics and topic/partition descriptions are answered from Metadata and "
         "DescribeConfigs responses at most this old (a topic not in the cache is looked up at once)")
 
+    producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none", description="Compression of the record batches the produce endpoints write")
+    producer_linger_ms: float = Field(
+        0.0, ge=0, description="How long a partition's first queued record waits for more before its batch "
+        "is sent (0: at once; records arriving while a batch is in flight form the next batch anyway)")
+    producer_max_batch_bytes: int = Field(
+        1_000_000, gt=0, description="Largest record batch (uncompressed bytes) the producer sends")
+    producer_delivery_timeout_ms: int = Field(
+        60000, gt=0, description="A produced record not acknowledged within this fails (retriable)")
+    producer_idempotent: bool = Field(
+        True, description="Idempotent producer (producer id + sequences: retries never duplicate)")
+
     def session_timeout_ms(self) -> int:
         if self.consumer_session_timeout_ms is not None:
             return self.consumer_session_timeout_ms

@@ -1,0 +1,262 @@
+"""Produce throughput: through the gateway over HTTP vs a direct confluent-kafka producer, same run.
+
+Workload: N x 100-byte values, no keys (sticky partitions), into a 4-partition topic of the embedded
+Tansu broker (memory://), acks=all and idempotence on for every producer.
+
+- **gateway over HTTP**: POST /topics/{topic} with the binary format, ``--batch`` records per request,
+  ``--connections`` requests in flight, driven by ``wrk`` (a C client with a Lua script; ``apt-get install
+  wrk``) for ``--seconds`` (wrk runs for a time, not a count), so the client costs little CPU; without wrk,
+  an httpx client sends N records (and then caps the figure). A record counts once its request answered
+  200 with no per-record error. The topic's end offsets are checked afterwards (what was acknowledged is
+  stored exactly once; wrk may abandon up to one request per connection at the end of its run).
+- **engine in-process**: the same records through ``service.producer.Producer`` directly (no HTTP), in
+  ``--batch``-record ``send_many`` calls with ``--connections`` in flight: what the HTTP layer costs.
+- **direct confluent-kafka**: librdkafka with acks=all, enable.idempotence=true, linger.ms=5
+  (its default), in this process.
+
+Each scenario writes a fresh topic. Everything shares this machine's cores (broker, gateway, client).
+
+Usage: .venv/bin/python bench/produce.py [--records N] [--batch B] [--connections C] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import orjson  # noqa: E402
+from confluent_kafka import Consumer as CKConsumer  # noqa: E402
+from confluent_kafka import KafkaError  # noqa: E402
+from confluent_kafka import Producer as CKProducer  # noqa: E402
+from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
+
+from service.client.client import KafkaClient  # noqa: E402
+from service.embedded import EmbeddedBroker  # noqa: E402
+from service.producer import ProduceFailure, Producer  # noqa: E402
+from tests.integration.gateway_proc import GatewayProcess  # noqa: E402
+
+BIN = "application/vnd.kafka.binary.v2+json"
+PARTITIONS = 4
+VALUE = b"x" * 100
+
+LUA = r"""
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/vnd.kafka.binary.v2+json"
+local f = io.open(os.getenv("BENCH_BODY"), "rb"); wrk.body = f:read("*a"); f:close()
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; bad = 0; responses = 0 end
+function response(status, headers, body)
+  responses = responses + 1
+  if status == 200 then
+    local _, n = body:gsub('"error_code":null', '')
+    ok = ok + n
+  else
+    bad = bad + 1
+  end
+end
+function done(summary, latency, requests)
+  local total_ok, total_bad = 0, 0
+  for _, t in ipairs(threads) do total_ok = total_ok + t:get("ok"); total_bad = total_bad + t:get("bad") end
+  io.write(string.format("RESULT ok=%d bad=%d duration_us=%d p50_us=%d p99_us=%d\n", total_ok, total_bad,
+    summary.duration, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def body(batch: int) -> bytes:
+    v = base64.b64encode(VALUE).decode()
+    return orjson.dumps({"records": [{"value": v}] * batch})
+
+
+def count_stored(bootstrap: str, topic: str) -> int:
+    """Records stored in the topic, counted by reading it to the end (Tansu's ListOffsets(latest) miscounts
+    multi-record batches, so watermarks cannot be used)."""
+    c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": "bench-produce-check", "enable.partition.eof": True,
+                    "enable.auto.commit": False, "fetch.queue.backoff.ms": 10})
+    try:
+        c.assign([CKTopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        total = 0
+        at_end: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
+            for m in c.consume(num_messages=10000, timeout=1.0):
+                err = m.error()
+                if err is None:
+                    total += 1
+                    at_end.discard(m.partition())
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition())
+        return total
+    finally:
+        c.close()
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    async def go() -> None:
+        client = KafkaClient(bootstrap)
+        try:
+            await client.create_topics({topic: PARTITIONS})
+        finally:
+            await client.close()
+    asyncio.run(go())
+
+
+def via_wrk(url: str, topic: str, seconds: float, batch: int, connections: int, tmp: Path) -> tuple[float, int, str]:
+    """wrk keeps ``connections`` requests in flight for ``seconds`` (it cannot stop after N requests: a
+    stopped thread still waits for the end of the run)."""
+    threads = min(2, connections)
+    (tmp / "body.json").write_bytes(body(batch))
+    (tmp / "produce.lua").write_text(LUA)
+    env = {**os.environ, "BENCH_BODY": str(tmp / "body.json")}
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s", "--timeout",
+                          "60s", "-s", str(tmp / "produce.lua"), f"{url}/topics/{topic}"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("RESULT"))
+    f = dict(kv.split("=") for kv in line.split()[1:])
+    ok, bad, secs = int(f["ok"]), int(f["bad"]), int(f["duration_us"]) / 1e6
+    note = f"p50 {int(f['p50_us']) / 1000:.1f} ms, p99 {int(f['p99_us']) / 1000:.1f} ms per request"
+    if bad:
+        note += f", {bad} non-200 answers"
+    return ok / secs, ok, note
+
+
+def via_httpx(url: str, topic: str, n: int, batch: int, connections: int) -> tuple[float, int, str]:
+    payload = body(batch)
+
+    async def go() -> tuple[float, int]:
+        ok = 0
+        left = n // batch
+        async with httpx.AsyncClient(base_url=url, timeout=60,
+                                     limits=httpx.Limits(max_connections=connections)) as http:
+            async def worker() -> None:
+                nonlocal ok, left
+                while left > 0:
+                    left -= 1
+                    r = await http.post(f"/topics/{topic}", content=payload, headers={"Content-Type": BIN})
+                    if r.status_code == 200:
+                        ok += r.content.count(b'"error_code":null')
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(connections)))
+            return ok / (time.perf_counter() - t0), ok
+    rate, ok = asyncio.run(go())
+    return rate, ok, "httpx client (wrk not installed)"
+
+
+def engine(bootstrap: str, topic: str, n: int, batch: int, connections: int) -> tuple[float, int, str]:
+    async def go() -> tuple[float, int]:
+        client = KafkaClient(bootstrap)
+        p = Producer(client)
+        try:
+            recs = [(None, VALUE, (), None, None)] * batch
+            await p.send_many(topic, recs[:1])  # producer id, metadata
+            left = n // batch
+            ok = 0
+
+            async def worker() -> None:
+                nonlocal left, ok
+                while left > 0:
+                    left -= 1
+                    res = await p.send_many(topic, recs)
+                    ok += sum(1 for r in res if not isinstance(r, ProduceFailure))
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(connections)))
+            return ok / (time.perf_counter() - t0), ok + 1
+        finally:
+            await p.close()
+            await client.close()
+    rate, ok = asyncio.run(go())
+    return rate, ok, f"{connections} send_many calls of {batch} in flight"
+
+
+def direct(bootstrap: str, topic: str, n: int) -> tuple[float, int, str]:
+    acked = 0
+
+    def cb(err: object, msg: object) -> None:
+        nonlocal acked
+        if err is None:
+            acked += 1
+
+    p = CKProducer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                    "queue.buffering.max.messages": 1_000_000, "on_delivery": cb})
+    p.produce(topic, value=VALUE)  # connect, producer id
+    p.flush(30)
+    t0 = time.perf_counter()
+    for _ in range(n - 1):
+        while True:
+            try:
+                p.produce(topic, value=VALUE)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(120)
+    return (n - 1) / (time.perf_counter() - t0), acked, "acks=all, enable.idempotence=true, linger.ms=5"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=500, help="records per HTTP request / send_many call")
+    ap.add_argument("--connections", type=int, default=4, help="HTTP requests (send_many calls) in flight")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=10.0, help="duration of the wrk run (wrk runs for a time)")
+    ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    a = ap.parse_args()
+    n = a.records - a.records % (a.batch * min(2, a.connections))
+    print(f"machine: {os.cpu_count()} cores shared by Tansu, the gateway process, the HTTP client and this process; "
+          f"{n:,} x {len(VALUE)}-byte records, {PARTITIONS} partitions, batches of {a.batch}, "
+          f"{a.connections} in flight", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-produce-"))
+    broker = EmbeddedBroker()
+    broker.start()
+    gw = GatewayProcess(broker.bootstrap, dict(kv.split("=", 1) for kv in a.gateway_env), tmp / "gateway.log",
+                        base_env={"GATEWAY_LOG_LEVEL": "warning"}, cwd=ROOT)
+    gw.start()
+    rows: dict[str, list[tuple[float, str]]] = {}
+    try:
+        for rnd in range(a.rounds):
+            for name in ("gateway over HTTP", "engine in-process", "direct confluent-kafka"):
+                topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
+                create_topic(broker.bootstrap, topic)
+                if name.startswith("gateway"):
+                    if shutil.which("wrk"):
+                        rate, ok, note = via_wrk(gw.url, topic, a.seconds, a.batch, a.connections, tmp)
+                    else:
+                        rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
+                elif name.startswith("engine"):
+                    rate, ok, note = engine(broker.bootstrap, topic, n, a.batch, a.connections)
+                else:
+                    rate, ok, note = direct(broker.bootstrap, topic, n)
+                stored = count_stored(broker.bootstrap, topic)
+                # wrk abandons the requests in flight when its time is up: their records may be stored
+                slack = a.batch * a.connections if name.startswith("gateway") else 0
+                check = "ok" if ok <= stored <= ok + slack else f"MISMATCH: {ok} acknowledged, {stored} stored"
+                rows.setdefault(name, []).append((rate, f"{note}; stored {stored:,} ({check})"))
+                print(f"  round {rnd + 1}: {name:<24} {rate:>10,.0f} records/s   {note}; stored {check}", flush=True)
+    finally:
+        gw.stop()
+        broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = statistics.median(r for r, _ in rows["direct confluent-kafka"])
+    print(f"\n{'scenario':<26}{'records/s (median)':>20}{'ratio to direct':>18}")
+    for name, vals in rows.items():
+        med = statistics.median(r for r, _ in vals)
+        print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}")
+
+
+if __name__ == "__main__":
+    main()

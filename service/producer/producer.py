@@ -1,0 +1,430 @@
+"""The asyncio producer: a thin driver around the pure :class:`~service.producer.accumulator.Accumulator`.
+
+``Producer(client, config)`` shares a tenant's :class:`KafkaClient` (metadata cache, broker addresses)
+but sends its Produce requests on leased connections of its own (``KafkaClient.lease``), so large
+produce requests never queue behind, or in front of, the consumers' heartbeats and commits on the
+pipelined control connections.
+
+One background task (the sender) loops: expire old records, obtain a producer id when needed
+(InitProducerId, no transactional id), refresh metadata when leadership changed, then take one batch
+per ready partition, group the batches by leader and send one Produce request (acks=all) per leader,
+at most ``max_in_flight_per_broker`` at a time. Each request runs in its own task and reports the
+broker's answer to the accumulator, which decides success, retry, split, reset or failure; callers of
+``send_many`` are answered once each of their records was acknowledged or failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from service.client.client import KafkaClient
+from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.producer.accumulator import (
+    INT32_MAX,
+    RECORD_OVERHEAD,
+    Accumulator,
+    Delivery,
+    Entry,
+    ProducerBatch,
+    ProducerConfig,
+    record_size,
+)
+from service.producer.errors import (
+    NETWORK_EXCEPTION,
+    ProduceFailure,
+    ProducerClosedError,
+    ProduceResult,
+    UnknownTopicError,
+    failure,
+)
+from service.producer.partitioner import StickyPartitioner, partition_for_key
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+
+log = logging.getLogger(__name__)
+
+_TopicData = M.struct("ProduceRequest", "TopicProduceData")
+_PartitionData = M.struct("ProduceRequest", "PartitionProduceData")
+_MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
+_MISSING_TOPIC_CODES = frozenset({EC.UNKNOWN_TOPIC_OR_PARTITION, 17})  # 17: INVALID_TOPIC_EXCEPTION
+_INVALID_RECORD = 87
+
+
+class OutgoingRecord(NamedTuple):
+    """One record for ``send_many``; a plain 5-tuple in this order works too."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    partition: int | None = None
+    timestamp: int | None = None  # ms since the epoch; None: the time of the send_many call
+
+
+class Producer:
+    def __init__(self, client: KafkaClient, config: ProducerConfig | None = None) -> None:
+        self.client = client
+        self.config = config or ProducerConfig()
+        self.acc = Accumulator(self.config)
+        self.sticky = StickyPartitioner(self.config.sticky_bytes)
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._task: asyncio.Task[None] | None = None
+        self._requests: set[asyncio.Task[None]] = set()
+        self._node_in_flight: dict[int, int] = {}
+        self._closing = False
+        self._closed = False
+        self._refresh_wanted = False
+        self._meta_retry_at = 0.0
+        self._pid_retry_at = 0.0
+        self._pid_failures = 0
+        self._timeout = self.config.request_timeout_ms / 1000
+        # counters (tests, logs)
+        self.requests_sent = 0
+        self.records_acked = 0
+        self.records_failed = 0
+
+    # -- public API ------------------------------------------------------------------------------------
+    async def partition_count(self, topic: str) -> int:
+        """The number of partitions of ``topic`` from (fresh enough) metadata. Raises UnknownTopicError if
+        it does not exist (an unknown name never joins the client's metadata interest), or a
+        BrokerResponseError (e.g. TOPIC_AUTHORIZATION_FAILED, or retriable LEADER_NOT_AVAILABLE)."""
+        md = self.client.metadata
+        t = md.topics.get(topic)
+        if (t is not None and t.partitions and t.error_code in (0, EC.LEADER_NOT_AVAILABLE)
+                and time.monotonic() - md.updated_at < self.config.metadata_max_age_ms / 1000):
+            return len(t.partitions)
+        if t is None or t.error_code not in (0, EC.LEADER_NOT_AVAILABLE):
+            await self._probe_topic(topic)
+        await self.client.refresh_metadata([topic])
+        t = md.topics.get(topic)
+        if t is None or t.error_code in _MISSING_TOPIC_CODES:
+            raise UnknownTopicError(topic)
+        if t.error_code not in (0, EC.LEADER_NOT_AVAILABLE):
+            raise BrokerResponseError(t.error_code, f"topic {topic!r}")
+        if not t.partitions:
+            raise BrokerResponseError(EC.LEADER_NOT_AVAILABLE, f"topic {topic!r} has no partitions yet")
+        return len(t.partitions)
+
+    async def partitions(self, topic: str) -> list[int]:
+        """The partition numbers of ``topic`` (see :meth:`partition_count` for errors)."""
+        await self.partition_count(topic)
+        return self.client.metadata.partitions(topic)
+
+    async def send_many(self, topic: str, records: Sequence[Any]) -> list[ProduceResult]:
+        """Produce ``records`` (``OutgoingRecord`` or ``(key, value, headers, partition, timestamp)``
+        tuples) to ``topic``; returns one result per record, in order, once every record was acknowledged
+        by the broker (acks=all) or failed. Records with a partition that does not exist fail alone.
+        Raises UnknownTopicError / BrokerResponseError when the topic cannot be used at all, and
+        ProducerClosedError after close()."""
+        if self._closing:
+            raise ProducerClosedError("the producer is closed")
+        n = len(records)
+        if n == 0:
+            return []
+        num = await self.partition_count(topic)
+        tinfo = self.client.metadata.topics[topic]
+        parts = tinfo.partitions
+        while self.acc.queued_bytes >= self.config.buffer_bytes and not self._closing:
+            self._space.clear()
+            await self._space.wait()
+        if self._closing:
+            raise ProducerClosedError("the producer is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        delivery = Delivery(n, done)
+        now = loop.time()
+        now_ms = int(time.time() * 1000)
+        available: set[int] | None = None
+        groups: dict[int, list[Entry]] = {}
+        sizes: dict[int, int] = {}
+        new = tuple.__new__
+        for i, rec in enumerate(records):
+            key, value, headers, partition, ts = rec
+            size = RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+            if headers:
+                size = record_size(key, value, headers)
+            if partition is None:
+                if key is not None:
+                    partition = partition_for_key(key, num)
+                else:
+                    if available is None:
+                        available = {p for p, pi in parts.items() if pi.leader >= 0}
+                    partition = self.sticky.partition(topic, size, num, available)
+            elif partition not in parts:
+                delivery.resolve(i, failure(EC.UNKNOWN_TOPIC_OR_PARTITION,
+                                            f"partition {partition} of topic {topic!r} does not exist",
+                                            partition, retriable=False))
+                continue
+            entry = new(Entry, (key, value, headers or (), now_ms if ts is None else ts, delivery, i, size, now))
+            group = groups.get(partition)
+            if group is None:
+                groups[partition] = [entry]
+                sizes[partition] = size
+            else:
+                group.append(entry)
+                sizes[partition] += size
+        for partition, group in groups.items():
+            self.acc.extend((topic, partition), group, sizes[partition])
+        if not delivery.done:
+            self._ensure_running()
+            self._wake.set()
+            await asyncio.shield(fut)
+        results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
+        failed = sum(1 for r in results if isinstance(r, ProduceFailure))
+        self.records_failed += failed
+        self.records_acked += n - failed
+        return results
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop taking records, send what is queued (waiting at most ``timeout`` seconds, default the
+        delivery timeout), then fail whatever is left (retriable) and stop. Never closes the client."""
+        if self._closed:
+            return
+        self._closing = True
+        self._wake.set()
+        self._space.set()
+        limit = self.config.delivery_timeout_ms / 1000 if timeout is None else timeout
+        try:
+            task = self._task
+            if task is not None and not task.done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), limit)
+        finally:
+            self._closed = True
+            if self._task is not None:
+                self._task.cancel()
+            for t in list(self._requests):
+                t.cancel()
+            left = self.acc.fail_all(ProduceFailure(
+                NETWORK_EXCEPTION, "the producer closed before these records were acknowledged (if a request "
+                "was in flight, they may have been written)", True), in_flight=True)
+            if left:
+                self.records_failed += left
+                log.warning("producer closed with %d records not acknowledged", left)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    # -- the sender --------------------------------------------------------------------------------------
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="producer-sender")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            now = loop.time()
+            try:
+                wake_at = await self._step(now)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug: never let the sender die silently with callers waiting
+                log.exception("producer sender step failed")
+                wake_at = now + self.config.retry_backoff_ms / 1000
+            if self._closing and self.acc.empty:
+                return
+            if self._wake.is_set():
+                continue
+            handle = loop.call_at(wake_at, self._wake.set) if wake_at is not None else None
+            try:
+                await self._wake.wait()
+            finally:
+                if handle is not None:
+                    handle.cancel()
+
+    async def _step(self, now: float) -> float | None:
+        acc = self.acc
+        cfg = self.config
+        _, wake_at = acc.expire(now)
+        self._settle_space()
+        if acc.needs_producer_id:
+            if acc.in_flight or acc.empty:
+                return wake_at  # a reset waits for in-flight batches; no need for an id without records
+            if now < self._pid_retry_at:
+                return _earliest(wake_at, self._pid_retry_at)
+            await self._init_producer_id()
+            return asyncio.get_running_loop().time()  # go round again at once
+        if self._refresh_wanted and now >= self._meta_retry_at:
+            await self._refresh_metadata()
+            now = asyncio.get_running_loop().time()
+        ready, ready_at = acc.ready(now)
+        wake_at = _earliest(wake_at, ready_at)
+        if not ready:
+            return wake_at
+        md = self.client.metadata
+        groups: dict[int, list[tuple[str, int]]] = {}
+        leaderless = False
+        for tp in ready:
+            leader = md.leader(tp[0], tp[1])
+            if leader is None or md.broker(leader) is None:
+                leaderless = True
+                continue
+            groups.setdefault(leader, []).append(tp)
+        if leaderless:
+            self._refresh_wanted = True
+            wake_at = _earliest(wake_at, max(now, self._meta_retry_at))
+        for node, tps in groups.items():
+            if self._node_in_flight.get(node, 0) >= cfg.max_in_flight_per_broker:
+                continue  # a completion wakes the sender
+            batches: list[ProducerBatch] = []
+            total = 0
+            for tp in tps:
+                if total >= cfg.max_request_bytes:
+                    self._wake.set()  # the rest goes in the next request
+                    break
+                b = acc.next_batch(tp, now, cfg.max_request_bytes - total)
+                if b is not None:
+                    batches.append(b)
+                    total += len(b.payload or b"")
+            if batches:
+                self._node_in_flight[node] = self._node_in_flight.get(node, 0) + 1
+                task = asyncio.get_running_loop().create_task(self._send(node, batches))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+        return wake_at
+
+    def _settle_space(self) -> None:
+        if self.acc.queued_bytes < self.config.buffer_bytes:
+            self._space.set()
+
+    async def _refresh_metadata(self) -> None:
+        self._refresh_wanted = False
+        loop = asyncio.get_running_loop()
+        try:
+            await self.client.refresh_metadata()
+        except KafkaError as exc:
+            self._refresh_wanted = True
+            log.info("producer metadata refresh failed: %s", exc)
+        # at most one refresh per backoff period, however many partitions lack a leader
+        self._meta_retry_at = loop.time() + self.config.retry_backoff_ms / 1000
+
+    async def _probe_topic(self, topic: str) -> None:
+        """Ask a broker about one topic without adding it to the client's metadata interest (so that
+        requests for names that do not exist leave no trace)."""
+        req = M.MetadataRequest(topics=[_MetaTopic(name=topic)], allow_auto_topic_creation=False)
+        resp = await self.client.send_any(req)
+        for t in resp.topics:
+            if t.name == topic:
+                if t.error_code in _MISSING_TOPIC_CODES:
+                    raise UnknownTopicError(topic)
+                if t.error_code not in (0, EC.LEADER_NOT_AVAILABLE):
+                    raise BrokerResponseError(t.error_code, f"topic {topic!r}")
+                return
+        raise UnknownTopicError(topic)
+
+    async def _init_producer_id(self) -> None:
+        acc = self.acc
+        loop = asyncio.get_running_loop()
+        req = M.InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=INT32_MAX,
+                                      producer_id=-1, producer_epoch=-1)
+        try:
+            resp = await self.client.send_any(req, timeout=self._timeout)
+            if resp.error_code:
+                raise BrokerResponseError(resp.error_code, "InitProducerId")
+        except KafkaError as exc:
+            self._pid_failures += 1
+            backoff = min(self.config.retry_backoff_max_ms,
+                          self.config.retry_backoff_ms * 2 ** min(self._pid_failures - 1, 16)) / 1000
+            self._pid_retry_at = loop.time() + backoff
+            if not exc.retriable:
+                code = exc.code if isinstance(exc, BrokerResponseError) and exc.code is not None else -1
+                n = acc.fail_all(failure(code, f"cannot obtain a producer id for the idempotent producer: {exc}",
+                                         retriable=False))
+                self.records_failed += n
+                log.warning("InitProducerId failed (%s); %d records failed", exc, n)
+            else:
+                log.info("InitProducerId failed (%s); retrying in %.2f s", exc, backoff)
+            return
+        self._pid_failures = 0
+        first = acc.producer_id < 0
+        acc.set_producer_id(resp.producer_id, resp.producer_epoch)
+        if first:
+            log.info("idempotent producer id %d epoch %d", resp.producer_id, resp.producer_epoch)
+        else:
+            log.warning("producer id reset: now %d epoch %d", resp.producer_id, resp.producer_epoch)
+
+    async def _send(self, node: int, batches: list[ProducerBatch]) -> None:
+        by_topic: dict[str, list[Any]] = {}
+        for b in batches:
+            by_topic.setdefault(b.tp[0], []).append(_PartitionData(index=b.tp[1], records=b.payload))
+        req = M.ProduceRequest(transactional_id=None, acks=-1, timeout_ms=self.config.request_timeout_ms,
+                               topic_data=[_TopicData(name=t, partition_data=pd) for t, pd in by_topic.items()])
+        loop = asyncio.get_running_loop()
+        sent = False
+        try:
+            try:
+                async with self.client.lease(node) as mc:
+                    conn = await mc.get()
+                    sent = True
+                    self.requests_sent += 1
+                    resp = await conn.send(req, None, self._timeout)
+            except KafkaError as exc:
+                retriable = exc.retriable or isinstance(exc, KafkaConnectionError | RequestTimeoutError)
+                now = loop.time()
+                for b in batches:
+                    self.acc.on_request_error(b, now, f"Produce to broker {node}: {exc}", retriable=retriable,
+                                              ambiguous=sent)
+                self.client.metadata.mark_stale()
+                self._refresh_wanted = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug or a malformed answer: fail these records, keep going
+                log.exception("produce request to broker %d failed", node)
+                now = loop.time()
+                for b in batches:
+                    self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False, ambiguous=sent)
+            else:
+                try:
+                    self._on_response(resp, batches, node)
+                except Exception as exc:  # a bug: never leave batches in flight forever
+                    log.exception("handling the produce answer of broker %d failed", node)
+                    now = loop.time()
+                    for b in batches:  # those already settled are ignored
+                        self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False)
+        finally:
+            self._node_in_flight[node] -= 1
+            self._wake.set()
+
+    def _on_response(self, resp: Any, batches: list[ProducerBatch], node: int) -> None:
+        answers: dict[tuple[str, int], Any] = {}
+        for t in resp.responses:
+            for p in t.partition_responses:
+                answers[(t.name, p.index)] = p
+        now = asyncio.get_running_loop().time()
+        for b in batches:
+            pr = answers.get(b.tp)
+            if pr is None:
+                self.acc.on_request_error(b, now, f"broker {node} answered without partition {b.tp[0]}-{b.tp[1]}")
+                continue
+            code = pr.error_code
+            message = getattr(pr, "error_message", None)
+            if code == _INVALID_RECORD and getattr(pr, "record_errors", None):
+                details = "; ".join(f"record {e.batch_index}: {e.batch_index_error_message}" for e in pr.record_errors)
+                message = f"{message}; {details}" if message else details
+            out = self.acc.on_response(b, code, pr.base_offset, now, message)
+            if out.refresh_metadata:
+                self.client.handle_error_code(code, b.tp[0])
+                self._refresh_wanted = True
+            if code and code not in (46,):
+                log.debug("produce %s-%d: error %d (attempt %d)", b.tp[0], b.tp[1], code, b.attempts)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a < b else b

@@ -24,7 +24,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 INT32_MAX = 2**31 - 1
-_DIGITS = re.compile(r"[0-9]{1,10}")
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 class ConfigError(ValueError):
@@ -36,8 +36,8 @@ class ConfigError(ValueError):
 
 
 def to_int(key: str, v: Any, lo: int = 0, hi: int = INT32_MAX) -> int:
-    if isinstance(v, str) and _DIGITS.fullmatch(v.strip()):
-        v = int(v.strip())
+    if isinstance(v, str) and _DIGITS.fullmatch(v):
+        v = int(v)
     elif isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
@@ -56,32 +56,31 @@ def to_bool(key: str, v: Any) -> bool:
 
 
 def _ms(lo: int = 0, hi: int = INT32_MAX) -> Callable[[str, Any], int]:
-    return lambda k, v: to_int(k, v, lo, hi)
+    """Any int32 >= 0 (a JSON number or a string of digits, as the schema says), clamped into [lo, hi]."""
+    return lambda k, v: min(hi, max(lo, to_int(k, v)))
 
 
 _ASSIGNORS = {
-    "range": "range", "org.apache.kafka.clients.consumer.rangeassignor": "range",
-    "roundrobin": "roundrobin", "org.apache.kafka.clients.consumer.roundrobinassignor": "roundrobin",
+    "range": "range", "org.apache.kafka.clients.consumer.RangeAssignor": "range",
+    "roundrobin": "roundrobin", "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin",
     "cooperative-sticky": "cooperative-sticky",
-    "org.apache.kafka.clients.consumer.cooperativestickyassignor": "cooperative-sticky",
+    "org.apache.kafka.clients.consumer.CooperativeStickyAssignor": "cooperative-sticky",
 }
+_ASSIGNOR_RE = "|".join(re.escape(k) for k in _ASSIGNORS)
 
 
 def _assignors(key: str, v: Any) -> tuple[str, ...]:
-    items = v if isinstance(v, list) else str(v).split(",")
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: must be a comma-separated string of assignor names", 42206)
     out = []
-    for item in items:
-        name = str(item).strip()
-        if not name:
-            continue
-        got = _ASSIGNORS.get(name.lower())
+    for item in v.split(","):
+        name = item.strip()
+        got = _ASSIGNORS.get(name)
         if got is None:
             raise ConfigError(f"{key}: {name!r} is not supported; use range, roundrobin or cooperative-sticky "
                               "(or their Java class names)", 42206)
         if got not in out:
             out.append(got)
-    if not out:
-        raise ConfigError(f"{key}: give at least one assignor", 42206)
     return tuple(out)
 
 
@@ -92,14 +91,15 @@ def _client_id(key: str, v: Any) -> str:
 
 
 def _rack(key: str, v: Any) -> str:
-    if not isinstance(v, str) or len(v) > 200 or any(ord(c) < 32 for c in v):
+    if not isinstance(v, str) or len(v) > 200 or any(ord(c) < 32 or ord(c) == 127 for c in v):
         raise ConfigError(f"{key}: must be a string of at most 200 printable characters", 42206)
     return v
 
 
 #: Kafka property → (ConsumerConfig field, parser). Applied to the instance's consumer.
+#: Numbers are clamped into a sane range (e.g. a fetch wait of at most 30 s) rather than refused.
 HONOURED: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
-    "heartbeat.interval.ms": ("heartbeat_interval_ms", _ms(1, 3_600_000)),
+    "heartbeat.interval.ms": ("heartbeat_interval_ms", _ms(1)),
     "max.poll.interval.ms": ("max_poll_interval_ms", _ms(1000)),
     "auto.commit.interval.ms": ("auto_commit_interval_ms", _ms(1)),
     "fetch.max.bytes": ("fetch_max_bytes", _ms(1)),
@@ -153,6 +153,28 @@ OPERATOR_ONLY_PREFIXES = ("ssl.", "sasl.", "security.", "ssl_", "sasl_")
 OPERATOR_ONLY = frozenset({
     "bootstrap.servers", "metadata.broker.list", "group.id", "security.protocol", "enable.ssl.certificate.verification",
 })
+
+_INT_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+                         {"type": "string", "pattern": "^[0-9]{1,9}$"}]}
+_STRING_SCHEMAS: dict[str, dict[str, Any]] = {
+    "partition.assignment.strategy": {
+        "type": "string", "pattern": rf"^\s*({_ASSIGNOR_RE})(\s*,\s*({_ASSIGNOR_RE}))*\s*$",
+        "description": "range, roundrobin, cooperative-sticky or their Java class names, comma-separated"},
+    "client.id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,200}$"},
+    "client.rack": {"type": "string", "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f]*$"},
+}
+
+
+def property_schemas() -> dict[str, dict[str, Any]]:
+    """JSON schemas of the Kafka properties a create body may carry besides its fields (for OpenAPI)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(HONOURED):
+        out[key] = dict(_STRING_SCHEMAS.get(key, _INT_SCHEMA))
+        out[key].setdefault("description", f"Kafka consumer property, applied to the instance ({HONOURED[key][0]})")
+    for key in sorted(IGNORED):
+        out[key] = {"description": "client-side Kafka consumer property: accepted and ignored"}
+    return out
+
 
 _logged: set[str] = set()
 

@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant
-from api.consumer_config import ConfigError, parse_properties
+from api.consumer_config import ConfigError, parse_properties, property_schemas
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
 from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
@@ -72,6 +72,13 @@ def _config_int(v: Any) -> Any:
     return v
 
 
+def _max_poll_records(v: Any) -> Any:
+    v = _config_int(v)
+    if v is not None and int(v) > 100_000:
+        raise ValueError("must be at most 100000")
+    return v
+
+
 def _config_bool(v: Any) -> Any:
     if v is None or isinstance(v, bool) or (isinstance(v, str) and _TRUE_FALSE.fullmatch(v)):
         return v
@@ -80,6 +87,9 @@ def _config_bool(v: Any) -> Any:
 
 ConfigInt = Annotated[int | str | None, BeforeValidator(_config_int), WithJsonSchema({"anyOf": [
     {"type": "integer", "minimum": 0, "maximum": INT32_MAX}, {"type": "string", "pattern": "^[0-9]{1,9}$"},
+    {"type": "null"}]})]
+MaxPollRecords = Annotated[int | str | None, BeforeValidator(_max_poll_records), WithJsonSchema({"anyOf": [
+    {"type": "integer", "minimum": 0, "maximum": 100_000}, {"type": "string", "pattern": "^(100000|[0-9]{1,5})$"},
     {"type": "null"}]})]
 ConfigBool = Annotated[str | bool | None, BeforeValidator(_config_bool), WithJsonSchema({"anyOf": [
     {"type": "boolean"}, {"type": "string", "pattern": "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])$"},
@@ -98,11 +108,18 @@ def _lower(v: Any) -> Any:
     return v.lower() if isinstance(v, str) else v
 
 
+def _document_properties(schema: dict[str, Any]) -> None:
+    """The create body's schema lists every Kafka property the gateway honours or ignores; anything
+    else is refused (42204)."""
+    schema["properties"].update(property_schemas())
+    schema["additionalProperties"] = False
+
+
 class CreateConsumer(BaseModel):
     """Confluent's create body; any other Kafka consumer property is sorted by :mod:`api.consumer_config`
     (honoured, ignored, or refused with 42204)."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, json_schema_extra=_document_properties)
 
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$",
@@ -115,9 +132,9 @@ class CreateConsumer(BaseModel):
     fetch_min_bytes: ConfigInt = Field(None, alias="fetch.min.bytes")
     consumer_request_timeout_ms: ConfigInt = Field(None, alias="consumer.request.timeout.ms")
     consumer_request_max_bytes: ConfigInt = Field(
-        None, alias="consumer.request.max.bytes", description="default max_bytes of a records request")
-    max_poll_records: ConfigInt = Field(
-        None, alias="max.poll.records", description="default max_records of a records request (1-100000)")
+        None, alias="consumer.request.max.bytes", description="default max_bytes of a records request (0: none)")
+    max_poll_records: MaxPollRecords = Field(
+        None, alias="max.poll.records", description="default max_records of a records request (0: 500)")
     isolation_level: Literal["read_uncommitted", "read_committed"] | None = Field(None, alias="isolation.level")
     group_instance_id: str | None = Field(None, alias="group.instance.id")
     session_timeout_ms: ConfigInt = Field(None, alias="session.timeout.ms")
@@ -298,10 +315,8 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
         props = parse_properties(body.model_extra or {})
     except ConfigError as exc:
         raise GatewayError(str(exc), status=422, error_code=exc.code) from None
-    if body.max_poll_records is not None and not 1 <= body.max_poll_records <= 100_000:
-        raise GatewayError("max.poll.records: must be between 1 and 100000", status=422, error_code=42206)
-    if body.consumer_request_max_bytes is not None and body.consumer_request_max_bytes < 1:
-        raise GatewayError("consumer.request.max.bytes: must be at least 1", status=422, error_code=42206)
+    if body.max_poll_records is not None and body.max_poll_records > 100_000:
+        raise GatewayError("max.poll.records: must be at most 100000", status=422, error_code=42206)
     auto = body.enable_auto_commit if body.enable_auto_commit is not None else body.auto_commit_enable
     reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
                                                              body.auto_offset_reset or "latest")
@@ -312,8 +327,8 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
         isolation_level=body.isolation_level or "read_uncommitted",
         group_instance_id=body.group_instance_id,
         session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
-        max_poll_records=body.max_poll_records,
-        max_bytes=body.consumer_request_max_bytes,
+        max_poll_records=body.max_poll_records or None,  # 0: the gateway's default
+        max_bytes=body.consumer_request_max_bytes or None,
         overrides=props.overrides,
     )
     name = body.id if body.id is not None else body.name  # the legacy 'id' overrides 'name', as in Confluent

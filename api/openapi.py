@@ -85,7 +85,11 @@ _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe"
 DESCRIPTION = """\
 An HTTP gateway that lets clients in any language consume Kafka as members of consumer groups. It is
 wire-compatible with the **Confluent REST Proxy v2 consumer API** and adds extensions: true long-poll,
-streaming (NDJSON and server-sent events), record timestamps and headers, seeking to timestamps.
+streaming (NDJSON and server-sent events), record timestamps and headers, seeking to timestamps. It also
+serves the v2 **topic** endpoints (`GET /topics`, a topic, its partitions, a partition's beginning, end
+and last stable offsets) and **produce** (`POST /topics/{topic}`, `POST /topics/{topic}/partitions/{p}` in
+the binary and json embedded formats, with headers and timestamps as extensions; answered after the
+broker acknowledged, through one idempotent producer per tenant).
 
 ## Flow
 1. `POST /consumers/{group}` creates a consumer instance and returns its `instance_id` and `base_uri`.
@@ -127,7 +131,7 @@ format is 406 (40601).
   operator may set them (brokers, security, group id) or when they are not Kafka consumer properties.
 
 ## Authentication
-With a tenants file (`GATEWAY_TENANTS_FILE`) every `/consumers` request needs `Authorization: Bearer
+With a tenants file (`GATEWAY_TENANTS_FILE`) every `/consumers` and `/topics` request needs `Authorization: Bearer
 <API key or JWT>` or `X-API-Key: <API key>`; failures are 401 (40101) with `WWW-Authenticate: Bearer`.
 Without one the gateway serves everything as tenant `default` without authentication (development only).
 A tenant sees only its own instances (404, 40403) and gets 403 (40301) outside its topic and group
@@ -309,7 +313,10 @@ def _error_response(status: int) -> dict[str, Any]:
 
 
 def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
-    """The accepted request media types: the Confluent one first, then plain JSON, same schema."""
+    """The accepted request media types: the Confluent one first, then plain JSON, same schema. A body
+    declared with other media types (produce: the embedded formats) is kept as declared."""
+    if JSON not in content:
+        return content
     schema = content.get(JSON, {}).get("schema", {})
     return {V2: {"schema": copy.deepcopy(schema)}, JSON: {"schema": schema}}
 

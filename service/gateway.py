@@ -277,10 +277,7 @@ class Gateway:
             defaults["session_timeout_ms"] = options.session_timeout_ms
         defaults.update(options.overrides)
         if defaults.get("heartbeat_interval_ms", 0) >= defaults.get("session_timeout_ms", 45000):
-            # A shorter session than the gateway's heartbeat default: beat at a third of it, as Kafka advises
-            if "heartbeat_interval_ms" in options.overrides:
-                raise GatewayError("heartbeat.interval.ms must be lower than session.timeout.ms",
-                                   status=422, error_code=42206)
+            # A heartbeat interval must be below the session timeout: beat at a third of it, as Kafka advises
             defaults["heartbeat_interval_ms"] = max(1, defaults["session_timeout_ms"] // 3)
         cfg = ConsumerConfig(
             group_id=group,

@@ -10,7 +10,7 @@ Bodies are Confluent's ``{"records": [{"key", "value", "partition"}], "key_schem
   exactly).
 
 Extensions (mirroring what the consumer's records carry, see :mod:`api.render`): per record
-``"headers": [{"key": "<string>", "value": "<base64>" | null}]`` (base64 in both formats) and
+``"headers": [{"key": "<string>", "value": "<base64>" | null}]`` (base64 in both formats; no value: null) and
 ``"timestamp"`` (ms since the epoch; default: the time of the request).
 
 The answer is Confluent's ``ProduceResponse``: ``{"offsets": [{"partition", "offset", "error_code",
@@ -39,8 +39,9 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
   violation; its current serializer answers 408/40801, a known FIXME there).
 - an empty body, a body without a non-empty ``records`` array, unknown fields (a typo such as ``vaule``
   would otherwise silently produce a null value) and malformed records are **422/42206**; a bad
-  ``partition`` or ``timestamp`` value is 422/42207; malformed JSON is 400/40001. A record's
-  ``partition`` on the partition route must be absent, null or that partition (Confluent lets it win).
+  ``partition`` or ``timestamp`` value (not an integer in range; an integral float such as ``5.0`` is an
+  integer, as for JSON Schema) is 422/42207; malformed JSON is 400/40001. On the partition route a
+  record's (valid) ``partition`` is ignored: the path's partition wins, as in Confluent.
 - a topic outside the tenant's patterns is 403/40301.
 """
 
@@ -87,7 +88,7 @@ _AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
 
 
 # -- OpenAPI description (validation itself is plain code below, never a model per record) -------------------
-class PartitionOffset(BaseModel):
+class ProducedOffset(BaseModel):
     partition: int | None = Field(description="null when the record failed")
     offset: int | None = Field(description="null when the record failed; -1 if the broker stored the record but "
                                            "could not tell its offset (a retried duplicate)")
@@ -97,7 +98,7 @@ class PartitionOffset(BaseModel):
 
 
 class ProduceResponse(BaseModel):
-    offsets: list[PartitionOffset]
+    offsets: list[ProducedOffset]
     key_schema_id: int | None = None
     value_schema_id: int | None = None
 
@@ -111,14 +112,15 @@ def _body_schema(value_schema: dict[str, Any], partition_route: bool) -> dict[st
             "value": value_schema,
             "headers": {"type": "array", "description": "extension: record headers (values base64)", "items": {
                 "type": "object", "required": ["key"], "additionalProperties": False, "properties": {
-                    "key": {"type": "string"}, "value": {"type": ["string", "null"], "format": "byte"}}}},
+                    "key": {"type": "string"}, "value": {"type": ["string", "null"], "format": "byte",
+                                                        "description": "base64; absent: null"}}}},
             "timestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX,
                           "description": "extension: record timestamp in ms (default: now)"},
         },
     }
     record["properties"]["partition"] = {
         "type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1,
-        "description": "must be null or the path's partition" if partition_route else
+        "description": "ignored: the path's partition wins (as in Confluent)" if partition_route else
         "default: by key (murmur2, as the Java client), else a sticky partition"}
     return {
         "type": "object",
@@ -234,6 +236,8 @@ def _headers(v: Any, i: int) -> list[tuple[str, bytes | None]]:
 def _int_field(v: Any, i: int, field: str, maximum: int) -> int | None:
     if v is None:
         return None
+    if type(v) is float and v.is_integer():  # 5.0 is an integer for JSON Schema (and Jackson)
+        v = int(v)
     if type(v) is not int or not 0 <= v <= maximum:
         raise _invalid(f"records[{i}].{field} must be an integer between 0 and {maximum}", 42207)
     return v
@@ -288,10 +292,7 @@ def _parse_record(r: Any, i: int, binary: bool, path_partition: int | None) -> t
         key = _json_bytes(r.get("key"))
         value = _json_bytes(r.get("value"))
     partition = _int_field(r.get("partition"), i, "partition", 2**31 - 1)
-    if path_partition is not None:
-        if partition is not None and partition != path_partition:
-            raise _invalid(f"records[{i}].partition ({partition}) differs from the partition in the path "
-                           f"({path_partition})", 42207)
+    if path_partition is not None:  # the path's partition wins, as in Confluent
         partition = path_partition
     headers = _headers(r.get("headers"), i) if "headers" in r else _NO_HEADERS
     ts = _int_field(r.get("timestamp"), i, "timestamp", INT64_MAX) if "timestamp" in r else None

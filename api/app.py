@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.auth import AuthFailureLimiter, TrustedProxies, tenant_error_handler
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.errors import error_response, install_error_handlers
@@ -92,8 +94,35 @@ class ObserveMiddleware:
                 observe(message["status"])
             await send(message)
 
+        # The limit holds for the bytes actually received, also for chunked bodies without Content-Length.
+        limit = self.max_body_bytes
+        received = 0
+        too_large = False
+        started_response = False
+
+        async def receive_counted() -> dict[str, Any]:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    too_large = True
+                    raise HTTPException(413, f"request body larger than {limit} bytes")
+            return message
+
+        async def send_guarded(message: dict[str, Any]) -> None:
+            nonlocal started_response
+            if message["type"] == "http.response.start":
+                started_response = True
+            await send_observed(message)
+
         try:
-            await self.app(scope, receive, send_observed)
+            await self.app(scope, receive_counted, send_guarded)
+        except Exception:
+            if not too_large or started_response:
+                raise
+            # the route let the refusal escape: answer it here
+            await error_response(413, 41301, f"request body larger than {limit} bytes")(scope, receive, send_guarded)
         finally:
             if not observed:
                 observe(500)
@@ -155,15 +184,18 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     app.state.tenants = tenants
     app.state.gateway = gateway
     app.state.metrics = metrics
+    app.state.trusted_proxies = TrustedProxies(settings.forwarded_allow_ips)
+    app.state.auth_limiter = AuthFailureLimiter(settings.auth_failures_per_minute)
     install_error_handlers(app)
+    app.add_exception_handler(TenantError, tenant_error_handler)  # 401 with WWW-Authenticate, 429 Retry-After
+    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
 
-    @app.exception_handler(TenantError)
-    async def _tenant_error(request: Request, exc: TenantError) -> OrjsonResponse:
-        headers = {}
-        retry = getattr(exc, "retry_after", None)
-        if retry is not None:
-            headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-        return error_response(exc.status, exc.error_code, exc.message, headers or None)
+    def is_admin(request: Request) -> bool:
+        """The request carries ``Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`` (never true when unset)."""
+        if not admin_token:
+            return False
+        scheme, _, credential = request.headers.get("authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), admin_token.encode())
 
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
 
@@ -172,7 +204,11 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["ops"], summary="Brokers of every tenant are reachable")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
+        # Tenant ids, broker counts and broker errors only for the admin token: anyone may probe readiness.
+        # Without a tenants file (one open 'default' tenant, every API unauthenticated anyway) and without
+        # an admin token, the details stay public.
+        detailed = is_admin(request) or (not tenants.auth_required and admin_token is None)
         problems = {}
         for tenant in tenants.tenants.values():
             rt = gateway.tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
@@ -182,14 +218,25 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             except (KafkaError, TimeoutError) as exc:
                 problems[tenant.id] = str(exc) or "timed out"
         if problems:
+            if not detailed:
+                return OrjsonResponse({"status": "unavailable"}, status_code=503)
             return OrjsonResponse({"status": "unavailable", "error_code": 50302, "tenants": problems},
                                   status_code=503)
+        if not detailed:
+            return OrjsonResponse({"status": "ready"})
         return OrjsonResponse({"status": "ready", "tenants": sorted(tenants.tenants),
                                "brokers": {t: len(gateway.tenants[t].client.metadata.brokers)
                                            for t in tenants.tenants}})
 
-    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
-    async def prom_metrics() -> Response:
+    @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (Bearer GATEWAY_ADMIN_TOKEN when set)")
+    async def prom_metrics(request: Request) -> Response:
+        # Metrics name tenants, groups and topics: with a tenants file (or an admin token) only the admin
+        # token may read them. A multi-tenant gateway without a token serves no metrics at all.
+        if (admin_token or tenants.auth_required) and not is_admin(request):
+            why = ("/metrics needs 'Authorization: Bearer <GATEWAY_ADMIN_TOKEN>'" if admin_token else
+                   "/metrics of a multi-tenant gateway needs an admin token: set GATEWAY_ADMIN_TOKEN and scrape "
+                   "with 'Authorization: Bearer <token>'")
+            return error_response(401, 40101, why, {"WWW-Authenticate": 'Bearer realm="kafka-consumer-gateway-admin"'})
         # Live state is read on the event loop in slices; the text exposition (about 10 µs per series:
         # 10,000 lag series at 10,000 instances) runs in a worker thread, off the event loop.
         async with collector.lock:

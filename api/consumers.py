@@ -12,18 +12,36 @@ import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from api.auth import current_tenant
+from api.auth import current_tenant, peer_is_trusted_proxy
 from api.consumer_config import ConfigError, parse_properties, property_schemas
+from api.errors import documented_errors
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
-from service.consumer.subscription import SubscriptionError, SubscriptionType, TopicPartition
-from service.gateway import ConsumerInstance, Gateway, GatewayError, InstanceOptions, TenantRuntime
+from service.consumer.subscription import (
+    InvalidPatternError,
+    SubscriptionError,
+    SubscriptionType,
+    TopicPartition,
+    compile_topic_pattern,
+)
+from service.gateway import (
+    GROUP_ID_PATTERN,
+    SHUTDOWN_MESSAGE,
+    ConsumerInstance,
+    Gateway,
+    GatewayError,
+    InstanceOptions,
+    ShuttingDown,
+    TenantRuntime,
+    validate_group_id,
+)
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
 from service.tenants import Tenant, TenantError
@@ -159,6 +177,11 @@ class CreateConsumer(BaseModel):
         return iv
 
 
+# The group of a new instance: stated for the contract, checked by validate_group_id (clear 42206 messages).
+GroupId = Annotated[str, Path(description="Consumer group id: up to 249 characters, no control characters",
+                              json_schema_extra={"maxLength": 249, "pattern": GROUP_ID_PATTERN})]
+
+
 class CreateConsumerResponse(BaseModel):
     instance_id: str
     base_uri: str
@@ -234,17 +257,7 @@ class ErrorBody(BaseModel):
     message: str
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorBody, "description": d} for s, d in (
-        (400, "malformed JSON (40001)"), (401, "unauthenticated (40101)"), (403, "forbidden (40301)"),
-        (404, "not found (40401 topic, 40402 partition, 40403 instance)"),
-        (409, "conflict (40901 already subscribed, 40902 instance exists, 40903 illegal state)"),
-        (410, "instance expired (41001)"), (413, "request body too large (41301)"),
-        (415, "unsupported content type (41501)"),
-        (422, "invalid request (42204 unknown config key, 42206 invalid field, 42207 invalid value)"),
-        (429, "rate limited (42901)"), (500, "Kafka or internal error (50001, 50002)"),
-        (503, "Kafka unavailable (50003 retriable, 50302 no broker)"))
-}
+ERRORS = documented_errors(ErrorBody, 400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500, 503)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -275,6 +288,10 @@ def base_url(request: Request) -> str:
     settings = request.app.state.settings
     if settings.public_url:
         return str(settings.public_url).rstrip("/")
+    if not peer_is_trusted_proxy(request):
+        # Forwarded / X-Forwarded-* from anyone but a proxy in GATEWAY_FORWARDED_ALLOW_IPS could be forged
+        host = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+        return f"{request.url.scheme}://{host}"
     fwd = request.headers.get("forwarded")
     proto = host = None
     if fwd:
@@ -306,9 +323,10 @@ def tps(parts: list[PartitionRef]) -> list[TopicPartition]:
 # -- endpoints --------------------------------------------------------------------------------------------------
 @router.post("/consumers/{group}", response_model=CreateConsumerResponse, responses=ERRORS,
              summary="Create a consumer instance in a group")
-async def create_consumer(request: Request, group: str, body: CreateConsumer | None = Body(None),
+async def create_consumer(request: Request, group: GroupId, body: CreateConsumer | None = Body(None),
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     body = body or CreateConsumer()
+    validate_group_id(group)  # 422/42206: empty, longer than Kafka's 249, control characters
     if not tenant.allows_group(group):
         raise TenantError(403, 40301, f"tenant {tenant.id!r} may not use consumer group {group!r}")
     try:
@@ -336,9 +354,10 @@ async def create_consumer(request: Request, group: str, body: CreateConsumer | N
     bind(tenant.id, group, name)
     inst = await gw.create_instance(runtime(request, tenant), group, opts, name,
                                     tenant_max_instances=tenant.quotas.max_instances)
+    inst.consumer.subs.topic_filter = tenant.allows_topic  # a pattern never matches a forbidden topic
     bind(instance=inst.instance_id)
     log.info("created consumer instance (format %s, auto commit %s)", opts.format, opts.auto_commit)
-    uri = f"{base_url(request)}/consumers/{group}/instances/{inst.instance_id}"
+    uri = f"{base_url(request)}/consumers/{quote(group, safe='')}/instances/{quote(inst.instance_id, safe='')}"
     return v2({"instance_id": inst.instance_id, "base_uri": uri})
 
 
@@ -374,12 +393,13 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
     else:
         pattern = body.topic_pattern or ""
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise GatewayError(f"invalid topic_pattern: {exc}", status=422, error_code=42206) from exc
+            compile_topic_pattern(pattern)  # RE2: linear time, whatever the client sends
+        except InvalidPatternError as exc:
+            raise GatewayError(str(exc), status=422, error_code=42206) from None
+        # Tenant-safe before subscribing: the pattern only ever matches the tenant's allowed topics (now and
+        # topics created later); a forbidden topic it would match is left out, never delivered.
+        inst.consumer.subs.topic_filter = tenant.allows_topic
         await inst.consumer.subscribe(pattern=pattern)
-        for t in list(inst.consumer.subs.topics):
-            check_topic(tenant, t)
     return Response(status_code=204)
 
 
@@ -547,7 +567,8 @@ async def records(request: Request, group: str, instance_id: str,
     started = time.monotonic()
     try:
         async with inst.lock, tenant.poll_slot():
-            chunks = await inst.consumer.poll_batches(limit, max_bytes, wait)
+            # [] at once when the gateway drains (SIGTERM), also for a poll already waiting
+            chunks = await gw.poll(inst, limit, max_bytes, wait)
     finally:
         inst.active_requests -= 1
         inst.touch()
@@ -567,13 +588,20 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
     never the heartbeats."""
     inst.active_requests += 1
     metrics = request.app.state.metrics
+    gw = gateway(request)
     try:
         while not inst.closed:
+            if gw.draining:
+                # SIGTERM: end cleanly, telling the client to commit what it got (the listener stays open
+                # for a short drain window) and to reconnect, instead of being cut later
+                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
+                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+                break
             if await request.is_disconnected():
                 break
             started = time.monotonic()
             async with inst.lock:
-                chunks = await inst.consumer.poll_batches(limit, max_bytes, 1.0)
+                chunks = await gw.poll(inst, limit, max_bytes, 1.0)
             inst.touch()
             if not chunks:
                 if media == SSE:

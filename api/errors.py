@@ -1,32 +1,8 @@
 """Every HTTP error is a JSON body ``{"error_code": <5 digits>, "message": "..."}`` with a stable code.
 
-Codes follow the Confluent REST Proxy v2 where it defines one:
-
-| HTTP | code  | meaning |
-| ---- | ----- | ------- |
-| 400  | 40001 | malformed JSON body |
-| 401  | 40101 | missing or invalid credentials |
-| 403  | 40301 | topic or group outside the tenant's allowed patterns |
-| 404  | 40400 | no such endpoint |
-| 404  | 40401 | topic not found |
-| 404  | 40402 | partition not found |
-| 404  | 40403 | consumer instance not found |
-| 405  | 40501 | method not allowed |
-| 406  | 40601 | the Accept header does not match the instance's format |
-| 409  | 40901 | consumer already subscribed (subscription vs. assignment conflict) |
-| 409  | 40902 | consumer instance with this name already exists in the group |
-| 409  | 40903 | illegal state (not subscribed, partition not assigned, rebalance in progress, no offset) |
-| 410  | 41001 | consumer instance expired after its idle timeout |
-| 413  | 41301 | request body too large |
-| 415  | 41501 | unsupported request content type |
-| 422  | 42204 | unknown or invalid consumer configuration key |
-| 422  | 42206 | invalid request field |
-| 422  | 42207 | invalid offset, partition or timestamp value |
-| 429  | 42901 | rate limited / quota exceeded (Retry-After header) |
-| 500  | 50001 | internal error (details logged, never returned) |
-| 500  | 50002 | Kafka error |
-| 503  | 50003 | retriable Kafka error (Retry-After header) |
-| 503  | 50302 | no Kafka broker reachable |
+:data:`ERROR_CODES` is the one table of codes (HTTP status, code, meaning); the OpenAPI contract, the
+routes' documented responses and the README are derived from it. Codes follow the Confluent REST Proxy
+v2 where it defines one.
 """
 
 from __future__ import annotations
@@ -46,13 +22,52 @@ from service.client.errors import (
     KafkaError,
     NoBrokersAvailableError,
 )
-from service.consumer.subscription import NoOffsetForPartitionError, SubscriptionError
+from service.consumer.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 from service.gateway import GatewayError
 from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
 
 log = logging.getLogger(__name__)
+
+#: (HTTP status, error code, meaning): the table of every error code the gateway answers.
+ERROR_CODES: tuple[tuple[int, int, str], ...] = (
+    (400, 40001, 'malformed JSON body'),
+    (401, 40101, 'missing or invalid credentials'),
+    (403, 40301, "topic or group outside the tenant's allowed patterns"),
+    (404, 40400, 'no such endpoint'),
+    (404, 40401, 'topic not found'),
+    (404, 40402, 'partition not found'),
+    (404, 40403, 'consumer instance not found'),
+    (405, 40501, 'method not allowed'),
+    (406, 40601, "the Accept header does not match the instance's format"),
+    (409, 40901, 'consumer already subscribed (subscription vs. assignment conflict)'),
+    (409, 40902, 'consumer instance with this name already exists in the group'),
+    (409, 40903, 'illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)'),
+    (410, 41001, 'consumer instance expired after its idle timeout'),
+    (413, 41301, 'request body too large'),
+    (415, 41501, 'unsupported request content type'),
+    (422, 42204, 'unknown or invalid consumer configuration key'),
+    (422, 42206, 'invalid request field'),
+    (422, 42207, 'invalid offset, partition or timestamp value'),
+    (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
+    (500, 50001, 'internal error (details logged, never returned)'),
+    (500, 50002, 'Kafka error'),
+    (503, 50003, 'retriable Kafka error (Retry-After header)'),
+    (503, 50301, 'the gateway is shutting down: no new instance (Retry-After); last line of a stream'),
+    (503, 50302, 'no Kafka broker reachable'),
+)
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
+
+
+def codes_for(status: int) -> list[int]:
+    return [c for s, c, _ in ERROR_CODES if s == status]
+
+
+def documented_errors(model: Any, *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI ``responses=`` for these statuses (all of the table's when none are given)."""
+    wanted = statuses or tuple(sorted({s for s, _, _ in ERROR_CODES}))
+    return {s: {"model": model, "description": "; ".join(f"{c} {m}" for st, c, m in ERROR_CODES if st == s)}
+            for s in wanted}
 
 
 def error_response(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
@@ -122,6 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NoOffsetForPartitionError)
     async def _no_offset(request: Request, exc: NoOffsetForPartitionError) -> OrjsonResponse:
         return error_response(409, 40903, str(exc))
+
+    @app.exception_handler(InvalidPatternError)
+    async def _pattern(request: Request, exc: InvalidPatternError) -> OrjsonResponse:
+        return error_response(422, 42206, str(exc))
 
     @app.exception_handler(SubscriptionError)
     async def _subscription(request: Request, exc: SubscriptionError) -> OrjsonResponse:

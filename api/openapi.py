@@ -4,7 +4,7 @@ FastAPI derives paths, parameters and the request/response models from the route
 what the routes do by hand and FastAPI cannot see: the media types actually sent and accepted
 (``application/vnd.kafka.v2+json`` beside ``application/json`` for bodies, the record formats and the
 streaming types on ``/records``), the error body and its codes for every error status (from
-:data:`ERROR_CODES`, which mirrors the table in :mod:`api.errors`), the ``Retry-After`` and
+:data:`api.errors.ERROR_CODES`, the one table of codes), the ``Retry-After`` and
 ``WWW-Authenticate`` headers, the security schemes (``Authorization: Bearer <API key or JWT>`` and
 ``X-API-Key``, see :mod:`service.tenants`), stable operation ids, links from a created instance to its
 operations, and the Confluent-compatible semantics in the descriptions.
@@ -25,6 +25,8 @@ import fastapi.routing
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from api.errors import ERROR_CODES, codes_for
+
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/json"
 BINARY = "application/vnd.kafka.binary.v2+json"
@@ -33,32 +35,6 @@ NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain"
 
-#: (HTTP status, error code, meaning) — the table of :mod:`api.errors`, in the same order.
-ERROR_CODES: tuple[tuple[int, int, str], ...] = (
-    (400, 40001, "malformed JSON body"),
-    (401, 40101, "missing or invalid credentials"),
-    (403, 40301, "topic or group outside the tenant's allowed patterns"),
-    (404, 40400, "no such endpoint"),
-    (404, 40401, "topic not found"),
-    (404, 40402, "partition not found"),
-    (404, 40403, "consumer instance not found"),
-    (405, 40501, "method not allowed"),
-    (406, 40601, "the Accept header does not match the instance's format"),
-    (409, 40901, "consumer already subscribed (subscription vs. assignment conflict)"),
-    (409, 40902, "consumer instance with this name already exists in the group"),
-    (409, 40903, "illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)"),
-    (410, 41001, "consumer instance expired after its idle timeout"),
-    (413, 41301, "request body too large"),
-    (415, 41501, "unsupported request content type"),
-    (422, 42204, "unknown or invalid consumer configuration key"),
-    (422, 42206, "invalid request field"),
-    (422, 42207, "invalid offset, partition or timestamp value"),
-    (429, 42901, "rate limited / quota exceeded (Retry-After header)"),
-    (500, 50001, "internal error (details logged, never returned)"),
-    (500, 50002, "Kafka error"),
-    (503, 50003, "retriable Kafka error (Retry-After header)"),
-    (503, 50302, "no Kafka broker reachable"),
-)
 
 _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
             405: "Method not allowed", 406: "Not acceptable", 409: "Conflict", 410: "Gone",
@@ -76,6 +52,7 @@ OPERATION_IDS = {
     "list_topics": "listTopics", "get_topic": "getTopic", "list_partitions": "listPartitions",
     "get_partition": "getPartition", "get_partition_offsets": "getPartitionOffsets",
     "produce_to_topic": "produceToTopic", "produce_to_partition": "produceToPartition",
+    "read_partition_records": "readPartitionRecords",
 }
 
 _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",
@@ -150,10 +127,6 @@ def error_table_markdown() -> str:
     return "".join(f"| {s} | {c} | {m} |\n" for s, c, m in ERROR_CODES)
 
 
-def codes_for(status: int) -> list[int]:
-    return [c for s, c, _ in ERROR_CODES if s == status]
-
-
 _ERROR_BODY = {
     "type": "object",
     "title": "ErrorBody",
@@ -224,7 +197,9 @@ _HEALTH = {
 }
 
 _READY = {
-    "type": "object", "title": "Ready", "required": ["status", "tenants", "brokers"],
+    "type": "object", "title": "Ready", "required": ["status"],
+    "description": "`tenants` and `brokers` only for `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>` (or without a "
+                   "tenants file and admin token)",
     "properties": {
         "status": {"type": "string", "enum": ["ready"]},
         "tenants": {"type": "array", "items": {"type": "string"}},
@@ -234,7 +209,9 @@ _READY = {
 }
 
 _NOT_READY = {
-    "type": "object", "title": "NotReady", "required": ["status", "error_code", "tenants"],
+    "type": "object", "title": "NotReady", "required": ["status"],
+    "description": "`error_code` and `tenants` only for `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>` (or without "
+                   "a tenants file and admin token)",
     "properties": {
         "status": {"type": "string", "enum": ["unavailable"]},
         "error_code": {"type": "integer", "enum": [50302]},
@@ -413,6 +390,10 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     ops["/metrics"]["get"]["responses"]["200"] = {
         "description": "Prometheus text exposition format",
         "content": {PROMETHEUS: {"schema": {"type": "string"}}}}
+    ops["/metrics"]["get"]["description"] = (
+        "Needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>` when an admin token is set or the gateway has a "
+        "tenants file (metrics name tenants, groups and topics); open otherwise.")
+    ops["/metrics"]["get"]["responses"]["401"] = _error_response(401)
     created = ops["/consumers/{group}"]["post"]["responses"]["200"]
     created["links"] = {
         op_id: {"operationId": op_id, "parameters": {"group": "$request.path.group",

@@ -7,11 +7,27 @@ partitions}``; a partition → ``{partition, leader, replicas: [{broker, leader,
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+import asyncio
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from api.auth import current_tenant
-from api.consumers import ERRORS, check_topic, runtime, v2
+from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, check_topic, runtime, v2
+from api.render import render_binary, render_json
+from service.consumer.subscription import TopicPartition
+from service.fetch.ranges import (
+    ARROW_STREAM,
+    DEFAULT_MAX_BYTES,
+    MAX_MAX_BYTES,
+    RangePage,
+    read_page,
+    to_arrow_ipc,
+)
+from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
+from service.gateway import GatewayError
 from service.tenants import Tenant
 from service.topics import TopicCatalog, visible_topic_names
 
@@ -90,3 +106,126 @@ async def get_partition_offsets(request: Request, topic: str, partition: int,
     check_topic(tenant, topic)
     offsets = await catalog(request, tenant).offsets(topic, partition)
     return v2(offsets.to_json())
+
+
+# -- stateless offset-range reads ---------------------------------------------------------------------------
+ARROW = ARROW_STREAM
+JSON = "application/json"
+_RANGE_MEDIA = {"": BINARY, "*/*": BINARY, "application/*": BINARY, JSON: BINARY, V2: BINARY, BINARY: BINARY,
+                JSONFMT: JSONFMT, ARROW: ARROW}
+_PAGE_FIELDS = {
+    "topic": {"type": "string"},
+    "partition": {"type": "integer", "minimum": 0},
+    "offset": {"type": "integer", "minimum": 0, "description": "where this page was read from"},
+    "next_offset": {"type": "integer", "minimum": 0,
+                    "description": "the offset to read from next; done when next_offset >= end_offset"},
+    "end_offset": {"type": "integer", "minimum": 0,
+                   "description": "min(the requested end_offset, the LSO under read_committed, else the high "
+                                  "watermark)"},
+    "high_watermark": {"type": "integer"}, "last_stable_offset": {"type": "integer"},
+    "log_start_offset": {"type": "integer"},
+}
+_PAGE_REQUIRED = ["topic", "partition", "offset", "records", "next_offset", "end_offset", "high_watermark",
+                  "last_stable_offset", "log_start_offset"]
+
+
+def _page_schema(record_ref: str) -> dict[str, Any]:
+    return {"type": "object", "required": _PAGE_REQUIRED, "properties": {
+        **_PAGE_FIELDS, "records": {"type": "array", "items": {"$ref": f"#/components/schemas/{record_ref}"}}}}
+
+
+_OFFSET_HEADERS = {h: {"description": d, "schema": {"type": "integer"}} for h, d in (
+    ("X-Next-Offset", "the offset to read from next"), ("X-End-Offset", "the end of the range (see end_offset)"),
+    ("X-High-Watermark", "the partition's high watermark"), ("X-Last-Stable-Offset", "its last stable offset"),
+    ("X-Log-Start-Offset", "its log start offset"), ("X-Record-Count", "records in this page"))}
+
+RANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "One page of records in [offset, end_offset), with the paging state in the body (JSON) "
+                         "or the schema metadata (Arrow) and in X-* headers",
+          "headers": _OFFSET_HEADERS,
+          "content": {
+              BINARY: {"schema": _page_schema("BinaryRecord")},
+              JSONFMT: {"schema": _page_schema("JsonRecord")},
+              ARROW: {"schema": {"type": "string", "format": "binary", "description":
+                                 "Arrow IPC stream: topic (dictionary<int32, string>), partition (int32), offset "
+                                 "(int64), timestamp (timestamp[ms]), key (binary), value (binary), headers "
+                                 "(list<struct<key: string, value: binary>>); the paging state (next_offset, "
+                                 "end_offset, high_watermark, last_stable_offset, log_start_offset) in the schema "
+                                 "metadata"}},
+          }},
+    406: {"model": ERRORS[404]["model"], "description": "unsupported Accept (40601)"},
+    **{s: e for s, e in ERRORS.items() if s not in (400, 409, 410, 413, 415)},
+}
+
+
+def _range_media(request: Request) -> str:
+    accept = request.headers.get("accept", "")
+    for item in accept.split(","):
+        media = item.split(";", 1)[0].strip().lower()
+        if media in _RANGE_MEDIA:
+            return _RANGE_MEDIA[media]
+    raise GatewayError(f"the Accept header {accept!r} is not supported here; use {BINARY} (JSON, base64 keys "
+                       f"and values), {JSONFMT} (embedded JSON) or {ARROW}", status=406, error_code=40601)
+
+
+def _page_json(page: RangePage, media: str) -> tuple[bytes, int]:
+    tp = TopicPartition(page.topic, page.partition)
+    out = (render_json if media == JSONFMT else render_binary)([(tp, page.records)])
+    body = b'{"topic":%s,"partition":%d,"offset":%d,"records":[%s],"next_offset":%d,"end_offset":%d,' \
+           b'"high_watermark":%d,"last_stable_offset":%d,"log_start_offset":%d}' % (
+               orjson.dumps(page.topic), page.partition, page.offset, b",".join(out.parts), page.next_offset,
+               page.end_offset, page.high_watermark, page.last_stable_offset, page.log_start_offset)
+    return body, out.payload
+
+
+@router.get("/topics/{topic}/partitions/{partition}/records", response_class=Response,
+            responses=RANGE_RESPONSES,
+            summary="Read records of one partition in an offset range, without a consumer group (paged)",
+            description="Stateless: no consumer group, nothing committed. Answers one page of the records in "
+                        "[offset, end_offset), where end_offset is at most the last stable offset "
+                        "(read_committed, the default: aborted transactions and control records left out) or "
+                        "the high watermark (read_uncommitted). Offsets have gaps (compaction, transaction "
+                        "markers, aborted records): read again from `next_offset` until `next_offset >= "
+                        "end_offset` (also in `X-Next-Offset` / `X-End-Offset` and, for Arrow, in the schema "
+                        "metadata). Accept: `application/vnd.kafka.binary.v2+json` (default; also for "
+                        "`application/json`, `*/*`), `application/vnd.kafka.json.v2+json` (embedded JSON) or "
+                        "`application/vnd.apache.arrow.stream` (Arrow IPC stream). An offset below the log "
+                        "start or past the high watermark is 422 (42207) with `X-Log-Start-Offset` and "
+                        "`X-High-Watermark`; an end_offset at or below offset is an empty range (answered "
+                        "without asking the broker: the partition offsets are then -1).")
+async def read_partition_records(
+        request: Request, topic: str, partition: int,
+        offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="the first offset to read")],
+        end_offset: Annotated[int | None, Query(
+            ge=0, le=OFFSET_MAX, description="read below this offset (default: the LSO under read_committed, "
+                                             "else the high watermark; never past either)")] = None,
+        isolation_level: Annotated[Literal["read_committed", "read_uncommitted"], Query(
+            description="read_committed: aborted transactions and records at or past the LSO left out")
+        ] = "read_committed",
+        max_bytes: Annotated[int, Query(ge=1, le=MAX_MAX_BYTES,
+                                        description="about this many key + value bytes per page (at least "
+                                                    "one record)")] = DEFAULT_MAX_BYTES,
+        tenant: Tenant = Depends(current_tenant)) -> Response:
+    check_topic(tenant, topic)
+    media = _range_media(request)
+    rt = runtime(request, tenant)
+    await catalog(request, tenant).partition(topic, partition)  # 40401 / 40402 (cached metadata)
+    iso = READ_COMMITTED if isolation_level == "read_committed" else READ_UNCOMMITTED
+    if end_offset is not None and end_offset <= offset:  # an empty range: nothing to ask the broker
+        page = RangePage(topic, partition, offset, [], offset, end_offset)
+    else:
+        async with tenant.poll_slot():
+            page = await read_page(rt.client, TopicPartition(topic, partition), offset, end_offset,
+                                   isolation_level=iso, max_bytes=max_bytes)
+    headers = page.headers()
+    if media == ARROW:
+        body = await asyncio.to_thread(to_arrow_ipc, page) if len(page.records) > 50_000 else to_arrow_ipc(page)
+        payload = 0
+    else:
+        body, payload = _page_json(page, media)
+    metrics = request.app.state.metrics
+    if page.records:
+        metrics.records.labels(tenant.id).inc(len(page.records))
+        if payload:
+            metrics.bytes.labels(tenant.id).inc(payload)
+    return Response(body, media_type=media, headers=headers)

@@ -10,6 +10,7 @@ request gets a distinct "expired" error instead of a plain "not found".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -26,6 +27,14 @@ from service.consumer.consumer import Consumer, ConsumerConfig
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+MAX_GROUP_ID_LENGTH = 249  # Kafka's limit on group ids (as on topic names)
+# Control, format, surrogate and line/paragraph separator characters (no group id needs them; in logs,
+# headers and URLs they forge lines or hide text).
+_FORBIDDEN_GROUP_CLASS = (r"\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                          r"\u2060-\u206f\ufeff\ufff9-\ufffb")
+# (surrogates too, which no UTF-8 URL can carry and which JSON Schema's regex dialects cannot name)
+_FORBIDDEN_GROUP_CHARS = re.compile(f"[{_FORBIDDEN_GROUP_CLASS}\\ud800-\\udfff]")
+GROUP_ID_PATTERN = f"^[^{_FORBIDDEN_GROUP_CLASS}]{{1,{MAX_GROUP_ID_LENGTH}}}$"  # the same rule, for the contract
 # After the shutdown deadline: how long cancelled instance closes and the hard close of the broker
 # connections may take before Gateway.close() returns anyway.
 HARD_CLOSE_GRACE_S = 1.0
@@ -48,6 +57,20 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
 
+def validate_group_id(group: str) -> None:
+    """Raise 422/42206 unless ``group`` is a usable Kafka group id: 1-249 characters, none of them a control
+    (or invisible formatting / line separator) character."""
+    if not group:
+        raise GatewayError("the consumer group id is empty", status=422, error_code=42206)
+    if len(group) > MAX_GROUP_ID_LENGTH:
+        raise GatewayError(f"the consumer group id is longer than {MAX_GROUP_ID_LENGTH} characters",
+                           status=422, error_code=42206)
+    bad = _FORBIDDEN_GROUP_CHARS.search(group)
+    if bad is not None:
+        raise GatewayError(f"the consumer group id contains the control character U+{ord(bad.group()):04X}",
+                           status=422, error_code=42206)
+
+
 class InstanceNotFound(GatewayError):
     status = 404
     error_code = 40403
@@ -66,6 +89,16 @@ class InstanceExists(GatewayError):
 class TooManyInstances(GatewayError):
     status = 429
     error_code = 42901
+
+
+class ShuttingDown(GatewayError):
+    """New instances are refused while the gateway drains before exiting (SIGTERM)."""
+
+    status = 503
+    error_code = 50301
+
+
+SHUTDOWN_MESSAGE = "gateway shutting down: commit your offsets and reconnect"
 
 
 @dataclass
@@ -165,6 +198,11 @@ class Gateway:
         self.created_total = 0
         self.closed_total = 0
         self.expired_total = 0
+        #: set at SIGTERM (start_draining): no record is handed out any more, streams end, new instances
+        #: are refused, while commits and other requests for existing instances are still served
+        self.draining = False
+        self._pollers: set[asyncio.Task[Any]] = set()  # requests waiting in a poll (woken by draining)
+        self._drain_cancelled: set[asyncio.Task[Any]] = set()
 
     # -- tenants -------------------------------------------------------------------------------------
     def register_tenant(self, tenant_id: str, client: KafkaClient) -> TenantRuntime:
@@ -195,6 +233,44 @@ class Gateway:
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap_loop(), name="instance-reaper")
 
+    def start_draining(self) -> None:
+        """Stop handing out records (SIGTERM): fetching stops (every assigned partition is paused), polls in
+        progress return [] at once and open streams end with a final shutdown line; idempotent."""
+        if self.draining:
+            return
+        self.draining = True
+        for rt in self.tenants.values():
+            for inst in rt.instances.values():
+                with contextlib.suppress(Exception):
+                    inst.consumer.pause(inst.consumer.assignment())
+        for task in self._pollers:
+            if not task.done():
+                self._drain_cancelled.add(task)
+                task.cancel(msg="gateway draining")
+        self._pollers.clear()
+
+    async def poll(self, inst: ConsumerInstance, max_records: int, max_bytes: int | None,
+                   timeout: float) -> list[tuple[Any, list[Any]]]:
+        """``inst.consumer.poll_batches``, but [] at once when the gateway starts draining meanwhile.
+
+        The waiting task itself is cancelled by :meth:`start_draining` (no extra task per poll): a poll is
+        cancelled only while it waits, never after it took records from the buffer, so nothing is lost."""
+        if self.draining:
+            return []
+        task = asyncio.current_task()
+        assert task is not None
+        self._pollers.add(task)
+        try:
+            return await inst.consumer.poll_batches(max_records, max_bytes, timeout)
+        except asyncio.CancelledError:
+            if task in self._drain_cancelled and task.cancelling() == 1:
+                task.uncancel()  # only our wake-up: not the client's disconnect nor the server's deadline
+                return []
+            raise
+        finally:
+            self._pollers.discard(task)
+            self._drain_cancelled.discard(task)
+
     async def close(self) -> int:
         """Close every instance (final commit, LeaveGroup, fetch sessions), then the tenants' clients.
 
@@ -204,6 +280,7 @@ class Gateway:
         Returns how many instances did not close cleanly (also logged as a warning).
         """
         deadline = time.monotonic() + self.shutdown_timeout
+        self.start_draining()
         reaper = self._reaper
         if reaper is not None:
             reaper.cancel()  # it may be closing expired instances: bounded by the deadline below too
@@ -258,6 +335,10 @@ class Gateway:
 
     async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
                               name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
+        if self.draining:
+            raise ShuttingDown("the gateway is shutting down; create the instance again (on another replica)",
+                               headers={"Retry-After": "1"})
+        validate_group_id(group)
         if name is None:
             name = self.generate_name()
         elif not NAME_RE.fullmatch(name):

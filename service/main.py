@@ -16,6 +16,8 @@ from service.logs import configure as configure_logging
 from service.settings import Settings
 
 log = logging.getLogger("gateway")
+# The drain window ends early once no request was in flight for this long.
+DRAIN_QUIET_S = 0.5
 
 
 def tune_gc() -> None:
@@ -43,22 +45,51 @@ async def serve(settings: Settings) -> None:
     try:
         app = create_app(settings, bootstrap)
         tune_gc()
-        # On SIGTERM, in-flight requests get GATEWAY_SHUTDOWN_TIMEOUT_S to finish (a stream never does:
-        # it is cancelled then), and then Gateway.close() gets the same deadline for the instances.
+        # On SIGTERM, the gateway first drains (GATEWAY_SHUTDOWN_DRAIN_S, see _drain_then_exit); then
+        # in-flight requests get GATEWAY_SHUTDOWN_TIMEOUT_S to finish (a stream still open is cancelled
+        # then), and then Gateway.close() gets the same deadline for the instances.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False,
                                 timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
-                                timeout_keep_alive=settings.http_keep_alive_s)
+                                timeout_keep_alive=settings.http_keep_alive_s,
+                                # Forwarded / X-Forwarded-* are the app's business (GATEWAY_FORWARDED_ALLOW_IPS,
+                                # api.auth): the app must see the direct peer to decide whether to trust them.
+                                proxy_headers=False)
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
         loop = asyncio.get_running_loop()
+        gateway = app.state.gateway
+        drain: asyncio.Task[None] | None = None
+
+        async def _drain_then_exit() -> None:
+            """First signal: stop handing out records at once (long polls return, streams end with a final
+            "shutting down" line) but keep the listener open for commits and other requests of existing
+            instances for up to GATEWAY_SHUTDOWN_DRAIN_S, less once nothing was in flight for a moment
+            (the time a client needs to send its commit after its stream ended). uvicorn's own graceful
+            shutdown, which closes the listener first, starts only then."""
+            gateway.start_draining()
+            deadline = loop.time() + settings.shutdown_drain_s
+            idle_since: float | None = None
+            while (now := loop.time()) < deadline and not server.should_exit:
+                if server.server_state.tasks:  # requests in flight, open streams included
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= DRAIN_QUIET_S:
+                    break
+                await asyncio.sleep(0.02)
+            server.should_exit = True
 
         def _stop() -> None:
-            if server.should_exit:
+            nonlocal drain
+            if drain is None and not server.should_exit:
+                drain = loop.create_task(_drain_then_exit(), name="shutdown-drain")
+                return
+            if server.should_exit:  # a third signal: exit without waiting for anything
                 server.force_exit = True
-            server.should_exit = True
+            server.should_exit = True  # a second signal: skip the rest of the drain window
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _stop)

@@ -118,6 +118,9 @@ class GatewayCollector(Collector):
         prefetch = GaugeMetricFamily("kcg_prefetch_buffer_bytes", "Prefetched bytes not yet delivered",
                                      labels=["tenant"])
         instances = GaugeMetricFamily("kcg_consumer_instances", "Consumer instances", labels=["tenant"])
+        task_failures = CounterMetricFamily("kcg_background_task_failures",
+                                            "Unexpected errors of consumer background tasks (each logged, the task "
+                                            "restarted)", labels=["tenant", "task"])
         lag = GaugeMetricFamily("kcg_consumer_lag", "Records behind the end (LSO under read_committed)",
                                 labels=["tenant", "group", "topic", "partition"])
         for tid, rt in list(self.gateway.tenants.items()):
@@ -126,6 +129,7 @@ class GatewayCollector(Collector):
             hb_max = 0.0
             pre = 0
             lags: dict[tuple[str, str, int], int] = {}
+            failures: dict[str, int] = {}
             for inst in list(rt.instances.values()):
                 yield
                 c = inst.consumer
@@ -136,6 +140,8 @@ class GatewayCollector(Collector):
                 ab += fs.aborted_after_delivery
                 wk += c.stats.wakeups
                 reb += c.stats.rebalances
+                for task, n in c.stats.task_failures.items():
+                    failures[task] = failures.get(task, 0) + n
                 pre += c.fetcher.buffered_bytes
                 if c.coordinator is not None and c.coordinator.heartbeat_latency is not None:
                     hb_max = max(hb_max, c.coordinator.heartbeat_latency)
@@ -149,10 +155,13 @@ class GatewayCollector(Collector):
             rebalances.add_metric([tid], reb)
             aborted.add_metric([tid], ab)
             hb.add_metric([tid], hb_max)
+            for task, n in sorted(failures.items()):
+                task_failures.add_metric([tid, task], n)
             prefetch.add_metric([tid], pre)
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
-        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag]
+        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag,
+                          task_failures]
 
 
 @contextlib.contextmanager

@@ -49,6 +49,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     tenants_file: str | None = Field(None, description="YAML file of tenants; unset: one 'default' tenant, no auth")
     public_url: str | None = Field(None, description="External base URL used in base_uri (else from Forwarded headers)")
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1", description="Comma-separated addresses or networks (CIDR) of proxies whose Forwarded / "
+        "X-Forwarded-* headers are trusted (base_uri, client address); '*' trusts every client. Like uvicorn's")
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /metrics and the detailed /readyz (tenants, brokers, errors); "
+        "unset: /metrics is open and /readyz answers only its status")
+    auth_failures_per_minute: int = Field(
+        20, ge=0, description="Failed authentications allowed per client address and minute before 429/42901 "
+        "(0: no limit)")
     replica_id: str = Field("r0", description="Names this replica inside every instance id")
     instance_idle_timeout_s: float = Field(300.0, gt=0, description="Idle consumer instances expire after this")
     max_poll_timeout_ms: int = Field(30000, gt=0, description="Cap on a records request's timeout")
@@ -66,6 +75,10 @@ class Settings(BaseSettings):
         10.0, gt=0, description="On shutdown, in-flight HTTP requests get this long to finish (streams are cut "
         "then); then instances close (final commit, LeaveGroup) within the same deadline, after which the "
         "remaining closes are cancelled and broker connections are closed hard")
+    shutdown_drain_s: float = Field(
+        1.5, ge=0, description="On SIGTERM, first stop handing out records (long polls return, streams end "
+        "with a final 'shutting down' line) but keep the listener open this long for commits and other "
+        "requests of existing instances (new instances: 503); ends early once no request is in flight")
     consumer_session_timeout_ms: int | None = Field(
         None, gt=0, description="Group session timeout of instances. Default: Kafka's 45000, or 4000 on the "
         "embedded broker (Tansu holds a JoinGroup for half of it)")

@@ -187,7 +187,7 @@ class BrokerConnection:
 
     # -- SASL ------------------------------------------------------------------------------------
     async def _authenticate(self, sasl_cfg: SaslConfig) -> None:
-        from service.client.sasl import SaslAuthenticationError, create_mechanism
+        from service.client.sasl import SaslAuthenticationError, create_mechanism, respond_off_loop
 
         mech = create_mechanism(sasl_cfg.mechanism, sasl_cfg.username, sasl_cfg.password)
         hs = await self.send(M.SaslHandshakeRequest(mechanism=sasl_cfg.mechanism))
@@ -210,7 +210,7 @@ class BrokerConnection:
                         f"SASL {sasl_cfg.mechanism} authentication as {sasl_cfg.username!r} "
                         f"to {self.address} failed: {detail}"
                     )
-                token = mech.respond(resp.auth_bytes or b"")
+                token = await respond_off_loop(mech, resp.auth_bytes or b"")  # PBKDF2 off the event loop
         except SaslAuthenticationError as exc:
             raise AuthenticationError(f"SASL {sasl_cfg.mechanism} with {self.address} failed: {exc}") from exc
         except KafkaConnectionError as exc:

@@ -30,12 +30,15 @@ client-first / server-first / client-final / server-final exchange without chann
 SASLprep, and the server must ask for at least 4096 PBKDF2 iterations. SCRAM-SHA-1 exists only so
 that RFC 5802's own test vector can be checked; :func:`create_mechanism` does not offer it.
 
-Computing the salted password (PBKDF2) is CPU work of a few milliseconds at 4096 iterations; a
-caller that cares can run ``respond`` in a thread.
+Computing the salted password (PBKDF2) is CPU work of a few milliseconds at 4096 iterations, and a
+server could ask for any count: more than :data:`MAX_SCRAM_ITERATIONS` (100,000) is refused, and
+:func:`respond_off_loop` runs a SCRAM ``respond`` in a worker thread (``asyncio.to_thread``) so the event
+loop never computes PBKDF2.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -45,6 +48,7 @@ from typing import Protocol
 
 __all__ = [
     "KAFKA_MIN_SCRAM_ITERATIONS",
+    "MAX_SCRAM_ITERATIONS",
     "SUPPORTED_MECHANISMS",
     "PlainMechanism",
     "SaslAuthenticationError",
@@ -53,11 +57,15 @@ __all__ = [
     "ScramMechanism",
     "create_mechanism",
     "escape_saslname",
+    "respond_off_loop",
     "scram_keys",
     "unescape_saslname",
 ]
 
 KAFKA_MIN_SCRAM_ITERATIONS = 4096
+# A server (or a man in the middle on SASL_PLAINTEXT) asking for more would make every connection cost
+# seconds of CPU; Kafka's default is 4096 and its own upper bound 16384.
+MAX_SCRAM_ITERATIONS = 100_000
 SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 # SCRAM mechanism name -> hashlib name. SHA-1 is for RFC 5802's test vector only.
@@ -219,6 +227,7 @@ class ScramMechanism:
         "_auth_message",
         "_client_first_bare",
         "_hash",
+        "_max_iterations",
         "_min_iterations",
         "_nonce",
         "_password",
@@ -236,6 +245,7 @@ class ScramMechanism:
         *,
         nonce: str | None = None,
         min_iterations: int = KAFKA_MIN_SCRAM_ITERATIONS,
+        max_iterations: int = MAX_SCRAM_ITERATIONS,
     ) -> None:
         hash_name = _SCRAM_HASHES.get(mechanism.upper())
         if hash_name is None:
@@ -252,6 +262,7 @@ class ScramMechanism:
         self._hash = hash_name
         self._nonce = nonce
         self._min_iterations = min_iterations
+        self._max_iterations = max_iterations
         self._client_first_bare = ""
         self._auth_message = b""
         self._server_key = b""
@@ -310,12 +321,16 @@ class ScramMechanism:
             raise self._fail(f"{self.name} server salt is not base64") from None
         if not salt:
             raise self._fail(f"{self.name} server sent an empty salt")
-        if not iter_text.isdigit():
+        if not iter_text.isascii() or not iter_text.isdigit():
             raise self._fail(f"{self.name} server iteration count {iter_text!r} is not a number")
         iterations = int(iter_text)
         if iterations < self._min_iterations:
             raise self._fail(
                 f"{self.name} server asked for {iterations} iterations; at least {self._min_iterations} are required"
+            )
+        if iterations > self._max_iterations:
+            raise self._fail(
+                f"{self.name} server asked for {iterations} iterations; more than {self._max_iterations} are refused"
             )
         client_key, stored_key, server_key = scram_keys(self._hash, self._password, salt, iterations)
         self._password = ""  # no longer needed
@@ -348,3 +363,11 @@ class ScramMechanism:
             raise self._fail(f"{self.name} server signature does not match: the server does not know the credentials")
         self._server_key = b""
         self._state = "done"
+
+
+async def respond_off_loop(mechanism: SaslMechanism, server_bytes: bytes) -> bytes | None:
+    """``mechanism.respond(server_bytes)``; for SCRAM (PBKDF2 on the server-first message) in a worker thread,
+    off the event loop."""
+    if isinstance(mechanism, ScramMechanism):
+        return await asyncio.to_thread(mechanism.respond, server_bytes)
+    return mechanism.respond(server_bytes)

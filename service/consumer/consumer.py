@@ -32,7 +32,14 @@ from service.consumer.subscription import (
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.group.assignors import get_assignor
-from service.group.coordinator import CommitFailedError, GroupCoordinator, OffsetAndMetadata
+from service.group.coordinator import (
+    COMMIT_BEING_REVOKED,
+    COMMIT_NOT_ASSIGNED,
+    CommitFailedError,
+    GroupCoordinator,
+    OffsetAndMetadata,
+    rebalancing_error,
+)
 from service.group.member import GroupMember
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
@@ -138,7 +145,15 @@ class ConsumerStats:
     last_commit_latency: float | None = None
     poll_wait_seconds: float = 0.0
     wakeups: int = 0
+    #: unexpected errors of background tasks by task (fetcher, membership, positions, autocommit, pattern);
+    #: each was logged and the task restarted
+    task_failures: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def restart_backoff(failures: int) -> float:
+    """Seconds before a background task restarts after its ``failures``-th consecutive unexpected error."""
+    return min(5.0, 0.1 * 2 ** min(max(failures - 1, 0), 10))
 
 
 class Consumer:
@@ -173,6 +188,7 @@ class Consumer:
         self.assignment_changed = LightEvent()
         self.revoked_history: list[list[TopicPartition]] = []
         self._commit_lock = asyncio.Lock()
+        self._revoking: set[TopicPartition] = set()  # partitions being revoked (refused to commits)
         self.coordinator: GroupCoordinator | None = None
         self.member: GroupMember | None = None
         if config.group_id is not None:
@@ -194,7 +210,9 @@ class Consumer:
                 on_lost=self._on_lost,
                 on_fatal=self._on_group_fatal,
                 topics=self._group_topics,
+                on_task_failure=self._task_failed,
             )
+        self.fetcher.on_error = lambda exc: self._task_failed("fetcher", exc)
         self._started = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -205,9 +223,35 @@ class Consumer:
             return
         self._started = True
         self.fetcher.start()
-        self._positions_task = asyncio.create_task(self._positions_loop(), name="positions")
+        self._positions_task = asyncio.create_task(self._supervise("positions", self._positions_loop),
+                                                   name="positions")
         if self.coordinator is not None and self.config.enable_auto_commit:
-            self._autocommit_task = asyncio.create_task(self._autocommit_loop(), name="autocommit")
+            self._autocommit_task = asyncio.create_task(self._supervise("autocommit", self._autocommit_loop),
+                                                        name="autocommit")
+
+    # -- background task supervision -----------------------------------------------------------------
+    def _task_failed(self, task: str, exc: BaseException) -> None:
+        """An unexpected error in a background task: logged with the instance's identity and counted
+        (``kcg_background_task_failures_total``); the caller restarts the task after a backoff."""
+        self.stats.task_failures[task] = self.stats.task_failures.get(task, 0) + 1
+        member = self.member.member_id if self.member is not None else ""
+        log.error("consumer %s (group %s, member %s): background task %r failed (%s: %s); restarting it",
+                  self.config.client_id, self.config.group_id, member or "-", task, type(exc).__name__, exc,
+                  exc_info=exc)
+
+    async def _supervise(self, task: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run ``body`` until it returns; restart it with a growing backoff after unexpected errors."""
+        failures = 0
+        while not self._closed:
+            try:
+                await body()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self._task_failed(task, exc)
+                await asyncio.sleep(restart_backoff(failures))
 
     async def close(self, leave_group: bool = True, *, force_static_leave: bool = False,
                     commit: bool | None = None) -> None:
@@ -244,7 +288,8 @@ class Consumer:
             self.subs.match_pattern(md.topics)
             changed = True
             if self._pattern_task is None or self._pattern_task.done():
-                self._pattern_task = asyncio.create_task(self._pattern_loop(), name="pattern")
+                self._pattern_task = asyncio.create_task(self._supervise("pattern", self._pattern_loop),
+                                                         name="pattern")
         else:
             changed = self.subs.subscribe(topics or [])
         await self.client.ensure_metadata(self.subs.topics)
@@ -312,23 +357,36 @@ class Consumer:
         # Deliver nothing more from these partitions (polls run concurrently with this coroutine): what
         # is committed below must cover everything handed out, or records would be delivered twice.
         self.subs.pause([tp for tp in partitions if self.subs.is_assigned(tp)])
-        if self.config.enable_auto_commit:
-            offsets = {tp: OffsetAndMetadata(pos, "", epoch)
-                       for tp, (pos, epoch) in self.subs.all_consumed().items() if tp in set(partitions)}
-            if offsets and self.coordinator is not None:
+        self._revoking.update(partitions)  # refused to commits from now on
+        try:
+            await self._revoke_commit(partitions)
+            if self._user_revoke is not None:
                 try:
-                    await self.coordinator.commit(offsets, timeout=5.0)
-                except KafkaError as exc:
-                    log.warning("commit before revocation failed: %s", exc)
-        if self._user_revoke is not None:
-            try:
-                await self._user_revoke(partitions)
-            except Exception:
-                log.exception("revocation hook failed")
-        self.subs.remove_partitions(partitions)
-        self.fetcher.purge(partitions)
+                    await self._user_revoke(partitions)
+                except Exception:
+                    log.exception("revocation hook failed")
+            self.subs.remove_partitions(partitions)
+            self.fetcher.purge(partitions)
+        finally:
+            self._revoking.difference_update(partitions)
         self.revoked_history.append(list(partitions))
         self.assignment_changed.set()
+
+    async def _revoke_commit(self, partitions: list[TopicPartition]) -> None:
+        if not self.config.enable_auto_commit or self.coordinator is None:
+            return
+        try:
+            async with asyncio.timeout(5.0):
+                # after any commit in flight: its acknowledgement may move positions forward, and what is
+                # committed here must not roll it back
+                async with self._commit_lock:
+                    revoked = set(partitions)
+                    offsets = {tp: OffsetAndMetadata(pos, "", epoch)
+                               for tp, (pos, epoch) in self.subs.all_consumed().items() if tp in revoked}
+                    if offsets:
+                        await self.coordinator.commit(offsets, timeout=5.0, revoking=True)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("commit before revocation failed: %s", exc)
 
     async def _on_lost(self, partitions: list[TopicPartition]) -> None:
         self.subs.remove_partitions(partitions)
@@ -367,8 +425,8 @@ class Consumer:
                 log.info("position update failed: %s", exc)
                 await asyncio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
-            except Exception:  # pragma: no cover
-                log.exception("position update failed")
+            except Exception as exc:
+                self._task_failed("positions", exc)
                 await asyncio.sleep(1)
                 continue
             self._positions_wake.clear()
@@ -611,25 +669,72 @@ class Consumer:
     # -- commits --------------------------------------------------------------------------------------
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata | int] | None = None,
                      timeout: float = 30.0) -> None:
-        """Commit ``offsets`` (the *next* offset to consume per partition) or, if None, everything consumed."""
+        """Commit ``offsets`` (the *next* offset to consume per partition) or, if None, everything consumed.
+
+        Only partitions this consumer owns may be committed: a partition that is not assigned (or, in a
+        group, not owned in the current generation) or is being revoked is refused with
+        :class:`CommitFailedError` and nothing is sent, so a commit can never move another member's offset.
+        During a rebalance (or while the coordinator is unknown) a group-managed commit is refused at once
+        (reason GROUP_REBALANCING). After an acknowledged commit of N the position is at least N."""
         coord = self._require_group("commit")
-        if offsets is None:
-            offs = {tp: OffsetAndMetadata(pos, "", epoch) for tp, (pos, epoch) in self.subs.all_consumed().items()}
-        else:
-            offs = {TopicPartition(*tp): (om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om)))
-                    for tp, om in offsets.items()}
-        for tp, om in offs.items():
-            if om.offset < 0:
-                raise SubscriptionError(f"offset {om.offset} for {tp} must be >= 0")
+        manual = self.subs.type is SubscriptionType.ASSIGNED
         started = time.monotonic()
-        async with self._commit_lock:
-            try:
-                await coord.commit(offs, manual=self.subs.type is SubscriptionType.ASSIGNED, timeout=timeout)
-            except (CommitFailedError, KafkaError):
-                self.stats.commit_failures += 1
-                raise
+        try:
+            if offsets is None:
+                offs = {tp: OffsetAndMetadata(pos, "", epoch)
+                        for tp, (pos, epoch) in self.subs.all_consumed().items() if tp not in self._revoking}
+            else:
+                offs = {TopicPartition(*tp): (om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om)))
+                        for tp, om in offsets.items()}
+            for tp, om in offs.items():
+                if om.offset < 0:
+                    raise SubscriptionError(f"offset {om.offset} for {tp} must be >= 0")
+
+            def check() -> None:
+                self._check_commit(offs, manual)
+
+            check()
+            async with self._commit_lock:
+                await coord.commit(offs, manual=manual, timeout=timeout, check=check)
+                self._acknowledged(offs)
+        except (CommitFailedError, KafkaError):
+            self.stats.commit_failures += 1
+            raise
         self.stats.commits += 1
         self.stats.last_commit_latency = time.monotonic() - started
+
+    def _check_commit(self, offs: dict[TopicPartition, OffsetAndMetadata], manual: bool) -> None:
+        """Raise unless every partition of ``offs`` may be committed by this consumer now."""
+        coord = self.coordinator
+        if not manual and self.subs.is_group_managed and coord is not None and not coord.stable:
+            raise rebalancing_error(coord.group_id, "this member is rejoining the group")
+        revoking = sorted(str(tp) for tp in offs if tp in self._revoking)
+        if revoking:
+            raise CommitFailedError(
+                f"commit refused (reason: {COMMIT_BEING_REVOKED}): partitions {', '.join(revoking)} are being "
+                "revoked from this instance in a rebalance; nothing was committed",
+                code=EC.REBALANCE_IN_PROGRESS, reason=COMMIT_BEING_REVOKED)
+        owned = None if manual or self.member is None else set(self.member.owned)
+        missing = sorted(str(tp) for tp in offs
+                         if not self.subs.is_assigned(tp) or (owned is not None and tp not in owned))
+        if missing:
+            raise CommitFailedError(
+                f"commit refused (reason: {COMMIT_NOT_ASSIGNED}): partitions {', '.join(missing)} are not assigned "
+                "to this instance (another member may own them); nothing was committed",
+                code=EC.UNKNOWN_TOPIC_OR_PARTITION, reason=COMMIT_NOT_ASSIGNED)
+
+    def _acknowledged(self, offs: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """The broker acknowledged ``offs``: no position of a partition still owned stays below them (not
+        even one being looked up: the seek bumps its epoch, so a committed-offset fetch that started
+        earlier is ignored)."""
+        for tp, om in offs.items():
+            st = self.subs.assignment.get(tp)
+            if st is None:  # (a partition being revoked still moves: its revocation commit follows this one)
+                continue
+            if st.state is not FetchState.FETCHING or st.position is None or st.position < om.offset:
+                self.subs.seek(tp, om.offset, om.leader_epoch)
+                self.fetcher.purge([tp])
+                self.fetcher.wake()
 
     async def commit_consumed(self) -> None:
         await self.commit(None)

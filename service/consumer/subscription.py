@@ -9,10 +9,11 @@ reported by fetches.
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import re2
 
 
 class TopicPartition(NamedTuple):
@@ -54,6 +55,48 @@ class SubscriptionError(Exception):
     """Misuse of the subscription API (mixing modes, unknown partition, …)."""
 
 
+class InvalidPatternError(SubscriptionError):
+    """A topic pattern that does not compile (or uses what RE2 cannot run in linear time)."""
+
+
+MAX_PATTERN_LENGTH = 1000
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 logs every parse error to stderr otherwise
+_RE2_OPTIONS.max_mem = 8 << 20  # bounds the compiled program (a pattern too big fails to compile)
+# Markers in RE2's parse errors of constructs Java (and Python) accept and RE2 refuses by design.
+_UNSUPPORTED = (("(?=", "lookahead"), ("(?!", "negative lookahead"), ("(?<=", "lookbehind"),
+                ("(?<!", "negative lookbehind"), ("(?>", "atomic group"), ("*+", "possessive quantifier"),
+                ("++", "possessive quantifier"), ("?+", "possessive quantifier"), ("}+", "possessive quantifier"))
+
+
+def compile_topic_pattern(pattern: str) -> Any:
+    """Compile a client's topic pattern with RE2 (linear-time matching: no regex can stall the event loop).
+
+    The syntax is the common subset of Java's and RE2's (``.``, ``*``, ``+``, ``?``, ``{n,m}``, classes,
+    ``\\d \\w \\s``, ``(?i)``, ``\\Q…\\E``, groups, alternation); backreferences, lookaround, atomic
+    groups and possessive quantifiers are refused with :class:`InvalidPatternError`. The pattern must
+    match a whole topic name (Java's ``Pattern.matcher(topic).matches()``)."""
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise InvalidPatternError(f"the topic pattern is longer than {MAX_PATTERN_LENGTH} characters")
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        detail = exc.args[0] if exc.args else str(exc)
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        detail = str(detail)
+        for marker, what in _UNSUPPORTED:
+            if detail.endswith(marker) or f": {marker}" in detail:
+                raise InvalidPatternError(
+                    f"invalid topic pattern {pattern!r}: {what} is not supported (patterns run on RE2: no "
+                    f"backreferences, lookaround, atomic groups or possessive quantifiers)") from None
+        if "invalid escape sequence: \\" in detail and detail[-1:].isdigit():
+            raise InvalidPatternError(
+                f"invalid topic pattern {pattern!r}: backreferences are not supported (patterns run on RE2: "
+                f"no backreferences, lookaround, atomic groups or possessive quantifiers)") from None
+        raise InvalidPatternError(f"invalid topic pattern {pattern!r}: {detail}") from None
+
+
 class NoOffsetForPartitionError(Exception):
     """auto.offset.reset=none and no committed offset (or the position fell out of range)."""
 
@@ -87,7 +130,10 @@ class SubscriptionState:
         self.default_reset = OffsetResetStrategy.parse(default_reset)
         self.type = SubscriptionType.NONE
         self.topics: set[str] = set()
-        self.pattern: re.Pattern[str] | None = None
+        self.pattern: Any = None  # a compiled RE2 pattern (see compile_topic_pattern)
+        # Topics a pattern may ever match (the tenant's allowed topics): applied to every match, also of
+        # topics created later. None: no restriction.
+        self.topic_filter: Callable[[str], bool] | None = None
         self.assignment: dict[TopicPartition, PartitionState] = {}
         self.version = 0  # bumps whenever the assignment changes
 
@@ -112,10 +158,7 @@ class SubscriptionState:
         return changed
 
     def subscribe_pattern(self, pattern: str) -> None:
-        try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
-            raise SubscriptionError(f"invalid topic pattern {pattern!r}: {exc}") from exc
+        compiled = compile_topic_pattern(pattern)
         self._set_type(SubscriptionType.PATTERN)
         self.pattern = compiled
         self.topics = set()
@@ -124,7 +167,9 @@ class SubscriptionState:
         """Recompute the pattern's topics from the cluster's topic list; True if they changed."""
         if self.pattern is None:
             return False
-        matched = {t for t in all_topics if self.pattern.fullmatch(t) and not t.startswith("__")}
+        allowed = self.topic_filter
+        matched = {t for t in all_topics if not t.startswith("__") and self.pattern.fullmatch(t) is not None
+                   and (allowed is None or allowed(t))}
         changed = matched != self.topics
         self.topics = matched
         return changed

@@ -44,6 +44,10 @@ from service.protocol.records import Record, decode_records
 log = logging.getLogger(__name__)
 
 
+# Partition-level Fetch errors about topic identity (Java's FetchCollector requests a metadata update).
+_TOPIC_ID_CODES = frozenset({EC.UNKNOWN_TOPIC_ID, EC.INCONSISTENT_TOPIC_ID, EC.FETCH_SESSION_TOPIC_ID_ERROR})
+
+
 class RecordTooLargeError(KafkaError):
     retriable = False
 
@@ -122,6 +126,8 @@ class Fetcher:
         self._wake = LightEvent()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        # Called with any unexpected exception of a round or a fetch (the consumer logs and counts it)
+        self.on_error: Callable[[Exception], None] | None = None
         self._closing = False
         self._rotation = 0
         self.last_demand = time.monotonic()
@@ -255,15 +261,26 @@ class Fetcher:
         return any(self.buffer.values())
 
     # -- the loop ---------------------------------------------------------------------------------------
+    def _failed(self, exc: Exception) -> None:
+        """An unexpected error (a bug) in a round or a per-broker fetch: reported to the owner (which logs
+        and counts it), or logged; the fetcher keeps running."""
+        if self.on_error is not None:
+            self.on_error(exc)
+        else:
+            log.error("fetcher: unexpected error: %r", exc, exc_info=exc)
+
     async def _run(self) -> None:
+        failures = 0
         while not self._closing:
             try:
                 await self._round()
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:  # pragma: no cover - never let the fetcher die
-                log.exception("fetcher round failed")
-                await asyncio.sleep(0.1)
+            except Exception as exc:  # never let the fetcher die: report, back off, go on
+                failures += 1
+                self._failed(exc)
+                await asyncio.sleep(min(5.0, 0.1 * 2 ** min(failures - 1, 10)))
 
     def demand(self) -> None:
         """The owner wants records (a poll starts): resume fetching if it was paused for idleness."""
@@ -348,6 +365,11 @@ class Fetcher:
     async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
         try:
             await self._fetch_inner(node, tps)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported; the node stays "in flight" briefly so it is not retried in a loop
+            self._failed(exc)
+            await asyncio.sleep(0.1)
         finally:
             self._in_flight.pop(node, None)
             self._wake.set()
@@ -384,15 +406,24 @@ class Fetcher:
                 current_leader_epoch=md.leader_epoch(tp.topic, tp.partition),
                 last_fetched_epoch=-1,
             ))
-        data = builder.build()
-        try:
-            version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-        except KafkaError:
-            handler.handle_error(None)
-            raise
+        # The connection's negotiated version decides before building: below Fetch v7 (ApiVersions
+        # renegotiated after a reconnect to a broker that now supports less) the session is dropped and
+        # the request is a full, sessionless one.
+        max_version = conn.version_for(M.ApiKey.FETCH)
+        data = builder.build(max_version=max_version)
         max_wait_ms = self.max_wait_ms()
-        req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=cfg.min_bytes,
-                               max_bytes=cfg.max_bytes, isolation_level=cfg.isolation_level, rack_id=cfg.rack_id)
+        try:
+            version = choose_version(max_version, data)
+            req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=cfg.min_bytes,
+                                   max_bytes=cfg.max_bytes, isolation_level=cfg.isolation_level,
+                                   rack_id=cfg.rack_id)
+        except KafkaError as exc:
+            handler.handle_error(exc)
+            raise
+        except Exception as exc:  # a bug: never leave the handler with a fetch "in flight" that was not sent
+            handler.handle_error(exc)
+            log.error("fetch: cannot build a Fetch request for node %s: %r", node, exc)
+            return
         positions = {tp: d.fetch_offset for tp, d in data.session_partitions.items()}
         sent_before = conn.bytes_sent
         try:
@@ -415,6 +446,9 @@ class Fetcher:
         if not handler.handle_response(resp, version):
             self.stats.session_errors += 1
             log.info("fetch session with node %s: %s", node, handler.last_problem)
+            if version >= 7 and resp.error_code == EC.FETCH_SESSION_TOPIC_ID_ERROR:
+                # Like Java's AbstractFetch: the session's topic ids disagree with the broker's; refresh.
+                self.client.invalidate()
             return
         for tp, part in handler.response_partitions(resp, version).items():
             self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
@@ -490,6 +524,12 @@ class Fetcher:
                 self.subs.request_reset(tp)
                 if self.on_reset is not None:
                     self.on_reset()
+            return
+        if code in _TOPIC_ID_CODES:
+            # The broker does not know (or disagrees with) the topic id we sent: refresh the topic's
+            # metadata; the partition stays assigned and is fetched again with the id the refresh brings.
+            log.info("%s: fetch error %s; refreshing metadata", tp, name)
+            self.client.invalidate(tp.topic)
             return
         if code in EC.METADATA_REFRESH_CODES or code == EC.LEADER_NOT_AVAILABLE:
             self.client.invalidate(tp.topic)

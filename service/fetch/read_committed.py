@@ -6,7 +6,8 @@ Under read_committed (isolation level 1):
   whose last offset reaches its first offset is seen, and stays active until that producer's ABORT
   marker;
 - transactional batches of an active aborted producer are dropped; control batches are never
-  returned; records at or beyond the last stable offset are not delivered.
+  returned (an empty one, left by Kafka's log cleaner on compacted topics, carries no marker: it is
+  only skipped); records at or beyond the last stable offset are not delivered.
 Under read_uncommitted every data record is returned. In both modes the next fetch offset moves past
 control batches, aborted batches and batches left empty by compaction, and records below the fetch
 position (a batch that starts before it) are skipped.
@@ -94,7 +95,7 @@ def filter_batches(
                 continue
         if batch.is_control:
             res.control_batches += 1
-            if tracker is not None and pid >= 0:
+            if tracker is not None and pid >= 0 and batch.records_count:  # an empty one ends nothing
                 first = tracker.delivered_open.pop(pid, None)
                 if first is not None and batch.control_type == ControlType.ABORT and read_committed:
                     tracker.aborted_after_delivery += 1

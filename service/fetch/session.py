@@ -234,11 +234,15 @@ class FetchRequestBuilder:
     def __len__(self) -> int:
         return len(self._next)
 
-    def build(self) -> FetchRequestData:
+    def build(self, max_version: int | None = None) -> FetchRequestData:
+        """The request to send. ``max_version``: the highest Fetch version the connection allows (the
+        request goes out at ``choose_version(max_version, data)``). Below 7 there are no sessions: a
+        session held so far is abandoned and the request is a full one (see
+        :meth:`FetchSessionHandler.drop_session`)."""
         if self._built:
             raise FetchSessionStateError("builder already built")
         self._built = True
-        return self._handler._build(self._next, self._topic_names)
+        return self._handler._build(self._next, self._topic_names, max_version)
 
 
 class FetchSessionHandler:
@@ -253,6 +257,9 @@ class FetchSessionHandler:
         # topic id -> name for the session's topics; empty whenever some topic lacks an id.
         self._session_topic_names: dict[uuid.UUID, str] = {}
         self._in_flight = False
+        # Set once the broker answered a v13+ request with the all-zero topic id: its topic ids cannot be
+        # trusted, so from then on this handler names topics (requests capped at v12).
+        self._names_only = False
         self.stats = FetchSessionStats()
         self.last_problem: str | None = None
 
@@ -282,8 +289,27 @@ class FetchSessionHandler:
     def session_topic_names(self) -> Mapping[uuid.UUID, str]:
         return MappingProxyType(self._session_topic_names)
 
+    @property
+    def names_only(self) -> bool:
+        """True once the broker sent zero topic ids in a v13+ response (see :meth:`handle_response`)."""
+        return self._names_only
+
     def add_request_bytes(self, n: int) -> None:
         self.stats.add_request_bytes(n)
+
+    def drop_session(self, reason: str) -> None:
+        """Forget the session without telling the broker: the next request is a full one at (0, 0).
+
+        Used when the Fetch version falls below 7 (ApiVersions renegotiated after a reconnect to a broker
+        that now supports less): such a request cannot carry session fields, and the broker answers it
+        sessionless (session id 0), so the handler stays on full requests until sessions are possible
+        again. A session the broker may still hold is evicted by its cache, as with Java's client.
+        """
+        if self._in_flight:
+            raise FetchSessionStateError("resolve the in-flight fetch (handle_response/handle_error) first")
+        if self._metadata != INITIAL:
+            self.last_problem = f"session {self._metadata} dropped: {reason}"
+        self._metadata = INITIAL
 
     def __repr__(self) -> str:
         return (f"FetchSessionHandler(node={self.node_id}, next={self._metadata}, "
@@ -294,10 +320,12 @@ class FetchSessionHandler:
         return FetchRequestBuilder(self)
 
     def _build(self, wanted: dict[TopicPartition, FetchPartitionData],
-               topic_names: dict[uuid.UUID, str]) -> FetchRequestData:
+               topic_names: dict[uuid.UUID, str], max_version: int | None = None) -> FetchRequestData:
         if self._in_flight:
             raise FetchSessionStateError(f"a fetch to node {self.node_id} is already in flight")
-        can_use_ids = all(d.has_topic_id for d in wanted.values())
+        if max_version is not None and not sessions_supported(max_version):
+            self.drop_session(f"Fetch v{max_version} has no sessions")
+        can_use_ids = not self._names_only and all(d.has_topic_id for d in wanted.values())
         meta = self._metadata
 
         if meta.is_full:
@@ -363,18 +391,28 @@ class FetchSessionHandler:
     # -- responses ------------------------------------------------------------------------------
     def response_partitions(self, response: Any, version: int) -> dict[TopicPartition, Any]:
         """The response's partitions keyed by name; from v13 names come from the session's topic ids
-        (partitions of unknown ids are left out)."""
+        (partitions of unknown ids are left out). The all-zero uuid is no topic id (as in Java's
+        ``FetchResponse.topicIds()``): such an entry is matched by its name if it carries one of the
+        session's topics, else left out."""
         out: dict[TopicPartition, Any] = {}
         for topic in response.responses:
-            if version >= MIN_TOPIC_ID_VERSION:
-                name = self._session_topic_names.get(topic.topic_id)
-                if name is None:
-                    continue
-            else:
-                name = topic.topic
+            name = self._topic_name(topic, version)
+            if name is None:
+                continue
             for p in topic.partitions:
                 out[TopicPartition(name, p.partition_index)] = p
         return out
+
+    def _topic_name(self, topic: Any, version: int) -> str | None:
+        if version < MIN_TOPIC_ID_VERSION:
+            name: str | None = topic.topic
+            return name
+        if topic.topic_id != ZERO_UUID:
+            return self._session_topic_names.get(topic.topic_id)
+        named: str | None = getattr(topic, "topic", None)
+        if named and any(tp.topic == named for tp in self._session):
+            return named
+        return None
 
     def handle_response(self, response: Any, version: int) -> bool:
         """Advance the session after a FetchResponse to the in-flight request.
@@ -399,8 +437,24 @@ class FetchSessionHandler:
             return False
 
         tps = set(self.response_partitions(response, version))
-        ids = {t.topic_id for t in response.responses} if version >= MIN_TOPIC_ID_VERSION else set()
+        ids: set[uuid.UUID] = set()
+        unnamed = 0  # v13+ topic entries with the zero uuid that no name matched
+        if version >= MIN_TOPIC_ID_VERSION:
+            for t in response.responses:
+                if t.topic_id != ZERO_UUID:
+                    ids.add(t.topic_id)
+                    continue
+                self._names_only = True  # the broker's topic ids are unreliable: name topics from now on
+                if self._topic_name(t, version) is None:
+                    unnamed += 1
         session_id = response.session_id if version >= MIN_SESSION_VERSION else INVALID_SESSION_ID
+        if unnamed:
+            # Partitions we cannot attribute: the response is unusable. The next request is full and, as
+            # _names_only is now set, names topics (v12), so the broker's answer can be matched.
+            self.stats.invalid_responses += 1
+            self.last_problem = f"fetch response names {unnamed} topic(s) by the zero topic id"
+            self._metadata = INITIAL if meta.is_full else meta.next_close_existing()
+            return False
 
         if meta.is_full:
             if not tps and response.throttle_time_ms > 0:

@@ -34,10 +34,35 @@ AssignHook = Callable[[list[TopicPartition], list[TopicPartition]], Awaitable[No
 PartitionCounts = Callable[[Sequence[str]], Awaitable[dict[str, int]]]
 
 
+#: Reasons named in the message of a refused commit (``reason: ...``); the HTTP API answers each 409 / 40903.
+#: GROUP_REBALANCING: the group is rebalancing, or its coordinator is unknown / being rediscovered (e.g. after
+#: a broker restart); nothing was committed, the commit may be retried after the next poll.
+COMMIT_REBALANCING = "GROUP_REBALANCING"
+#: PARTITION_NOT_ASSIGNED: the partition is not assigned to this instance (another member may own it).
+COMMIT_NOT_ASSIGNED = "PARTITION_NOT_ASSIGNED"
+#: PARTITION_BEING_REVOKED: the partition is being revoked from this instance in a rebalance.
+COMMIT_BEING_REVOKED = "PARTITION_BEING_REVOKED"
+#: How long a group-managed commit may spend finding its coordinator again (and retrying) before it is refused.
+COMMIT_REDISCOVERY_S = 0.5
+
+
 class CommitFailedError(KafkaError):
-    """The commit was rejected because this member is no longer in the group's current generation."""
+    """The commit was refused (nothing committed): this member is not in the group's current generation, the
+    group is rebalancing, or the partitions are not (or no longer) this member's. ``reason`` is one of the
+    ``COMMIT_*`` reasons above, or None for a broker's generation error."""
 
     retriable = False
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.reason = reason
+
+
+def rebalancing_error(group_id: str, why: str) -> CommitFailedError:
+    return CommitFailedError(
+        f"commit for group {group_id!r} refused (reason: {COMMIT_REBALANCING}): the group is rebalancing ({why}); "
+        "nothing was committed, the commit may be retried after the next poll",
+        code=EC.REBALANCE_IN_PROGRESS, reason=COMMIT_REBALANCING)
 
 
 class GroupFatalError(KafkaError):
@@ -73,6 +98,7 @@ class GroupCoordinator:
         on_lost: RevokeHook | None = None,
         on_fatal: Callable[[KafkaError], None] | None = None,
         topics: Callable[[], Sequence[str]],
+        on_task_failure: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.client = client
         self.member = member
@@ -86,6 +112,9 @@ class GroupCoordinator:
         self._on_lost = on_lost or on_revoke
         self._on_fatal = on_fatal
         self._topics = topics
+        #: called (task name, exception) when the membership loop hits an unexpected error (it then restarts)
+        self._on_task_failure = on_task_failure
+        self.task_failures = 0
         self.coordinator_id: int | None = None
         self._lost_at = 0.0  # when the coordinator was last marked unknown
         self.polls_in_progress = 0
@@ -220,6 +249,15 @@ class GroupCoordinator:
         self.coordinator_id = None
         self._lost_at = time.monotonic()
 
+    def _coordinator_connected(self) -> bool:
+        node = self.coordinator_id
+        if node is None:
+            return False
+        try:
+            return self.client.connection(node).current is not None
+        except KafkaError:
+            return False
+
     async def _send(self, req: Any, timeout: float | None = None, blocking: bool = False,
                     deadline: float | None = None) -> Any:
         node = await self.ensure_coordinator(deadline)
@@ -234,9 +272,11 @@ class GroupCoordinator:
 
     # -- the membership loop -------------------------------------------------------------------------
     async def _run(self) -> None:
+        failures = 0  # consecutive unexpected errors: the restart backoff doubles with each
         while not self._closing:
             try:
                 await self._tick()
+                failures = 0
             except asyncio.CancelledError:
                 raise
             except GroupFatalError as exc:
@@ -252,9 +292,15 @@ class GroupCoordinator:
                 else:
                     self._failed.set()
                 await self._pause(self.retry_backoff)
-            except Exception:  # pragma: no cover - never let the member task die silently
-                log.exception("group %s: unexpected error in membership loop", self.group_id)
-                await self._pause(1.0)
+            except Exception as exc:  # never let the member task die silently
+                self.task_failures += 1
+                failures += 1
+                if self._on_task_failure is not None:
+                    self._on_task_failure("membership", exc)
+                else:
+                    log.exception("group %s member %s: unexpected error in the membership loop; restarting it",
+                                  self.group_id, self.member.member_id)
+                await self._pause(min(5.0, max(self.retry_backoff, 0.05) * 2 ** min(failures - 1, 10)))
 
     async def _pause(self, seconds: float) -> None:
         await wait_event(self._wake, seconds)
@@ -390,28 +436,50 @@ class GroupCoordinator:
 
     # -- offsets ------------------------------------------------------------------------------------
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], *, manual: bool = False,
-                     timeout: float = 30.0) -> None:
+                     timeout: float = 30.0, check: Callable[[], None] | None = None,
+                     revoking: bool = False) -> None:
         """Commit offsets; retriable errors are retried (after coordinator rediscovery) until ``timeout``.
 
         Generation errors (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) are raised as
         :class:`CommitFailedError` without touching membership: the heartbeat loop handles that.
+
+        A group-managed commit (not ``manual``) is refused locally, before anything is sent, unless the
+        member is stable (no rebalance pending; ``revoking``: the commit made before giving partitions up,
+        while the member still holds its generation); finding the coordinator again and retrying may take
+        at most :data:`COMMIT_REDISCOVERY_S`, then it is refused as rebalancing (nothing waits seconds for a
+        restarted broker). ``check`` runs before every attempt and raises to refuse (e.g. partitions no
+        longer owned).
         """
         if not offsets:
             return
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        # a client's group-managed commit: how long coordinator rediscovery and retries may take in all
+        fast = not manual and not revoking
+        retry_deadline = min(deadline, started + COMMIT_REDISCOVERY_S) if fast else deadline
         while True:
             if manual:
                 gen, member_id, instance = -1, "", None
             else:
-                if self.member.state is not MemberState.STABLE or self.member.generation_id < 0:
+                m = self.member
+                if m.state is not MemberState.STABLE or m.generation_id < 0 or (m.rejoin_needed and not revoking):
                     # Like Java's generationIfStable(): outside a stable generation the partitions may
                     # already belong to someone else, and a generation -1 commit would be accepted by an
                     # empty group (a zombie commit). Fail locally instead.
-                    raise CommitFailedError(
-                        f"commit for group {self.group_id!r} refused: this member is not in a stable "
-                        "generation (a rebalance is in progress or it left the group)",
-                        code=EC.REBALANCE_IN_PROGRESS)
-                gen, member_id, instance = self.member.commit_identity()
+                    raise rebalancing_error(self.group_id, "this member is not in a stable generation")
+                gen, member_id, instance = m.commit_identity()
+            if check is not None:
+                check()
+            if fast and self.coordinator_id is None:
+                try:
+                    async with asyncio.timeout(max(0.0, retry_deadline - time.monotonic())):
+                        await self.ensure_coordinator(retry_deadline)
+                except (TimeoutError, KafkaError) as exc:
+                    if isinstance(exc, KafkaError) and not exc.retriable:
+                        raise
+                    raise rebalancing_error(self.group_id, "its coordinator is unknown or being rediscovered"
+                                            ) from None
+                continue  # the member may have changed while we looked: check again
             by_topic: dict[str, list[Any]] = {}
             for tp, om in offsets.items():
                 by_topic.setdefault(tp.topic, []).append(
@@ -424,11 +492,23 @@ class GroupCoordinator:
                 group_instance_id=instance, retention_time_ms=-1,
                 topics=[CommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
             )
+            # Not connected to the coordinator (e.g. its broker restarted): reconnecting counts against the
+            # rediscovery budget of a group-managed commit, a connected one gets the whole timeout.
+            bound = None
+            if fast and not self._coordinator_connected():
+                bound = max(0.0, retry_deadline - time.monotonic())
             try:
-                resp = await self._send(req, timeout=max(0.1, deadline - time.monotonic()), deadline=deadline)
+                async with asyncio.timeout(bound):
+                    resp = await self._send(req, timeout=max(0.1, deadline - time.monotonic()), deadline=deadline)
+            except TimeoutError:
+                self.coordinator_dead("commit: no connection to the coordinator")
+                raise rebalancing_error(self.group_id, "its coordinator is unreachable or being rediscovered"
+                                        ) from None
             except KafkaError as exc:
                 if not exc.retriable or time.monotonic() >= deadline:
                     raise
+                if fast and time.monotonic() + self.retry_backoff >= retry_deadline:
+                    raise rebalancing_error(self.group_id, f"the commit failed: {exc}") from None
                 await asyncio.sleep(self.retry_backoff)
                 continue
             retry_code = 0
@@ -455,6 +535,8 @@ class GroupCoordinator:
                 return
             if time.monotonic() >= deadline:
                 raise BrokerResponseError(retry_code, "OffsetCommit (retries exhausted)")
+            if fast and time.monotonic() + self.retry_backoff >= retry_deadline:
+                raise rebalancing_error(self.group_id, f"OffsetCommit answered {EC.describe(retry_code).name}")
             await asyncio.sleep(self.retry_backoff)
 
     async def committed(self, partitions: Sequence[TopicPartition], timeout: float = 30.0

@@ -418,7 +418,16 @@ class RecordBatch:
                                   offset=self.base_offset)
 
     def decode(self) -> list[Record]:
-        """Decompress (if needed) and decode the records; the result is also kept in ``records``."""
+        """Decompress (if needed) and decode the records; the result is also kept in ``records``.
+
+        A batch whose records count is 0 holds no records whatever its records section and compression
+        attribute say, as in Kafka's ``DefaultRecordBatch.iterator()``: the log cleaner leaves such empty
+        batches (header only) on compacted topics, e.g. for transaction markers it removed. Both record
+        decoders are bypassed, so they agree on it.
+        """
+        if self.records_count == 0:
+            self.records = []
+            return self.records
         compression = self.attributes & _COMPRESSION_MASK
         if compression:
             try:
@@ -442,14 +451,15 @@ class RecordBatch:
     def control_type(self) -> ControlType | int | None:
         """For a control batch, the marker type of its (single) control record: ABORT or COMMIT.
 
-        None for a non-control batch; an unknown type is a plain int. Decodes the batch if needed
-        (raising CorruptRecordError like ``decode()``).
+        None for a non-control batch and for an empty control batch (records count 0, as Kafka's log
+        cleaner leaves them: skipped like Java's consumer does, its offsets consumed); an unknown type
+        is a plain int. Decodes the batch if needed (raising CorruptRecordError like ``decode()``).
         """
         if not self.attributes & _CONTROL:
             return None
         records = self.records if self.records is not None else self.decode()
         if not records:
-            raise self._corrupt("control batch without records")
+            return None
         key = records[0].key
         if key is None or len(key) < _CONTROL_KEY.size:
             raise self._corrupt("control record with a short key")

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
+from service.protocol.records import build_batch
 from tests.broker.faults import Fault, FaultInjector, RequestPredicate
 from tests.broker.fetch_sessions import (
     DEFAULT_CACHE_SLOTS,
@@ -24,7 +25,7 @@ from tests.broker.fetch_sessions import (
 )
 from tests.broker.handlers import default_registry
 from tests.broker.handlers.fetch import EXTENSION_KEY as FETCH_SESSIONS_KEY
-from tests.broker.handlers.fetch import PARTIAL_BATCHES_KEY
+from tests.broker.handlers.fetch import PARTIAL_BATCHES_KEY, ZERO_TOPIC_IDS_KEY
 from tests.broker.log import Predicate, RequestLog, RequestLogEntry
 from tests.broker.partition_log import PartitionLog, RecordLike
 from tests.broker.registry import HandlerRegistry
@@ -292,6 +293,18 @@ class TestCluster:
         return p.log.append_batch(batch, leader_epoch=p.leader_epoch,
                                   log_append_time=self._append_time(topic)).base_offset
 
+    def append_empty_batch(self, topic: str, partition: int, *, offsets: int = 1, control: bool = True,
+                           producer_id: int = 1000, producer_epoch: int = 0) -> int:
+        """Append a batch with records count 0 spanning ``offsets`` offsets, as Kafka's log cleaner leaves
+        one on a compacted topic (by default a cleaned transaction marker: control + transactional);
+        returns its base offset."""
+        if offsets < 1:
+            raise ValueError("an empty batch still spans at least one offset")
+        raw = build_batch([], control=control, transactional=control, producer_id=producer_id,
+                          producer_epoch=producer_epoch, last_offset_delta=offsets - 1)
+        p = self.state.partition(topic, partition)
+        return p.log.append_batch(raw, leader_epoch=p.leader_epoch, allow_empty=True).base_offset
+
     def append_txn(self, topic: str, partition: int, records: Iterable[RecordLike], *, producer_id: int,
                    producer_epoch: int = 0, compression: int = 0, timestamp: int | None = None) -> int:
         """:meth:`append` of a transactional batch; returns its base offset."""
@@ -339,6 +352,16 @@ class TestCluster:
     @fetch_partial_batches.setter
     def fetch_partial_batches(self, value: bool) -> None:
         self.state.extensions[PARTIAL_BATCHES_KEY] = value
+
+    @property
+    def fetch_zero_topic_ids(self) -> bool:
+        """When set, Fetch responses v13+ carry the all-zero uuid as every topic id (a broker whose topic-id
+        support is broken); the request is still resolved by the ids it names."""
+        return bool(self.state.extensions.get(ZERO_TOPIC_IDS_KEY, False))
+
+    @fetch_zero_topic_ids.setter
+    def fetch_zero_topic_ids(self, value: bool) -> None:
+        self.state.extensions[ZERO_TOPIC_IDS_KEY] = value
 
     def fetch_session_cache(self, node_id: int) -> FetchSessionCache:
         return self.fetch_session_state.cache(node_id)

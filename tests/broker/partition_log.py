@@ -191,13 +191,15 @@ class PartitionLog:
 
     # -- appending ---------------------------------------------------------------------------------
     def append_batch(self, raw: bytes, *, leader_epoch: int = 0, log_append_time: int | None = None,
-                     verify_crc: bool = True) -> StoredBatch:
+                     verify_crc: bool = True, allow_empty: bool = False) -> StoredBatch:
         """Append one complete magic-2 batch (its base offset is replaced by the log end offset).
 
         A control batch (COMMIT/ABORT marker) ends its producer's transaction; a transactional data
-        batch opens one if none is open. Raises :class:`InvalidBatchError`.
+        batch opens one if none is open. ``allow_empty``: accept a batch with records count 0 (what
+        Kafka's log cleaner leaves of a batch whose records it removed, e.g. a transaction marker);
+        such a batch changes no transaction state. Raises :class:`InvalidBatchError`.
         """
-        batch = parse_single_batch(raw, verify_crc=verify_crc)
+        batch = parse_single_batch(raw, verify_crc=verify_crc, allow_empty=allow_empty)
         data = bytearray(raw)
         base = self.log_end_offset
         _BASE_OFFSET.pack_into(data, 0, base)
@@ -224,11 +226,13 @@ class PartitionLog:
             self.producer_epochs[pid] = max(self.producer_epochs.get(pid, stored.producer_epoch), stored.producer_epoch)
             if stored.base_sequence >= 0 and not stored.control:
                 self.sequences[(pid, stored.producer_epoch, stored.base_sequence)] = base
-        if stored.control:
+        if stored.control and stored.records_count == 0:
+            pass  # an empty (cleaned) control batch: no marker, no transaction state
+        elif stored.control:
             first = self.ongoing.pop(pid, base)
             if control_type == ControlType.ABORT:
                 self.aborted.append(AbortedTxn(pid, first, base))
-        elif stored.transactional and pid != NO_PRODUCER_ID:
+        elif stored.transactional and pid != NO_PRODUCER_ID and stored.records_count:
             self.ongoing.setdefault(pid, base)
         self.batches.append(stored)
         self._last_offsets.append(stored.last_offset)
@@ -342,8 +346,9 @@ class PartitionLog:
         return out
 
 
-def parse_single_batch(raw: bytes, *, verify_crc: bool = True) -> RecordBatch:
-    """The one complete batch of ``raw``; raises :class:`InvalidBatchError` otherwise."""
+def parse_single_batch(raw: bytes, *, verify_crc: bool = True, allow_empty: bool = False) -> RecordBatch:
+    """The one complete batch of ``raw`` (records count >= 1 unless ``allow_empty``); raises
+    :class:`InvalidBatchError` otherwise."""
     try:
         it = iter_batches(raw, verify_crc=verify_crc)
         batches = list(it)
@@ -355,7 +360,7 @@ def parse_single_batch(raw: bytes, *, verify_crc: bool = True) -> RecordBatch:
         raise InvalidBatchError(f"expected exactly one complete record batch, got {len(batches)} "
                                 f"(+{it.partial_bytes} trailing bytes)")
     batch = batches[0]
-    if batch.records_count < 1:
+    if batch.records_count < (0 if allow_empty else 1):
         raise InvalidBatchError("a record batch without records")
     return batch
 

@@ -29,6 +29,8 @@ TENANT = "team-m"
 KEY = "kcg-metrics-key-Vb81q"  # API key of TENANT
 SASL_TENANT = "team-sasl"
 SASL_KEY = "kcg-sasl-key-0pLm3"  # API key of SASL_TENANT
+ADMIN_TOKEN = "metrics-admin-token-8d2e"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 SASL_PASSWORD = "sasl-Pa55word-4f9c"  # from a file named in the tenants file
 IDLE_TIMEOUT_S = 4.0
 
@@ -50,6 +52,7 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
                    "sasl": {"mechanism": "PLAIN", "username": "alice", "password_file": "sasl-password"}}},
     ]}))
     g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
+                                             "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
                                              "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
                                              "GATEWAY_REQUEST_TIMEOUT_MS": "5000"},
                        log_file=d / "gateway.log")
@@ -67,7 +70,7 @@ async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def scrape(http: httpx.AsyncClient) -> Samples:
-    r = await http.get("/metrics", headers={"X-API-Key": ""})  # /metrics needs no credentials
+    r = await http.get("/metrics", headers={"X-API-Key": "", **ADMIN})  # multi-tenant: the admin token
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     out: Samples = {}
@@ -255,7 +258,7 @@ async def test_no_secret_in_metrics(gw: GatewayProcess, http: httpx.AsyncClient)
     wrong = "kcg-wrong-key-Zt5"
     assert (await http.get(f"{base}/subscription", headers={"X-API-Key": wrong})).status_code == 401
     assert (await http.get(f"{base}/subscription", headers={"Authorization": f"Bearer {wrong}"})).status_code == 401
-    text = (await http.get("/metrics")).text
+    text = (await http.get("/metrics", headers=ADMIN)).text
     samples = await scrape(http)
     assert value(samples, "kcg_consumer_instances", tenant=SASL_TENANT) >= 1  # the tenant is there, by id
     for secret in (SASL_PASSWORD, KEY, SASL_KEY, wrong, sha256(KEY), sha256(SASL_KEY), sha256(SASL_PASSWORD)):

@@ -19,6 +19,8 @@ an error or nothing was asked; appends, truncations and leader moves wake it (no
 
 Fetch sessions: see :mod:`tests.broker.fetch_sessions`. An injected error at depth 0 answers with
 that top-level error and no partitions, without touching the session cache.
+
+``TestCluster.fetch_zero_topic_ids`` makes v13+ responses name every topic by the all-zero uuid.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ NodeEndpoint = M.struct("FetchResponse", "NodeEndpoint")
 
 EXTENSION_KEY = "fetch_sessions"
 PARTIAL_BATCHES_KEY = "fetch_partial_batches"
+ZERO_TOPIC_IDS_KEY = "fetch_zero_topic_ids"
 TOPIC_ID_VERSION = 13
 READ_COMMITTED = 1
 _ZERO_UUID = uuid.UUID(int=0)
@@ -146,11 +149,12 @@ def build_response(ctx: RequestContext, error_code: int, session_id: int,
     current: Any = None
     current_key: object = None
     leaders: set[int] = set()
+    zero_ids = bool(ctx.state.extensions.get(ZERO_TOPIC_IDS_KEY, False))
     for pf, r in pairs:
         if current is None or pf.key[0] != current_key:
             current_key = pf.key[0]
             current = TopicResponse(topic=pf.topic if v < TOPIC_ID_VERSION else None,
-                                    topic_id=pf.topic_id, partitions=[])
+                                    topic_id=_ZERO_UUID if zero_ids else pf.topic_id, partitions=[])
             if v < TOPIC_ID_VERSION:
                 current.topic = pf.key[0]
             topics.append(current)

@@ -1,0 +1,111 @@
+"""Offset-range reads against the protocol-level test broker, which (unlike Tansu) has an aborted-transaction
+index: interleaved aborted and committed transactions read page by page with transactions spanning pages,
+through service.fetch.ranges and through a real gateway process (JSON and Arrow)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from service.client.client import KafkaClient
+from service.consumer.subscription import TopicPartition
+from service.fetch.ranges import read_page
+from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
+from service.protocol.messages import ApiKey
+from tests.broker import TestCluster
+from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_consumer_vs_test_broker import (
+    COMMITTED,
+    EVERYTHING,
+    write_interleaved_transactions,
+)
+
+pytestmark = pytest.mark.integration
+TP = TopicPartition("t", 0)
+
+
+async def read_loop(client: KafkaClient, isolation: int, max_bytes: int, end: int | None = None
+                    ) -> tuple[list[bytes | None], list[tuple[int, int, int]]]:
+    pos, values, pages = 0, [], []
+    while True:
+        page = await read_page(client, TP, pos, end, isolation_level=isolation, max_bytes=max_bytes)
+        values += [r.value for r in page.records]
+        pages.append((pos, page.next_offset, len(page.records)))
+        assert page.next_offset > pos or page.done
+        pos = page.next_offset
+        if page.done:
+            return values, pages
+
+
+@pytest.mark.parametrize("max_bytes", [1, 200, 1 << 20])
+async def test_aborted_transactions_are_left_out_page_by_page(max_bytes: int) -> None:
+    async with TestCluster(topics={"t": 1}) as cluster:
+        write_interleaved_transactions(cluster)
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            values, pages = await read_loop(client, READ_COMMITTED, max_bytes)
+            assert values == COMMITTED
+            assert pages[-1][1] == 18  # past the trailing COMMIT marker
+            if max_bytes == 1:  # transaction A (0-7) is read over several fetches
+                fetches = cluster.requests(ApiKey.FETCH)
+                assert len([e for e in fetches if e.request.topics[0].partitions[0].fetch_offset <= 7]) >= 3
+            values, _ = await read_loop(client, READ_UNCOMMITTED, max_bytes)
+            assert values == EVERYTHING
+            # an end inside transaction C (14-15): cut there, next_offset = end
+            values, pages = await read_loop(client, READ_COMMITTED, max_bytes, end=15)
+            assert values == [b"n0", b"y0", b"y1", b"c0"] and pages[-1][1] == 15
+        finally:
+            await client.close()
+
+
+async def test_open_transaction_bounds_reads_at_the_lso() -> None:
+    async with TestCluster(topics={"t": 1}) as cluster:
+        cluster.append("t", 0, [b"before"])
+        cluster.append_txn("t", 0, [b"open"], producer_id=7)  # 1: the LSO stays at 1
+        cluster.append("t", 0, [b"after"])  # 2
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            page = await read_page(client, TP, 0, 3)
+            assert [r.value for r in page.records] == [b"before"] and page.next_offset == page.end_offset == 1
+            page = await read_page(client, TP, 1, 3)  # at the LSO: nothing, and done
+            assert page.records == [] and page.done and page.last_stable_offset == 1
+            cluster.end_txn("t", 0, 7, commit=False)  # 3
+            values, _ = await read_loop(client, READ_COMMITTED, 1 << 20)
+            assert values == [b"before", b"after"]
+        finally:
+            await client.close()
+
+
+async def test_http_json_and_arrow_against_the_test_broker() -> None:
+    async with TestCluster(topics={"t": 1}) as cluster:
+        write_interleaved_transactions(cluster)
+        gw = GatewayProcess(cluster.bootstrap_servers)
+        await asyncio.to_thread(gw.start)  # the broker runs on this loop: never block it
+        try:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                pos, values, n = 0, [], 0
+                while True:
+                    r = await http.get("/topics/t/partitions/0/records", params={"offset": pos, "max_bytes": 1})
+                    assert r.status_code == 200, r.text
+                    body = r.json()
+                    values += [r["value"] for r in body["records"]]
+                    pos, n = body["next_offset"], n + 1
+                    if pos >= body["end_offset"]:
+                        break
+                assert [base64.b64decode(v) for v in values] == COMMITTED and pos == 18 and n > 3
+                tables, pos = [], 0
+                while True:
+                    r = await http.get("/topics/t/partitions/0/records", params={"offset": pos, "max_bytes": 100},
+                                       headers={"Accept": "application/vnd.apache.arrow.stream"})
+                    reader = pa.ipc.open_stream(r.content)
+                    tables.append(reader.read_all())
+                    pos = int(r.headers["X-Next-Offset"])
+                    if pos >= int(reader.schema.metadata[b"end_offset"]):
+                        break
+                assert pa.concat_tables(tables).column("value").to_pylist() == COMMITTED
+        finally:
+            await asyncio.to_thread(gw.stop)

@@ -10,7 +10,7 @@ DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c)
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)

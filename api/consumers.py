@@ -44,7 +44,7 @@ from service.gateway import (
 )
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
-from service.tenants import Tenant, TenantError
+from service.tenants import Tenant
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
@@ -279,11 +279,6 @@ def acceptable_content_type(ct: str) -> bool:
     return ct in (V2, "application/json") or (ct.startswith("application/vnd.kafka") and ct.endswith("+json"))
 
 
-def check_topic(tenant: Tenant, topic: str) -> None:
-    if not tenant.allows_topic(topic):
-        raise TenantError(403, 40301, f"tenant {tenant.id!r} may not read topic {topic!r}")
-
-
 def base_url(request: Request) -> str:
     settings = request.app.state.settings
     if settings.public_url:
@@ -327,8 +322,7 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     body = body or CreateConsumer()
     validate_group_id(group)  # 422/42206: empty, longer than Kafka's 249, control characters
-    if not tenant.allows_group(group):
-        raise TenantError(403, 40301, f"tenant {tenant.id!r} may not use consumer group {group!r}")
+    tenant.require_group(group)
     try:
         props = parse_properties(body.model_extra or {})
     except ConfigError as exc:
@@ -384,7 +378,7 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
             await inst.consumer.unsubscribe()
             return Response(status_code=204)
         for t in body.topics:
-            check_topic(tenant, t)
+            tenant.require_topic(t)
         subs = inst.consumer.subs
         if subs.type is SubscriptionType.ASSIGNED or subs.type is SubscriptionType.PATTERN:
             raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually "
@@ -425,7 +419,7 @@ async def assign(request: Request, group: str, instance_id: str, body: Partition
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
     for p in body.partitions:
-        check_topic(tenant, p.topic)
+        tenant.require_topic(p.topic)
     if inst.consumer.subs.is_group_managed:
         raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
     md = await inst.consumer.client.ensure_metadata({p.topic for p in body.partitions})

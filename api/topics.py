@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from api.auth import current_tenant
-from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, check_topic, runtime, v2
+from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.render import render_binary, render_json
 from service.consumer.subscription import TopicPartition
 from service.fetch.ranges import (
@@ -76,7 +76,7 @@ async def list_topics(request: Request, tenant: Tenant = Depends(current_tenant)
 @router.get("/topics/{topic}", response_model=TopicInfo, responses=ERRORS,
             summary="A topic: its configs and partitions")
 async def get_topic(request: Request, topic: str, tenant: Tenant = Depends(current_tenant)) -> Response:
-    check_topic(tenant, topic)
+    tenant.require_topic(topic)
     cat = catalog(request, tenant)
     view = await cat.topic(topic)
     return v2(view.to_json(await cat.configs(topic)))
@@ -85,7 +85,7 @@ async def get_topic(request: Request, topic: str, tenant: Tenant = Depends(curre
 @router.get("/topics/{topic}/partitions", response_model=list[PartitionInfo], responses=ERRORS,
             summary="The partitions of a topic")
 async def list_partitions(request: Request, topic: str, tenant: Tenant = Depends(current_tenant)) -> Response:
-    check_topic(tenant, topic)
+    tenant.require_topic(topic)
     view = await catalog(request, tenant).topic(topic)
     return v2([p.to_json() for p in view.partitions])
 
@@ -94,7 +94,7 @@ async def list_partitions(request: Request, topic: str, tenant: Tenant = Depends
             summary="One partition of a topic")
 async def get_partition(request: Request, topic: str, partition: int,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
-    check_topic(tenant, topic)
+    tenant.require_topic(topic)
     p = await catalog(request, tenant).partition(topic, partition)
     return v2(p.to_json())
 
@@ -103,7 +103,7 @@ async def get_partition(request: Request, topic: str, partition: int,
             responses=ERRORS, summary="Beginning and end offsets of a partition (and its last stable offset)")
 async def get_partition_offsets(request: Request, topic: str, partition: int,
                                 tenant: Tenant = Depends(current_tenant)) -> Response:
-    check_topic(tenant, topic)
+    tenant.require_topic(topic)
     offsets = await catalog(request, tenant).offsets(topic, partition)
     return v2(offsets.to_json())
 
@@ -206,7 +206,7 @@ async def read_partition_records(
                                         description="about this many key + value bytes per page (at least "
                                                     "one record)")] = DEFAULT_MAX_BYTES,
         tenant: Tenant = Depends(current_tenant)) -> Response:
-    check_topic(tenant, topic)
+    tenant.require_topic(topic)
     media = _range_media(request)
     rt = runtime(request, tenant)
     await catalog(request, tenant).partition(topic, partition)  # 40401 / 40402 (cached metadata)

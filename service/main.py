@@ -102,6 +102,11 @@ async def serve(settings: Settings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["sink"]:  # `consumer-gateway sink ...`: the Spark sink job (the `spark` extra)
+        from sink.cli import main as sink_main
+
+        return sink_main(args[1:])
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     try:

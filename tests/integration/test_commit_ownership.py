@@ -29,6 +29,8 @@ from service.protocol.messages import ApiKey
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import GroupPhase, group_coordinator
 
+pytestmark = pytest.mark.fault  # against the test broker: stale commits, rebalances, dying tasks
+
 TP = TopicPartition
 FAST: dict[str, Any] = {
     "session_timeout_ms": 3000, "heartbeat_interval_ms": 100, "auto_offset_reset": "earliest",

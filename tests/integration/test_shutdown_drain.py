@@ -25,7 +25,7 @@ from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 H = {"Content-Type": "application/vnd.kafka.v2+json"}
 NDJSON = {"Accept": "application/x-ndjson"}

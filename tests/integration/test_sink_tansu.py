@@ -1,0 +1,183 @@
+"""The Spark sink (``sink``), end to end on Tansu through a real gateway process: committed transactions, an
+open transaction holding partition 0 at its LSO, plain records; available-now runs into parquet (read back
+through Spark) and Delta (read back with delta-rs / pyarrow); a second run picks up only the new records;
+the batch reader; bad input. One Spark session (local[2]) for the module."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer as CKProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from service.embedded import EmbeddedBroker
+from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_topics_tansu import open_transaction
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pyspark = pytest.importorskip("pyspark")
+deltalake = pytest.importorskip("deltalake")
+
+Row = tuple[str, int, int, bytes | None, bytes]  # topic, partition, offset, key, value
+
+
+@pytest.fixture(scope="module")
+def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    d = tmp_path_factory.mktemp("sink-gw")
+    g = GatewayProcess(tansu.bootstrap, log_file=d / "gw.log")
+    g.start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from sink.cli import build_session
+
+    s = build_session()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def create_topic(bootstrap: str, partitions: int = 2) -> str:
+    name = f"sink-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fs = admin.create_topics([NewTopic(name, partitions, 1)])
+    for f in fs.values():
+        f.result(30)
+    return name
+
+
+def produce(bootstrap: str, topic: str, partition: int, n: int, tag: str, txn: str | None = None,
+            size: int = 0) -> list[Row]:
+    """``n`` records to one partition (in one committed transaction when ``txn`` is given); what was written."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 20}
+    if txn:
+        conf["transactional.id"] = txn
+    p = CKProducer(conf)
+    if txn:
+        p.init_transactions(30)
+        p.begin_transaction()
+    out: list[Row] = []
+
+    def done(err: Any, msg: Any) -> None:
+        assert err is None, err
+        out.append((topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
+
+    for i in range(n):
+        v = f"{tag}-{i}".encode().ljust(size, b".")
+        p.produce(topic, key=b"k%d" % i if i % 2 else None, value=v, partition=partition, on_delivery=done)
+    assert p.flush(30) == 0
+    if txn:
+        p.commit_transaction(30)
+    return out
+
+
+def sink_args(gw: GatewayProcess, topic: str, tmp: Path, fmt: str, **kw: Any) -> argparse.Namespace:
+    from sink.cli import parse_args
+
+    argv = ["--gateway", gw.url, "--topics", topic, "--table", str(tmp / f"table-{fmt}"),
+            "--checkpoint", str(tmp / f"cp-{fmt}"), "--format", fmt]
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    return parse_args(argv)
+
+
+def table_rows(spark: Any, path: Path, fmt: str) -> list[Row]:
+    if fmt == "parquet":
+        rows = spark.read.parquet(str(path)).select("topic", "partition", "offset", "key", "value").collect()
+        return sorted((r[0], r[1], r[2], bytes(r[3]) if r[3] is not None else None, bytes(r[4])) for r in rows)
+    t = deltalake.DeltaTable(str(path)).to_pyarrow_table(columns=["topic", "partition", "offset", "key", "value"])
+    return sorted(zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_available_now_exactly_the_committed_records_then_only_new_ones(
+        tansu: EmbeddedBroker, gw: GatewayProcess, spark: Any, tmp_path: Path, fmt: str) -> None:
+    from sink.cli import run
+
+    topic = create_topic(tansu.bootstrap, 2)
+    b = tansu.bootstrap
+    want = produce(b, topic, 0, 50, "plain0")
+    want += produce(b, topic, 0, 40, "txn0", txn=f"tx-{topic}-a")
+    want += produce(b, topic, 1, 30, "txn1", txn=f"tx-{topic}-b")
+    want += produce(b, topic, 1, 20, "plain1")
+    with open_transaction(b, topic, 5, f"tx-{topic}-open") as txn:
+        held = produce(b, topic, 0, 10, "after-open")  # past the LSO of partition 0 until the txn ends
+        out = io.StringIO()
+        s1 = run(spark, sink_args(gw, topic, tmp_path, fmt, max_records_per_trigger=60, max_offsets_per_task=25),
+                 out=out)
+        assert table_rows(spark, tmp_path / f"table-{fmt}", fmt) == sorted(want)
+        assert s1["rows"] == len(want) and s1["batches"] >= 3, (s1, out.getvalue())
+        assert "rows/s" in out.getvalue() and "lag" in out.getvalue()
+        txn.commit_transaction(30)
+    # the 5 committed transactional records (values t0..t4) and the held ones, then more
+    more = produce(b, topic, 1, 25, "more1", txn=f"tx-{topic}-c") + produce(b, topic, 0, 7, "more0")
+    s2 = run(spark, sink_args(gw, topic, tmp_path, fmt), out=io.StringIO())
+    got = table_rows(spark, tmp_path / f"table-{fmt}", fmt)
+    txn_rows = [r for r in got if r[4].startswith(b"t") and r[4][1:].isdigit()]
+    assert sorted(r[4] for r in txn_rows) == [b"t%d" % i for i in range(5)]
+    assert got == sorted(want + held + more + txn_rows)
+    assert s2["rows"] == len(held) + len(more) + 5
+    assert len({(r[1], r[2]) for r in got}) == len(got)  # no duplicates
+    # a third run: nothing new, nothing written
+    s3 = run(spark, sink_args(gw, topic, tmp_path, fmt), out=io.StringIO())
+    assert s3["rows"] == 0 and table_rows(spark, tmp_path / f"table-{fmt}", fmt) == got
+
+
+def test_batch_reader_and_commit_group(tansu: EmbeddedBroker, gw: GatewayProcess, spark: Any,
+                                       tmp_path: Path) -> None:
+    from sink.cli import run
+    from sink.groups import GroupCommitter
+
+    topic = create_topic(tansu.bootstrap, 3)
+    want = [r for p in range(3) for r in produce(tansu.bootstrap, topic, p, 40 + p, f"p{p}")]
+    df = (spark.read.format("kafka_gateway").option("gateway", gw.url).option("topics", topic)
+          .option("maxOffsetsPerTask", "16").option("maxBytesPerPage", "200").load())
+    assert df.rdd.getNumPartitions() == 3 + 3 + 3
+    got = sorted((r.topic, r.partition, r.offset, r.key, r.value) for r in df.collect())
+    assert got == sorted(want)
+    ts = df.select("timestamp").collect()
+    assert all(r.timestamp is not None and r.timestamp.year >= 2024 for r in ts)
+    # the streaming job with --commit-group mirrors its end offsets into the group
+    group = f"g-{topic}"
+    run(spark, sink_args(gw, topic, tmp_path, "parquet", commit_group=group), out=io.StringIO())
+    c = GroupCommitter(gw.url, group)
+    try:
+        c.commit({f"{topic}:0": 1})  # creates an instance to read the group's offsets with (then restore)
+        c.commit({f"{topic}:0": 40})
+        got_offsets = c.committed([f"{topic}:{p}" for p in range(3)])
+    finally:
+        c.close()
+    assert got_offsets == {f"{topic}:{p}": 40 + p for p in range(3)}
+
+
+def test_unknown_topic_is_a_clear_error_and_writes_nothing(gw: GatewayProcess, spark: Any, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from sink.cli import main, run
+
+    argv = ["--gateway", gw.url, "--topics", "no-such-topic-x", "--table", str(tmp_path / "t"),
+            "--checkpoint", str(tmp_path / "cp")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no-such-topic-x" in err and "404" in err, err
+    assert not (tmp_path / "t").exists()
+    # the same through Spark itself (no preflight): the query fails with the gateway's answer
+    with pytest.raises(Exception, match="40401"):
+        run(spark, sink_args(gw, "no-such-topic-y", tmp_path, "parquet"), out=io.StringIO())
+    assert not list((tmp_path / "table-parquet").glob("*.parquet"))
+    with pytest.raises(Exception, match="40401"):
+        run(spark, sink_args(gw, "no-such-topic-y", tmp_path, "delta"), out=io.StringIO())
+    assert not (tmp_path / "table-delta").exists()
+    assert main([*argv[:1], "http://127.0.0.1:9", *argv[2:]]) == 1
+    assert "unreachable" in capsys.readouterr().err

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c)
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench sink-demo clean
 
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+sink-demo: $(STAMP)
+	$(PY) -m sink.demo
 
 bench: $(STAMP)
 	$(PY) bench/codec.py

@@ -24,13 +24,6 @@ from api.consumer_config import ConfigError, parse_properties, property_schemas
 from api.errors import documented_errors
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
-from service.consumer.subscription import (
-    InvalidPatternError,
-    SubscriptionError,
-    SubscriptionType,
-    TopicPartition,
-    compile_topic_pattern,
-)
 from service.gateway import (
     GROUP_ID_PATTERN,
     SHUTDOWN_MESSAGE,
@@ -44,6 +37,13 @@ from service.gateway import (
 )
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
+from service.subscription import (
+    InvalidPatternError,
+    SubscriptionError,
+    SubscriptionType,
+    TopicPartition,
+    compile_topic_pattern,
+)
 from service.tenants import Tenant
 
 V2 = "application/vnd.kafka.v2+json"

@@ -22,10 +22,10 @@ from service.client.errors import (
     KafkaError,
     NoBrokersAvailableError,
 )
-from service.consumer.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 from service.gateway import GatewayError
 from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
+from service.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 
 log = logging.getLogger(__name__)
 

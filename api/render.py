@@ -22,9 +22,9 @@ from typing import NamedTuple
 
 import orjson
 
-from service.consumer.subscription import TopicPartition
 from service.protocol import records as _records
 from service.protocol.records import Record
+from service.subscription import TopicPartition
 
 Chunks = list[tuple[TopicPartition, list[Record]]]
 

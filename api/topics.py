@@ -17,7 +17,6 @@ from pydantic import BaseModel
 from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.render import render_binary, render_json
-from service.consumer.subscription import TopicPartition
 from service.fetch.ranges import (
     ARROW_STREAM,
     DEFAULT_MAX_BYTES,
@@ -28,6 +27,7 @@ from service.fetch.ranges import (
 )
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.gateway import GatewayError
+from service.subscription import TopicPartition
 from service.tenants import Tenant
 from service.topics import TopicCatalog, visible_topic_names
 

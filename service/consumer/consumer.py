@@ -20,15 +20,6 @@ from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError
-from service.consumer.subscription import (
-    FetchState,
-    NoOffsetForPartitionError,
-    OffsetResetStrategy,
-    SubscriptionError,
-    SubscriptionState,
-    SubscriptionType,
-    TopicPartition,
-)
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.group.assignors import get_assignor
@@ -44,6 +35,15 @@ from service.group.member import GroupMember
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.records import Record
+from service.subscription import (
+    FetchState,
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionError,
+    SubscriptionState,
+    SubscriptionType,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,6 @@ from typing import Any
 from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
-from service.consumer.subscription import (
-    NoOffsetForPartitionError,
-    OffsetResetStrategy,
-    SubscriptionState,
-    TopicPartition,
-)
 from service.fetch.read_committed import READ_COMMITTED, TxnTracker, filter_batches
 from service.fetch.session import (
     FetchPartitionData,
@@ -40,6 +34,12 @@ from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
 from service.protocol.records import Record, decode_records
+from service.subscription import (
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionState,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 

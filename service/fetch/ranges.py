@@ -37,13 +37,13 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
-from service.consumer.subscription import TopicPartition
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
 from service.fetch.session import FetchPartitionData, FetchSessionHandler, choose_version, to_fetch_request
 from service.gateway import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.records import Record, decode_records
+from service.subscription import TopicPartition
 
 __all__ = [
     "ARROW_STREAM",

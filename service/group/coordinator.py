@@ -22,10 +22,10 @@ from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
-from service.consumer.subscription import TopicPartition
 from service.group.member import Action, GroupMember, MemberState
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
+from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 

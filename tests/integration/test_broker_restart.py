@@ -1,55 +1,21 @@
 """Broker kill -9 and restart with durable (S3) storage: the consumer resumes from committed offsets
 and nothing is lost. Tansu's memory:// storage forgets everything on restart, so this broker stores
-its log in a local moto S3 server."""
+its log in a local moto S3 server (the ``s3_env`` fixture, tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
-import httpx
 import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.consumer.subscription import TopicPartition
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded import EmbeddedBroker
+from service.subscription import TopicPartition
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def s3_env(tmp_path) -> Iterator[dict[str, str]]:  # type: ignore[no-untyped-def]
-    port = free_port()
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    assert exe, "moto[server] is a test dependency"
-    proc = subprocess.Popen([exe, "-p", str(port), "-H", "127.0.0.1"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(endpoint, timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)  # waiting for an external process to bind its port
-        env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"}
-        r = httpx.put(f"{endpoint}/tansu")  # create the bucket (moto accepts unsigned requests)
-        assert r.status_code == 200, r.text
-        yield env
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def produce(bootstrap: str, topic: str, start: int, n: int) -> None:

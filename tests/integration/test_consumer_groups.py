@@ -15,9 +15,9 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
-from service.consumer.subscription import NoOffsetForPartitionError, TopicPartition
 from service.embedded import EmbeddedBroker
 from service.group.coordinator import OffsetAndMetadata
+from service.subscription import NoOffsetForPartitionError, TopicPartition
 
 pytestmark = pytest.mark.integration
 FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 300, "auto_offset_reset": "earliest",

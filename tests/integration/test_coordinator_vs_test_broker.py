@@ -21,7 +21,6 @@ from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, ConnectionConfig
 from service.client.errors import KafkaError
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
-from service.consumer.subscription import TopicPartition
 from service.group.coordinator import CommitFailedError, GroupFatalError, OffsetAndMetadata
 from service.group.member import MemberState
 from service.group.protocol import (
@@ -33,6 +32,7 @@ from service.group.protocol import (
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.messages import ApiKey
+from service.subscription import TopicPartition
 from tests.broker import RequestLogEntry, TestCluster, default_registry
 from tests.broker.group_coordinator import GroupCoordinatorState, GroupPhase, group_coordinator
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 
 from service.client.client import KafkaClient
-from service.consumer.subscription import TopicPartition
 from service.fetch.ranges import read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.protocol.messages import ApiKey
+from service.subscription import TopicPartition
 from tests.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_consumer_vs_test_broker import (

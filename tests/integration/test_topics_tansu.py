@@ -12,9 +12,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.consumer.subscription import TopicPartition
 from service.embedded import EmbeddedBroker
 from service.protocol import messages as M
+from service.subscription import TopicPartition
 from service.topics import PartitionNotFound, TopicCatalog, TopicNotFound, read_offsets, visible_topic_names
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api import render as Rd
-from service.consumer.subscription import TopicPartition
 from service.protocol import records as R
 from service.protocol.records import Record
+from service.subscription import TopicPartition
 
 REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
 TP = TopicPartition("t\u00e9st \"q\"", 3)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from service.consumer.subscription import (
+from service.subscription import (
     InvalidPatternError,
     SubscriptionState,
     compile_topic_pattern,

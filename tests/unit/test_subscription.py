@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.consumer.subscription import (
+from service.subscription import (
     FetchState,
     OffsetResetStrategy,
     SubscriptionError,

@@ -4,6 +4,9 @@ Mirrors the Java consumer's subscription state: one subscription mode at a time 
 manual assignment); per assigned partition a position, a fetch state (needs committed offset, needs
 reset, fetching), pause flag and the latest high watermark / last stable offset / log start offset
 reported by fetches.
+
+It lives below ``consumer/``, ``fetch/`` and ``group/`` (all three use it, with the engine's single
+``TopicPartition`` type), so every import in the engine looks down.
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""Fixtures shared by integration tests: a local S3 server (moto) for a Tansu broker that must keep its
+log, groups and committed offsets across a kill -9 (``memory://`` forgets everything on restart)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.embedded import EmbeddedBroker, free_port
+
+S3_BUCKET = "tansu"
+
+
+@pytest.fixture
+def s3_env() -> Iterator[dict[str, str]]:
+    """A running ``moto_server`` with the bucket :data:`S3_BUCKET` created; yields the AWS_* environment a
+    Tansu broker with ``--storage-engine s3://tansu/`` needs (without it Tansu tries a cloud metadata
+    address). Use: ``EmbeddedBroker(storage=f"s3://{S3_BUCKET}/", env=s3_env)``."""
+    port = free_port()
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    assert exe, "moto[server] is a test dependency"
+    proc = subprocess.Popen([exe, "-p", str(port), "-H", "127.0.0.1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(endpoint, timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.05)  # waiting for an external process to bind its port
+        env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_ENDPOINT": endpoint, "AWS_ALLOW_HTTP": "true"}
+        r = httpx.put(f"{endpoint}/{S3_BUCKET}")  # create the bucket (moto accepts unsigned requests)
+        assert r.status_code == 200, r.text
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def s3_broker(s3_env: dict[str, str], tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """A started Tansu broker on the moto bucket; ``kill()`` then ``start()`` restarts it on the same port
+    and bucket with its data."""
+    broker = EmbeddedBroker(storage=f"s3://{S3_BUCKET}/", env=s3_env, log_file=tmp_path / "tansu-s3.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -45,11 +45,18 @@ class Ledger:
     def __init__(self) -> None:
         self.received: list[tuple[int, int, bytes]] = []  # (partition, offset, value) in arrival order
         self.committed: dict[int, int] = {}  # partition -> next offset covered by a 2xx commit
+        self.redelivered: list[TP] = []  # received again by this client
+        self.committed_again: list[TP] = []  # received again although a 2xx commit already covered it
 
     def add(self, recs: list[dict[str, object]]) -> None:
+        seen = {(p, o) for p, o, _ in self.received}
         for r in recs:
-            self.received.append((int(r["partition"]), int(r["offset"]),  # type: ignore[call-overload]
-                                  base64.b64decode(str(r["value"]))))
+            p, o = int(r["partition"]), int(r["offset"])  # type: ignore[call-overload]
+            if (p, o) in seen:
+                self.redelivered.append((p, o))
+                if self.covered(p, o):
+                    self.committed_again.append((p, o))
+            self.received.append((p, o, base64.b64decode(str(r["value"]))))
 
     def pending(self) -> dict[int, int]:
         """The commit that covers everything received: partition -> last offset received."""
@@ -93,7 +100,7 @@ def check(produced: int, ledgers: list[Ledger]) -> tuple[int, int]:
 
 
 @pytest.fixture
-def gw_factory(tansu: EmbeddedBroker, tmp_path: Path) -> Iterator[list[GatewayProcess]]:
+def gw_factory() -> Iterator[list[GatewayProcess]]:
     started: list[GatewayProcess] = []
     yield started
     for g in started:
@@ -222,3 +229,85 @@ async def test_a_vanished_member_hands_over_from_its_last_commit(
     assert not [x for x in again if x[1] < a_committed.get(x[0], 0)], "a committed record came back"
     distinct, dups = check(n, [a, b])
     assert distinct == n and dups == len(again) <= sum(1 for p, o, _ in a.received if o >= a_committed.get(p, 0))
+
+
+async def test_kill_9_of_an_s3_broker_and_restart_under_an_http_consumer(
+        s3_broker: EmbeddedBroker, topic_name: str, gw_factory: list[GatewayProcess], tmp_path: Path) -> None:
+    """The broker (Tansu on S3, so log and committed offsets survive) is killed with SIGKILL under one
+    gateway and one HTTP consumer instance, and restarted on the same port and bucket. The client keeps
+    polling and committing through the same gateway: 503s, 409s (rebalance) and empty polls are fine while
+    the broker is away, and a vanished instance may be created again; in the end every record arrived, and
+    nothing that a 2xx commit covered was delivered again."""
+    n, parts = 3_000, 3
+    kc = KafkaClient(s3_broker.bootstrap)
+    try:
+        await kc.create_topics({topic_name: parts})
+    finally:
+        await kc.close()
+    await asyncio.to_thread(produce, s3_broker.bootstrap, topic_name, n, parts)
+    group = f"g-{topic_name}"
+    g = start_gateway(s3_broker, gw_factory, tmp_path)
+    ledger = Ledger()
+    statuses: dict[str, int] = {}  # "GET 503", "POST 409", ... seen after the kill
+    async with client(g) as http:
+        base = await create(http, group, "c1")
+        assert (await http.post(f"{base}/subscription", headers=V2, json={"topics": [topic_name]})).status_code == 204
+        while len(ledger.received) < n // 2:  # consume part, committing after every poll
+            r = await http.get(f"{base}/records", params={"timeout": 1000, "max_records": 250}, headers=BIN)
+            assert r.status_code == 200, r.text
+            ledger.add(r.json())
+            if r.json():
+                assert await commit(http, base, topic_name, ledger) == 204
+        r = await http.get(f"{base}/records", params={"timeout": 1000, "max_records": 250}, headers=BIN)
+        assert r.status_code == 200, r.text
+        ledger.add(r.json())  # received, not committed: the window that may come back
+        committed_at_kill = dict(ledger.committed)
+        received_at_kill = len(ledger.received)
+        assert received_at_kill > sum(committed_at_kill.values()), "no uncommitted window before the kill"
+
+        s3_broker.kill()  # kill -9: no clean shutdown, in-flight requests of the gateway fail
+        down: list[str] = []
+        for _ in range(2):  # while it is down: prefetched records, [] or 503; a commit cannot succeed
+            r = await http.get(f"{base}/records", params={"timeout": 500, "max_records": 250}, headers=BIN)
+            assert r.status_code in (200, 503), r.text
+            down.append(f"GET {r.status_code}")
+            if r.status_code == 200:
+                ledger.add(r.json())
+            status = await commit(http, base, topic_name, ledger)
+            down.append(f"POST {status}")
+            assert status in (409, 503), f"a commit answered {status} while the broker was down"
+        s3_broker.start()  # same port, same bucket
+
+        deadline = time.monotonic() + 90
+        while not {b"%d" % i for i in range(n)} <= {v for _, _, v in ledger.received}:
+            assert time.monotonic() < deadline, (
+                f"missing {n - len({v for _, _, v in ledger.received})} records; statuses {statuses}")
+            r = await http.get(f"{base}/records", params={"timeout": 1000, "max_records": 500}, headers=BIN)
+            statuses[f"GET {r.status_code}"] = statuses.get(f"GET {r.status_code}", 0) + 1
+            if r.status_code in (404, 410):  # the gateway dropped the instance: create it again
+                base = await create(http, group, "c1")
+                r = await http.post(f"{base}/subscription", headers=V2, json={"topics": [topic_name]})
+                assert r.status_code == 204, r.text
+                continue
+            assert r.status_code in (200, 409, 503), r.text
+            if r.status_code != 200:
+                await asyncio.sleep(0.2)  # Retry-After: the broker is not back yet
+                continue
+            ledger.add(r.json())
+            if r.json():
+                status = await commit(http, base, topic_name, ledger)
+                statuses[f"POST {status}"] = statuses.get(f"POST {status}", 0) + 1
+                assert status in (204, 409, 503), status
+        # the restarted broker kept every 2xx commit (S3), and holds nothing beyond them
+        r = await http.request("GET", f"{base}/offsets", headers=V2, json={"partitions": [
+            {"topic": topic_name, "partition": p} for p in range(parts)]})
+        assert r.status_code == 200, r.text
+        assert {o["partition"]: o["offset"] for o in r.json()["offsets"]} == ledger.committed
+        await http.delete(base)
+
+    assert not ledger.committed_again, f"records covered by a 2xx commit came back: {ledger.committed_again[:10]}"
+    uncommitted = sum(1 for p, o, _ in ledger.received[:received_at_kill] if o >= committed_at_kill.get(p, 0))
+    distinct, dups = check(n, [ledger])
+    assert distinct == n and dups == len(ledger.redelivered)
+    print(f"broker kill -9 (S3): {received_at_kill} delivered before, {uncommitted} uncommitted at the kill, "
+          f"{dups} redelivered after the restart; while down {down}, after the restart {statuses}")

@@ -27,15 +27,18 @@ def test_topic_filter_restricts_every_match_also_later_topics() -> None:
 
 
 def test_catastrophic_pattern_is_linear() -> None:
+    # Behavioural separation, not a benchmark: a backtracking engine needs ~2**100000 (then 1000 * 2**249)
+    # steps for these non-matches and never returns; RE2 answers in milliseconds. The bounds only turn
+    # "never" into a prompt failure and leave two orders of magnitude of slack for a loaded machine.
     rx = compile_topic_pattern(r"(\w|\w)*-x")
     started = time.perf_counter()
     assert rx.fullmatch("a" * 100_000) is None
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 5.0
     s = SubscriptionState()
     s.subscribe_pattern(r"(\w|\w)*-x")
     started = time.perf_counter()
     s.match_pattern(["a" * 249] * 1000)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 5.0
 
 
 @pytest.mark.parametrize(("pattern", "what"), [

@@ -241,6 +241,23 @@ class KafkaClient:
         if code in EC.METADATA_REFRESH_CODES:
             self.metadata.mark_stale(topic)
 
+    async def leader_id(self, topic: str, partition: int, *, refresh: bool = False) -> int:
+        """The node id of the partition's leader, from the cache (refreshed once if unknown) or, with
+        ``refresh``, from fresh metadata; raises BrokerResponseError (the topic's error, else
+        LEADER_NOT_AVAILABLE) when there is none."""
+        if refresh:
+            await self.refresh_metadata([topic])
+        else:
+            await self.ensure_metadata([topic])
+        node = self.metadata.leader(topic, partition)
+        if node is None and not refresh:
+            await self.refresh_metadata([topic])
+            node = self.metadata.leader(topic, partition)
+        if node is None:
+            code = self.metadata.topic_error(topic) or EC.LEADER_NOT_AVAILABLE
+            raise BrokerResponseError(code, f"leader of {topic}-{partition}")
+        return node
+
     async def leader_connection(self, topic: str, partition: int) -> ManagedConnection:
         leader = self.metadata.leader(topic, partition)
         if leader is None:

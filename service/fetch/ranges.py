@@ -140,18 +140,7 @@ def effective_end(end_offset: int | None, isolation_level: int, high_watermark: 
 
 # -- the broker side -------------------------------------------------------------------------------------
 async def _leader(client: KafkaClient, tp: TopicPartition, refresh: bool) -> int:
-    if refresh:
-        await client.refresh_metadata([tp.topic])
-    else:
-        await client.ensure_metadata([tp.topic])
-    node = client.metadata.leader(tp.topic, tp.partition)
-    if node is None and not refresh:
-        await client.refresh_metadata([tp.topic])
-        node = client.metadata.leader(tp.topic, tp.partition)
-    if node is None:
-        code = client.metadata.topic_error(tp.topic) or EC.LEADER_NOT_AVAILABLE
-        raise BrokerResponseError(code, f"leader of {tp.topic}-{tp.partition}")
-    return node
+    return await client.leader_id(tp.topic, tp.partition, refresh=refresh)
 
 
 async def _fetch(client: KafkaClient, node: int, tp: TopicPartition, offset: int, isolation: int,

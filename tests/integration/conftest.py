@@ -1,5 +1,6 @@
-"""Fixtures shared by integration tests: a local S3 server (moto) for a Tansu broker that must keep its
-log, groups and committed offsets across a kill -9 (``memory://`` forgets everything on restart)."""
+"""Fixtures shared by integration tests: ``http``, an httpx client of the module's ``gw`` gateway process;
+a local S3 server (moto) for a Tansu broker that must keep its log, groups and committed offsets across a
+kill -9 (``memory://`` forgets everything on restart)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from service.embedded import EmbeddedBroker, free_port
+from tests.integration.gateway_proc import GatewayProcess
 
 S3_BUCKET = "tansu"
+
+
+@pytest.fixture
+async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the module's ``gw`` fixture (a GatewayProcess); redirects are not followed."""
+    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+        yield c
 
 
 @pytest.fixture

@@ -45,6 +45,13 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway did not start (exit {self.proc.poll()}); see {self.log_file}")
             time.sleep(0.05)  # waiting for an external process to bind its port
 
+    def __enter__(self) -> GatewayProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, grace: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -37,18 +37,9 @@ V2 = "application/vnd.kafka.v2+json"
 
 @pytest.fixture(scope="module")
 def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-client") / "gateway.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-client") / "gateway.log") as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-        yield c
 
 
 @pytest.fixture

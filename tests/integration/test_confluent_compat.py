@@ -15,7 +15,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -38,18 +38,9 @@ ACCEPT_METADATA = "application/vnd.kafka.v2+json, application/vnd.kafka+json, ap
 
 @pytest.fixture(scope="module")
 def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-compat") / "gateway.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-compat") / "gateway.log") as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30, follow_redirects=False) as c:
-        yield c
 
 
 # -- helpers ----------------------------------------------------------------------------------------------

@@ -130,7 +130,8 @@ async def drain(http: httpx.AsyncClient, base: str, topic: str, ledger: Ledger, 
         assert r.status_code == 200, r.text
         ledger.add(r.json())
         if r.json():
-            assert await commit(http, base, topic, ledger) == 204
+            # 409/40903 while the group rebalances (retry after the next poll); the ledger counts only 2xx
+            assert await commit(http, base, topic, ledger) in (204, 409)
 
 
 async def test_kill_9_of_the_gateway_mid_stream(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str,

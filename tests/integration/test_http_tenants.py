@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -45,20 +45,11 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("tenants")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
-    finally:
-        g.stop()
         log = (d / "gw.log").read_text()
         assert KEY_A not in log and KEY_B not in log and KEY_C not in log, "a secret reached the log"
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-        yield c
 
 
 def auth(key: str, header: str = "bearer") -> dict[str, str]:

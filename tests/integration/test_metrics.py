@@ -51,16 +51,12 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
          "kafka": {"bootstrap": tansu.bootstrap, "security_protocol": "SASL_PLAINTEXT",
                    "sasl": {"mechanism": "PLAIN", "username": "alice", "password_file": "sasl-password"}}},
     ]}))
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
-                                             "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
-                                             "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
-                                             "GATEWAY_REQUEST_TIMEOUT_MS": "5000"},
-                       log_file=d / "gateway.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
+                                                 "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+                                                 "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
+                                                 "GATEWAY_REQUEST_TIMEOUT_MS": "5000"},
+                           log_file=d / "gateway.log") as g:
         yield g
-    finally:
-        g.stop()
 
 
 @pytest.fixture

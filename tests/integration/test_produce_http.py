@@ -42,18 +42,9 @@ def b64(b: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
-        yield c
 
 
 async def consume_back(http: httpx.AsyncClient, topic: str, partitions: int, n: int, fmt: str = "binary",
@@ -345,12 +336,8 @@ tenants:
     api_keys: ["sha256:{hashlib.sha256(KEY_P.encode()).hexdigest()}"]
     topics: ["w-*"]
 """)
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
-    finally:
-        g.stop()
 
 
 async def test_tenant_topic_patterns_and_auth(tenant_gw: GatewayProcess, kclient: KafkaClient) -> None:

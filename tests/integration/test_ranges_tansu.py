@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +51,9 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("ranges")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-        yield c
 
 
 def produce(bootstrap: str, topic: str, rows: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]],

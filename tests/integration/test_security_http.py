@@ -49,20 +49,11 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("security")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    g = GatewayProcess(tansu.bootstrap, log_file=d / "gw.log", env={
-        "GATEWAY_TENANTS_FILE": str(f), "GATEWAY_MAX_BODY_BYTES": str(MAX_BODY), "GATEWAY_ADMIN_TOKEN": ADMIN,
-        "GATEWAY_AUTH_FAILURES_PER_MINUTE": "5", "GATEWAY_FORWARDED_ALLOW_IPS": "127.0.0.1"})
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, log_file=d / "gw.log", env={
+            "GATEWAY_TENANTS_FILE": str(f), "GATEWAY_MAX_BODY_BYTES": str(MAX_BODY), "GATEWAY_ADMIN_TOKEN": ADMIN,
+            "GATEWAY_AUTH_FAILURES_PER_MINUTE": "5", "GATEWAY_FORWARDED_ALLOW_IPS": "127.0.0.1"}) as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-        yield c
 
 
 def auth(key: str) -> dict[str, str]:

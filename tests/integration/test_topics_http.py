@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -50,19 +50,10 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
     # a long TTL, so that "answered from the cache" is observable without timing
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f), "GATEWAY_TOPIC_METADATA_TTL_S": "300"},
-                       log_file=d / "gw.log")
-    g.start()
-    try:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f), "GATEWAY_TOPIC_METADATA_TTL_S": "300"},
+                           log_file=d / "gw.log") as g:
         yield g
-    finally:
-        g.stop()
 
-
-@pytest.fixture
-async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-        yield c
 
 
 def ok(r: httpx.Response) -> object:

@@ -58,7 +58,26 @@ class Settings(BaseSettings):
     auth_failures_per_minute: int = Field(
         20, ge=0, description="Failed authentications allowed per client address and minute before 429/42901 "
         "(0: no limit)")
-    replica_id: str = Field("r0", description="Names this replica inside every instance id")
+    replica_id: str = Field(
+        "r0", description="This replica's stable name (letters, digits, '-'; on Kubernetes the StatefulSet pod "
+        "name): in generated instance ids, in the routing ring and in static group.instance.ids")
+    static_membership: bool = Field(
+        False, description="Instances created without group.instance.id get one derived from this replica's "
+        "stable identity ('<replica_id>.<tenant>.<instance name>'), so a restarted pod whose clients recreate "
+        "their instances within the session timeout rejoins without a rebalance (KIP-345)")
+    peers: str | None = Field(
+        None, description="Routing: comma-separated base URLs of every gateway replica (this one included), "
+        "e.g. http://10.0.0.5:8080. Requests for an instance another replica holds are forwarded to it")
+    peer_dns: str | None = Field(
+        None, description="Routing: 'host:port' of a headless Service; its addresses (re-resolved every "
+        "peer_refresh_s) are the replica set. Used instead of GATEWAY_PEERS on Kubernetes")
+    peer_refresh_s: float = Field(2.0, gt=0, description="How often the replica set is re-read and probed")
+    peer_token: SecretStr | None = Field(
+        None, description="Shared secret of the replicas: required on the /internal endpoints and marks "
+        "forwarded requests (set it whenever peers are configured on an untrusted network)")
+    routing: Literal["forward", "redirect", "off"] = Field(
+        "forward", description="With peers: 'forward' proxies requests for instances held elsewhere (streams "
+        "and long polls included); 'redirect' answers 307 to the owner's address; 'off' serves locally only")
     instance_idle_timeout_s: float = Field(300.0, gt=0, description="Idle consumer instances expire after this")
     max_poll_timeout_ms: int = Field(30000, gt=0, description="Cap on a records request's timeout")
     prefetch_bytes_per_instance: int = Field(4 * 1024 * 1024, gt=0)

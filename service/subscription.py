@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import re2
 
+from service.java_regex import JavaRegexError, java_to_re2
+
 
 class TopicPartition(NamedTuple):
     topic: str
@@ -75,14 +77,19 @@ _UNSUPPORTED = (("(?=", "lookahead"), ("(?!", "negative lookahead"), ("(?<=", "l
 def compile_topic_pattern(pattern: str) -> Any:
     """Compile a client's topic pattern with RE2 (linear-time matching: no regex can stall the event loop).
 
-    The syntax is the common subset of Java's and RE2's (``.``, ``*``, ``+``, ``?``, ``{n,m}``, classes,
-    ``\\d \\w \\s``, ``(?i)``, ``\\Q…\\E``, groups, alternation); backreferences, lookaround, atomic
-    groups and possessive quantifiers are refused with :class:`InvalidPatternError`. The pattern must
+    The syntax is Java's (``java.util.regex``) as far as RE2 can run it: Java-only spellings (POSIX
+    ``\\p{Lower}``, ``\\uXXXX``, ``(?<name>…)``, …) are rewritten by :func:`java_to_re2`; backreferences,
+    lookaround, atomic groups, possessive quantifiers, class intersections and Unicode blocks are refused
+    with :class:`InvalidPatternError` naming the construct. The pattern must
     match a whole topic name (Java's ``Pattern.matcher(topic).matches()``)."""
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise InvalidPatternError(f"the topic pattern is longer than {MAX_PATTERN_LENGTH} characters")
     try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        translated = java_to_re2(pattern)
+    except JavaRegexError as exc:
+        raise InvalidPatternError(f"invalid topic pattern {pattern!r}: {exc}") from None
+    try:
+        return re2.compile(translated, _RE2_OPTIONS)
     except re2.error as exc:
         detail = exc.args[0] if exc.args else str(exc)
         if isinstance(detail, bytes):

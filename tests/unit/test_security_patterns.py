@@ -61,3 +61,39 @@ def test_java_syntax_that_re2_supports() -> None:
         compile_topic_pattern("a" * 1001)
     with pytest.raises(InvalidPatternError, match="missing \\)"):
         compile_topic_pattern("(")
+
+
+@pytest.mark.parametrize(("pattern", "matches", "misses"), [
+    # Java spellings RE2 writes differently: each matches what java.util.regex matches
+    (r"\p{Lower}+-\p{Digit}", ["orders-1"], ["Orders-1", "orders-x"]),
+    (r"[\p{Alpha}_]+", ["a_B"], ["a-b", "é"]),  # POSIX classes are ASCII-only in Java
+    (r"\P{Digit}+", ["abc"], ["a1"]),
+    (r"[^\p{Upper}]+", ["abc"], ["aBc"]),
+    (r"\p{IsLatin}+", ["abc", "é"], ["αβ"]),
+    (r"\p{javaLowerCase}+", ["ab"], ["aB"]),
+    (r"\p{gc=Lu}\p{L}*", ["Orders"], ["orders"]),
+    (r"\pL+", ["abc"], ["a1"]),
+    (r"\u0041\u002e.*", ["A.x"], ["Ax"]),
+    (r"\0101\x42", ["AB"], ["ab"]),
+    (r"(?<kind>pay|bill)ments", ["payments"], ["ments"]),
+    (r"(?idu)ORDERS", ["orders"], ["order"]),
+    (r"a\Z", ["a"], ["ab"]),
+    (r"[]a]+", ["]a"], ["b"]),
+    (r"\QA.B\E\p{Digit}", ["A.B1"], ["AxB1"]),
+])
+def test_java_only_spellings_are_translated(pattern: str, matches: list[str], misses: list[str]) -> None:
+    rx = compile_topic_pattern(pattern)
+    for topic in matches:
+        assert rx.fullmatch(topic) is not None, (pattern, topic)
+    for topic in misses:
+        assert rx.fullmatch(topic) is None, (pattern, topic)
+
+
+@pytest.mark.parametrize(("pattern", "what"), [
+    (r"[a-z&&[^aeiou]]+", "character class intersection"), (r"[a-c[x-z]]", "nested character class"),
+    (r"\p{InGreek}", "Unicode block"), (r"(?U)\w+", "flag"), (r"(?x) a b", "flag"),
+    (r"(?<n>a)\k<n>", "backreferences"), (r"\Ga", "\\\\G"), (r"\p{IsAlphabetic}", "Java property"),
+])
+def test_java_constructs_without_re2_equivalent_are_named(pattern: str, what: str) -> None:
+    with pytest.raises(InvalidPatternError, match=what):
+        compile_topic_pattern(pattern)

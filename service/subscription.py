@@ -154,7 +154,7 @@ class SubscriptionState:
         elif self.type is not t:
             raise SubscriptionError(
                 f"subscription to topics, to a pattern and manual assignment are mutually exclusive "
-                f"(current mode: {self.type.value})"
+                f"(current mode: {self.type.value}); unsubscribe first"
             )
 
     def subscribe(self, topics: Iterable[str]) -> bool:

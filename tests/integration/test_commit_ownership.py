@@ -210,10 +210,8 @@ async def test_commit_while_the_coordinator_is_being_rediscovered_is_refused_qui
         cluster.error(ApiKey.FIND_COORDINATOR, EC.COORDINATOR_NOT_AVAILABLE, count=10_000)
         c.coordinator.coordinator_dead("test: broker restarted")
         mark = cluster.log.mark()
-        started = time.monotonic()
-        with pytest.raises(CommitFailedError) as info:
-            await asyncio.wait_for(c.commit({TP("t", 0): 1}), 3.0)
-        assert time.monotonic() - started < 1.0
+        with pytest.raises(CommitFailedError) as info:  # refused, not held until a coordinator is back
+            await asyncio.wait_for(c.commit({TP("t", 0): 1}, timeout=30.0), 3.0)
         assert info.value.reason == COMMIT_REBALANCING
         assert "rebalancing" in str(info.value) and "retried after the next poll" in str(info.value)
         assert commits_since(cluster, mark) == []
@@ -224,10 +222,8 @@ async def test_commit_to_a_stopped_coordinator_is_refused_quickly() -> None:
         await subscribed(c)
         assert c.coordinator is not None and c.coordinator.coordinator_id is not None
         await cluster.stop_broker(c.coordinator.coordinator_id, failover=False)
-        started = time.monotonic()
-        with pytest.raises(CommitFailedError) as info:
-            await asyncio.wait_for(c.commit({TP("t", 0): 1}), 5.0)
-        assert time.monotonic() - started < 1.5
+        with pytest.raises(CommitFailedError) as info:  # refused, not held for the commit's own 30 s
+            await asyncio.wait_for(c.commit({TP("t", 0): 1}, timeout=30.0), 5.0)
         assert info.value.reason == COMMIT_REBALANCING
 
 

@@ -444,10 +444,8 @@ async def test_out_of_range_reset_is_prompt() -> None:
         assert len(await consume(consumer, 8)) == 8
         cluster.truncate_start("t", 0, 5)
         consumer.seek(TP("t", 0), 1)
-        started = time.monotonic()
         got = await consume(consumer, 3, timeout=2.0)  # a reset needs one ListOffsets round trip, not seconds
         assert [r.value for r in got] == vals[5:]
-        assert time.monotonic() - started < 2.0
 
 
 async def test_steady_state_fetching_does_not_refresh_metadata() -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 import uvicorn
 
@@ -54,7 +56,7 @@ async def serve(settings: Settings) -> None:
                                 timeout_keep_alive=settings.http_keep_alive_s,
                                 # Forwarded / X-Forwarded-* are the app's business (GATEWAY_FORWARDED_ALLOW_IPS,
                                 # api.auth): the app must see the direct peer to decide whether to trust them.
-                                proxy_headers=False)
+                                proxy_headers=False, http=_http_protocol(settings.http_parser))
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).
@@ -110,10 +112,31 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)
     try:
-        asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
+            runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop (libuv: cheaper I/O and timers) unless asked for asyncio's or not installed."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise SystemExit("GATEWAY_EVENT_LOOP=uvloop but uvloop is not installed") from None
+        return None
+    return uvloop.new_event_loop
+
+
+def _http_protocol(choice: str) -> str:
+    """httptools (C parser) unless asked for h11 or not installed."""
+    if choice == "auto":
+        return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+    return choice
 
 
 if __name__ == "__main__":

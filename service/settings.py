@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto", description="Event loop: uvloop when installed ('auto'), or the standard asyncio loop")
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        "auto", description="uvicorn's HTTP/1.1 parser: httptools (C) when installed ('auto'), or h11")
     http_keep_alive_s: int = Field(
         65, gt=0, description="An idle HTTP keep-alive connection is closed after this (uvicorn's default is "
         "5 s; longer than the usual 60 s of load balancers, so the server never closes first under them)")

@@ -7,6 +7,7 @@ rendered to bytes once (orjson, base64 via binascii) without a model object per 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -545,8 +546,12 @@ async def records(request: Request, group: str, instance_id: str,
     render = render_binary if inst.options.format == "binary" else render_json
     metrics = request.app.state.metrics
     if media in (NDJSON, SSE):
-        return StreamingResponse(_stream(request, inst, tenant, media, render, limit, max_bytes),
-                                 media_type=media, headers={"cache-control": "no-cache"})
+        # A stream holds one of the tenant's concurrent-poll slots for its whole life, like a plain poll
+        # holds one while it waits: no slot is 429/42901 before the status line, not an in-band error.
+        slot = tenant.poll_slot()
+        await slot.__aenter__()
+        return _SlotStreamingResponse(_stream(request, inst, tenant, media, render, limit, max_bytes),
+                                      release=slot, media_type=media, headers={"cache-control": "no-cache"})
     inst.active_requests += 1
     started = time.monotonic()
     try:
@@ -563,6 +568,22 @@ async def records(request: Request, group: str, instance_id: str,
         metrics.records.labels(tenant.id).inc(out.count)
         metrics.bytes.labels(tenant.id).inc(out.payload)
     return Response(out.array(), media_type=media)
+
+
+class _SlotStreamingResponse(StreamingResponse):
+    """A stream that gives back its poll slot when it ends, however it ends (also if the client left
+    before the body started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: contextlib.AbstractAsyncContextManager[None],
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release.__aexit__(None, None, None)
 
 
 async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,

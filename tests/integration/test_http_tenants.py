@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests.integration.gateway_proc import GatewayProcess
 pytestmark = pytest.mark.integration
 H = {"Content-Type": "application/vnd.kafka.v2+json"}
 KEY_A, KEY_B, KEY_C = "key-of-tenant-a-123", "key-of-tenant-b-456", "key-of-tenant-c-789"
+KEY_D = "key-of-tenant-d-012"
 
 
 def sha(k: str) -> str:
@@ -37,6 +39,10 @@ tenants:
   - id: tenant-c
     api_keys: ["{sha(KEY_C)}"]
     quotas: {{requests_per_second: 1, burst: 3}}
+  - id: tenant-d
+    api_keys: ["{sha(KEY_D)}"]
+    topics: ["d-*"]
+    quotas: {{max_concurrent_polls: 1}}
 """
 
 
@@ -105,3 +111,31 @@ async def test_rate_limit(http: httpx.AsyncClient) -> None:
         if r.status_code == 429:
             assert r.json()["error_code"] == 42901 and int(r.headers["Retry-After"]) >= 1
     assert 429 in codes and codes[0] == 404  # the burst passes, then the bucket is empty
+
+
+async def test_streams_hold_a_concurrent_poll_slot(http: httpx.AsyncClient, kclient: KafkaClient) -> None:
+    """max_concurrent_polls counts open streams like waiting polls: a second stream or poll is 429 while
+    one stream is open, and the slot comes back when the stream ends."""
+    await kclient.create_topics({"d-events": 1})
+    r = await http.post("/consumers/gd-1", json={"name": "s1", "format": "binary"}, headers=auth(KEY_D))
+    assert r.status_code == 200, r.text
+    base = "/consumers/gd-1/instances/s1"
+    r = await http.post(f"{base}/assignments", json={"partitions": [{"topic": "d-events", "partition": 0}]},
+                        headers=auth(KEY_D))
+    assert r.status_code == 204, r.text
+    ndjson = {**auth(KEY_D), "Accept": "application/x-ndjson"}
+    binary = {**auth(KEY_D), "Accept": "application/vnd.kafka.binary.v2+json"}
+    async with http.stream("GET", f"{base}/records", headers=ndjson) as stream:
+        assert stream.status_code == 200
+        second = await http.get(f"{base}/records", headers=ndjson)
+        assert second.status_code == 429 and second.json()["error_code"] == 42901, second.text
+        poll = await http.get(f"{base}/records", params={"timeout": 0}, headers=binary)
+        assert poll.status_code == 429 and poll.json()["error_code"] == 42901, poll.text
+    # the stream ended (client closed it): the slot is free again once the gateway notices
+    for _ in range(200):
+        poll = await http.get(f"{base}/records", params={"timeout": 0}, headers=binary)
+        if poll.status_code != 429:
+            break
+        await asyncio.sleep(0.05)  # the gateway notices the disconnect at its next poll (<= 1 s)
+    assert poll.status_code == 200, poll.text
+    assert (await http.delete(base, headers=auth(KEY_D))).status_code == 204

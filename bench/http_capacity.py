@@ -20,7 +20,11 @@ poll p50/p99 (wrk's request latency), and the gateway's CPU per delivered record
 (issue 13): binary GET >= 0.5x, ndjson >= 0.8x, json GET >= 0.35x, poll p99 <= 25 ms. Everything shares this
 machine's cores (broker, gateway, client).
 
+``--profile DIR`` samples the gateway with py-spy (``pip install py-spy``) during every HTTP row and writes
+one collapsed-stack file per row into DIR, plus the top frames by own and inclusive samples on the terminal.
+
 Usage: .venv/bin/python bench/http_capacity.py [--records N] [--rounds R] [--gateway-env KEY=VALUE]
+       [--profile DIR]
 """
 
 from __future__ import annotations
@@ -86,6 +90,43 @@ class Row:
     p99_ms: float | None
     gw_us_per_rec: float | None
     requests: int | None = None
+
+
+class Profiler:
+    """py-spy on the gateway process for one row (no-op without a directory)."""
+
+    def __init__(self, directory: Path | None, pid: int, name: str) -> None:
+        self.out = directory / (name.replace(" ", "_").replace(",", "").replace("=", "") + ".txt") if directory else None
+        self.pid = pid
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Profiler:
+        if self.out is not None:
+            spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            self.proc = subprocess.Popen([spy, "record", "-p", str(self.pid), "-r", "200", "-f", "raw", "--nonblocking",
+                                          "-o", str(self.out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)  # py-spy attaches to the process before the row starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.out is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
+        own: dict[str, int] = {}
+        incl: dict[str, int] = {}
+        total = 0
+        for line in self.out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames, k = stack.split(";"), int(count)
+            total += k
+            own[frames[-1]] = own.get(frames[-1], 0) + k
+            for f in set(frames):
+                incl[f] = incl.get(f, 0) + k
+        print(f"    profile {self.out.name}: {total} samples; top own / inclusive:")
+        for title, table in (("own", own), ("incl", incl)):
+            for f, k in sorted(table.items(), key=lambda kv: -kv[1])[:12]:
+                print(f"      {title:4} {k / max(1, total):6.1%} {f[:120]}")
 
 
 def make_instance(url: str, group: str, fmt: str, topic: str) -> str:
@@ -169,7 +210,10 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--profile", type=Path, default=None, help="directory for py-spy profiles of each row")
     a = ap.parse_args()
+    if a.profile is not None:
+        a.profile.mkdir(parents=True, exist_ok=True)
     for tool in ("wrk", "curl"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed (apt-get install {tool}; tools/install-system-deps.sh)")
@@ -197,10 +241,12 @@ def main() -> None:
                                          ("json GET, default request", "json", "")):
                     base = make_instance(gw.url, f"cap-{fmt}-{r}-{len(query)}-{time.time_ns()}", fmt,
                                          f"cap-{fmt}")
-                    rows.setdefault(name, []).append(via_wrk(gw, name, base, fmt, n, query, tmp))
+                    with Profiler(a.profile, gw.pid, name):
+                        rows.setdefault(name, []).append(via_wrk(gw, name, base, fmt, n, query, tmp))
                     delete(gw, base)
                 base = make_instance(gw.url, f"cap-stream-{r}-{time.time_ns()}", "binary", "cap-binary")
-                rows.setdefault("binary ndjson stream", []).append(via_curl_stream(gw, "ndjson", base, n))
+                with Profiler(a.profile, gw.pid, "binary ndjson stream"):
+                    rows.setdefault("binary ndjson stream", []).append(via_curl_stream(gw, "ndjson", base, n))
                 delete(gw, base)
                 print(f"  round {r + 1}: " + ", ".join(f"{k}: {v[-1].rate:,.0f}/s" for k, v in rows.items()),
                       flush=True)

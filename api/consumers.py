@@ -538,20 +538,29 @@ async def records(request: Request, group: str, instance_id: str,
                   tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
     media = _accept(request, inst)
-    gw = gateway(request)
-    cap = gw.max_poll_timeout
-    wait = min(cap, (timeout if timeout is not None else inst.options.request_timeout_ms) / 1000)
-    limit = max_records or inst.options.max_poll_records or 500
-    max_bytes = max_bytes or inst.options.max_bytes
-    render = render_binary if inst.options.format == "binary" else render_json
-    metrics = request.app.state.metrics
     if media in (NDJSON, SSE):
+        limit = max_records or inst.options.max_poll_records or 500
+        render = render_binary if inst.options.format == "binary" else render_json
         # A stream holds one of the tenant's concurrent-poll slots for its whole life, like a plain poll
         # holds one while it waits: no slot is 429/42901 before the status line, not an in-band error.
         slot = tenant.poll_slot()
         await slot.__aenter__()
-        return _SlotStreamingResponse(_stream(request, inst, tenant, media, render, limit, max_bytes),
-                                      release=slot, media_type=media, headers={"cache-control": "no-cache"})
+        return _SlotStreamingResponse(
+            _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes),
+            release=slot, media_type=media, headers={"cache-control": "no-cache"})
+    return Response(await poll_records(request, inst, tenant, timeout, max_bytes, max_records), media_type=media)
+
+
+async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant, timeout: int | None,
+                       max_bytes: int | None, max_records: int | None) -> bytes:
+    """One poll of ``GET .../records`` rendered as the instance's JSON array: the body of the route and
+    of its lean twin (api/fastpath.py), which differ only in how they get here."""
+    gw = gateway(request)
+    wait = min(gw.max_poll_timeout, (timeout if timeout is not None else inst.options.request_timeout_ms) / 1000)
+    limit = max_records or inst.options.max_poll_records or 500
+    max_bytes = max_bytes or inst.options.max_bytes
+    render = render_binary if inst.options.format == "binary" else render_json
+    metrics = request.app.state.metrics
     inst.active_requests += 1
     started = time.monotonic()
     try:
@@ -567,7 +576,7 @@ async def records(request: Request, group: str, instance_id: str,
     if out.count:
         metrics.records.labels(tenant.id).inc(out.count)
         metrics.bytes.labels(tenant.id).inc(out.payload)
-    return Response(out.array(), media_type=media)
+    return out.array()
 
 
 class _SlotStreamingResponse(StreamingResponse):

@@ -1,0 +1,110 @@
+"""The lean route of the hot path: ``GET /consumers/{group}/instances/{name}/records`` (not streams).
+
+A consumer polls this endpoint in a loop, so what the web framework does around each poll — route
+matching over every route, dependency solving, query validation, exception-middleware wrappers — is paid
+hundreds of times a second per instance. This ASGI middleware (innermost of the app's middlewares:
+ObserveMiddleware's slash stripping, body cap and metrics, and replica routing, still apply) answers
+the common request itself with plain checks and the route's own functions (``current_tenant``,
+``instance``, ``_accept``, ``poll_records``), so the two cannot drift apart:
+
+* Anything unusual goes to the full app untouched, before anything was charged or read: other methods
+  or paths, a query parameter that is not a plain in-range integer (the full route then answers 422 as
+  always), a repeated parameter, a streaming ``Accept`` (ndjson / SSE), or a request with a body.
+* Errors raised on the way (authentication, unknown instance, Accept mismatch, Kafka errors, anything
+  else) are answered by the app's own exception handlers, so every error keeps its JSON body, status,
+  error code and headers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.auth import current_tenant
+from api.consumers import BASE, INT32_MAX, _accept, instance, poll_records
+
+_PATH = re.compile(r"/consumers/([^/]+)/instances/([^/]+)/records")
+# the bounds of the full route's Query(...) declarations: outside them the full route answers 422
+_LIMITS = {"timeout": (0, INT32_MAX), "max_bytes": (1, INT32_MAX), "max_records": (1, 100000)}
+
+
+class _Route:
+    """What ObserveMiddleware reads from ``scope["route"]`` for its metric label (the route's path)."""
+
+    path = BASE + "/records"
+
+
+_ROUTE = _Route()
+
+
+def _query(raw: bytes) -> dict[str, int] | None:
+    """The known parameters as ints, or None when the full route must judge them."""
+    if not raw:
+        return {}
+    out: dict[str, int] = {}
+    for key, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        bounds = _LIMITS.get(key)
+        if bounds is None:
+            continue  # unknown parameters are ignored, as by the full route
+        if key in out or not value.isdigit() or not value.isascii():
+            return None
+        n = int(value)
+        if not bounds[0] <= n <= bounds[1]:
+            return None
+        out[key] = n
+    return out
+
+
+def _lookup_handler(handlers: dict[Any, Any], exc: Exception) -> Any:
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return handler
+    return None
+
+
+class RecordsFastPath:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/records"):
+            await self.app(scope, receive, send)
+            return
+        match = _PATH.fullmatch(scope["path"])
+        query = _query(scope["query_string"]) if match is not None else None
+        if query is None or "app" not in scope:
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"accept" and (b"ndjson" in value or b"event-stream" in value):
+                await self.app(scope, receive, send)  # streams: the full route
+                return
+            if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+                await self.app(scope, receive, send)  # a GET with a body: the full route judges it
+                return
+        scope["route"] = _ROUTE
+        request = Request(scope, receive)
+        try:
+            tenant = await current_tenant(request)
+            inst = instance(request, tenant, match[1], match[2])
+            media = _accept(request, inst)
+            body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
+                                      query.get("max_records"))
+        except Exception as exc:
+            handler = _lookup_handler(scope["app"].exception_handlers, exc)
+            if handler is None:
+                raise
+            response = handler(request, exc)
+            if inspect.isawaitable(response):
+                response = await response
+            await response(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,92 @@
+"""The lean records route (api/fastpath.py): what it serves itself, what it hands to the full app, and that
+its answers are the full route's (same handlers, same bodies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.fastpath import RecordsFastPath, _query
+from service.settings import Settings
+
+
+def test_query_accepts_only_plain_in_range_integers() -> None:
+    assert _query(b"") == {}
+    assert _query(b"timeout=1000&max_bytes=5&max_records=100000&other=x") == {
+        "timeout": 1000, "max_bytes": 5, "max_records": 100000}
+    for bad in (b"timeout=-1", b"timeout=1.5", b"timeout=", b"max_records=0", b"max_records=100001",
+                b"max_bytes=0", b"timeout=2147483648", b"timeout=1&timeout=2", b"timeout=%D9%A3"):
+        assert _query(bad) is None, bad  # the full route answers these (422, or its own choice)
+
+
+class Recorder:
+    """The rest of the app behind the fast path: records what it was handed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.calls += 1
+        await send({"type": "http.response.start", "status": 299, "headers": []})
+        await send({"type": "http.response.body", "body": b"full app"})
+
+
+async def call(fast: RecordsFastPath, app: Any, path: str, query: bytes = b"", method: str = "GET",
+               headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, dict[bytes, bytes], bytes]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": query,
+             "headers": headers or [(b"accept", b"application/vnd.kafka.binary.v2+json")], "app": app,
+             "state": {}, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080), "scheme": "http",
+             "http_version": "1.1", "root_path": ""}
+    await fast(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], dict(start["headers"]), body
+
+
+@pytest.fixture
+def app() -> Any:
+    from api.app import create_app
+
+    return create_app(Settings(kafka_bootstrap="127.0.0.1:1"), "127.0.0.1:1")
+
+
+async def test_unusual_requests_go_to_the_full_app(app: Any) -> None:
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    records = "/consumers/g/instances/i/records"
+    for kwargs in ({"path": records, "method": "POST"}, {"path": "/consumers/g/instances/i/offsets"},
+                   {"path": records, "query": b"timeout=-5"}, {"path": records, "query": b"max_records=1&max_records=2"},
+                   {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
+                   {"path": records, "headers": [(b"accept", b"text/event-stream")]},
+                   {"path": records, "headers": [(b"content-length", b"3")]},
+                   {"path": "/consumers/g/instances/i/x/records"}):
+        before = rest.calls
+        status, _, body = await call(fast, app, **kwargs)
+        assert (status, body, rest.calls) == (299, b"full app", before + 1), kwargs
+
+
+async def test_errors_are_the_full_routes_answers(app: Any) -> None:
+    """An unknown instance: answered here (the full app is not called) with the app's own handler, so the
+    status, error code, message and media type are what the full route answers."""
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    async with app.router.lifespan_context(app):
+        status, headers, body = await call(fast, app, "/consumers/g/instances/nobody/records")
+        assert rest.calls == 0
+        assert status == 404 and b'"error_code":40403' in body and b"nobody" in body
+        assert headers[b"content-type"] == b"application/vnd.kafka.v2+json"
+        import httpx
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            full = await http.get("/consumers/g/instances/nobody/records?timeout=1&timeout=1",
+                                  headers={"accept": "application/vnd.kafka.binary.v2+json"})
+        assert (full.status_code, full.content) == (status, body)

@@ -354,6 +354,7 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
 
 
 BASE = "/consumers/{group}/instances/{instance_id}"
+STREAM_CHUNK_RECORDS = 5000
 
 
 @router.delete(BASE, status_code=204, responses=ERRORS, summary="Delete a consumer instance (leaves the group)")
@@ -539,7 +540,9 @@ async def records(request: Request, group: str, instance_id: str,
     inst = instance(request, tenant, group, instance_id)
     media = _accept(request, inst)
     if media in (NDJSON, SSE):
-        limit = max_records or inst.options.max_poll_records or 500
+        # A stream's chunks are only a transfer unit (one line or event per record either way): without
+        # max_records / max.poll.records, take up to STREAM_CHUNK_RECORDS of what is buffered per chunk
+        limit = max_records or inst.options.max_poll_records or STREAM_CHUNK_RECORDS
         render = render_binary if inst.options.format == "binary" else render_json
         # A stream holds one of the tenant's concurrent-poll slots for its whole life, like a plain poll
         # holds one while it waits: no slot is 429/42901 before the status line, not an in-band error.

@@ -450,8 +450,15 @@ class Fetcher:
                 # Like Java's AbstractFetch: the session's topic ids disagree with the broker's; refresh.
                 self.client.invalidate()
             return
-        for tp, part in handler.response_partitions(resp, version).items():
+        parts = handler.response_partitions(resp, version)
+        last = len(parts) - 1
+        for i, (tp, part) in enumerate(parts.items()):
             self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
+            if i < last and part.records:
+                # Decoding a partition's records is CPU work (a few ms per MB): let waiting polls take
+                # what was just buffered before the next one. _handle_partition re-checks each
+                # partition's assignment and position, so what changed meanwhile is ignored safely.
+                await asyncio.sleep(0)
 
     def _handle_partition(self, tp: TopicPartition, part: Any, fetch_offset: int | None) -> None:
         subs = self.subs

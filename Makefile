@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c)
 
-.PHONY: run test lint bench sink-demo clean
+.PHONY: run test lint bench sink-demo clean system-deps
 
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,10 +13,14 @@ $(STAMP): $(DEPS)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	touch $(STAMP)
 
+# Debian packages the tests and benchmarks use (prometheus + promtool, wrk, curl); installs only what is missing.
+system-deps:
+	sh tools/install-system-deps.sh
+
 run: $(STAMP)
 	exec $(VENV)/bin/consumer-gateway
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 
@@ -26,7 +30,7 @@ lint: $(STAMP)
 sink-demo: $(STAMP)
 	$(PY) -m sink.demo
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
 	$(PY) bench/codec.py
 
 clean:

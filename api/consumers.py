@@ -321,6 +321,8 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
     body = body or CreateConsumer()
     validate_group_id(group)  # 422/42206: empty, longer than Kafka's 249, control characters
     tenant.require_group(group)
+    # the tenant's failure counter exists (at 0) before its first failure, so rate() sees that one too
+    request.app.state.metrics.commit_failures.labels(tenant.id)
     try:
         props = parse_properties(body.model_extra or {})
     except ConfigError as exc:

@@ -514,6 +514,11 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
             for phase, seconds in (("settle", a.idle_settle), ("idle", a.idle_measure)):
                 if phase == "idle":
                     g1, b1, t1, m1 = cpu_seconds(gw.pid), cpu_seconds(broker_pid), time.perf_counter(), machine_busy_seconds()
+                    if a.idle_profile:  # py-spy over the idle window (pip install py-spy)
+                        spy = str(Path(sys.executable).parent / "py-spy")
+                        subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw", "--nonblocking",
+                                          "-d", str(int(seconds)), "-o", a.idle_profile],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 until = time.monotonic() + seconds
                 while time.monotonic() < until:
                     s = time.perf_counter()
@@ -586,6 +591,8 @@ def main() -> None:
                     help="seconds after joining before the idle measurement (fetchers pause after 30 s without a"
                     " poll; pooled broker connections close after 30-45 s unused)")
     ap.add_argument("--idle-measure", type=float, default=15.0, help="seconds of idle measurement")
+    ap.add_argument("--idle-profile", default=None, metavar="FILE",
+                    help="py-spy collapsed stacks of the gateway over the idle window")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the gateway processes (repeatable)")
     ap.add_argument("--keep-logs", action="store_true")

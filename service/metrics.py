@@ -1,16 +1,20 @@
 """Prometheus metrics of the gateway, on an explicit registry (one per app).
 
 Counters on the request path are cheap (label lookups only). Per-consumer state (fetch sessions,
-rebalances, heartbeat latency, lag, prefetch bytes) is read at scrape time by a custom collector, so
-the hot path pays nothing for it.
+rebalances, heartbeats, lag, prefetch bytes) is read at scrape time by a custom collector, so the hot
+path pays nothing for it; the counters among them keep the last counts of closed instances, so they never
+go down. Readiness (``kcg_ready``, ``kcg_broker_reachable``) comes from the same broker
+probe as ``/readyz``, run in the background by scrapes (at most every ``READINESS_PROBE_INTERVAL_S``).
+The dashboard and alert rules built on these names are in ``dashboards/``; docs/monitoring.md lists them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -20,6 +24,18 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from service.gateway import Gateway
+
+#: background tasks of a consumer (service/consumer/consumer.py); each gets a 0 series per tenant so that
+#: the failure panel and alert have data before the first failure
+BACKGROUND_TASKS = ("fetcher", "membership", "positions", "autocommit", "pattern")
+#: per-instance counters the collector sums per tenant (keys of its count dicts; "task:<name>" besides)
+COUNTERS = ("full", "incremental", "session_errors", "aborted", "wakeups", "rebalances", "heartbeats")
+#: scrapes start a readiness probe (Metadata of every tenant's brokers, as /readyz) at most this often ...
+READINESS_PROBE_INTERVAL_S = 5.0
+#: ... and a tenant whose probe takes longer than this is unreachable
+READINESS_PROBE_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -78,16 +94,34 @@ class GatewayMetrics:
 class GatewayCollector(Collector):
     """Per-tenant aggregates and per-partition lag read from the live consumers at scrape time."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, clock: Callable[[], float] = time.monotonic) -> None:
         self.gateway = gateway
+        self.clock = clock
         self._prepared: list[GaugeMetricFamily | CounterMetricFamily] | None = None
         self._families: list[GaugeMetricFamily | CounterMetricFamily] = []
         self.lock = asyncio.Lock()  # one scrape at a time: prepare() and the collect() it feeds pair up
+        # Heartbeats by coordinator, as seen by the previous scrape: id -> (coordinator, heartbeat count,
+        # since when that count has not moved, whether the member was stable). Only the coordinators of
+        # the last scrape are kept.
+        self._heartbeats: dict[int, tuple[object, int, float, bool]] = {}
+        # The counters of each instance at the previous scrape (id -> (instance, tenant, counts)), and per
+        # tenant the sums of the instances that have gone since (counts between their last scrape and
+        # their close are not counted)
+        self._live: dict[int, tuple[object, str, dict[str, int]]] = {}
+        self._retired: dict[str, dict[str, int]] = {}
+        # Readiness: the result of the latest completed probe per tenant (None: no probe completed yet)
+        self._reachable: dict[str, bool] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self._probe_started = float("-inf")
 
     async def prepare(self, batch: int = 256) -> None:
         """Read the live consumers now, yielding to the event loop every ``batch`` instances; the next
         collect() (e.g. generate_latest in a worker thread) returns what was read. With 10,000 instances
-        a scrape would otherwise hold the event loop for a few hundred milliseconds."""
+        a scrape would otherwise hold the event loop for a few hundred milliseconds.
+
+        Also starts the background readiness probe when the previous one is older than
+        READINESS_PROBE_INTERVAL_S (its result shows in a later scrape)."""
+        self.start_readiness_probe()
         steps = self._read()
         n = 0
         for _ in steps:
@@ -104,6 +138,62 @@ class GatewayCollector(Collector):
             prepared = self._families
         yield from prepared
 
+    # -- readiness -----------------------------------------------------------------------------------
+    def start_readiness_probe(self) -> asyncio.Task[None] | None:
+        """Start a probe of every tenant's brokers unless one runs or started less than
+        READINESS_PROBE_INTERVAL_S ago; the task (or None)."""
+        now = self.clock()
+        if (self._probe_task is not None and not self._probe_task.done()) or (
+                now - self._probe_started < READINESS_PROBE_INTERVAL_S):
+            return None
+        self._probe_started = now
+        self._probe_task = asyncio.create_task(self._probe(), name="readiness-probe")
+        return self._probe_task
+
+    async def _probe(self) -> None:
+        """What /readyz checks: a Metadata request to each tenant's brokers answers within the timeout."""
+        runtimes = list(self.gateway.tenants.items())
+
+        async def reachable(client: object) -> bool:
+            try:
+                await asyncio.wait_for(client.refresh_metadata(), READINESS_PROBE_TIMEOUT_S)  # type: ignore[attr-defined]
+            except Exception as exc:  # any failure (KafkaError, timeout, connection) means not reachable
+                log.debug("readiness probe: %s", exc)
+                return False
+            return True
+
+        results = await asyncio.gather(*(reachable(rt.client) for _, rt in runtimes))
+        self._reachable = {tid: ok for (tid, _), ok in zip(runtimes, results, strict=True)}
+
+    def _readiness(self) -> list[GaugeMetricFamily]:
+        ready = GaugeMetricFamily("kcg_ready", "1 when the gateway is ready (not draining and the brokers of "
+                                  "every tenant answered the latest background probe, as /readyz checks), "
+                                  "else 0; absent until the first probe completed")
+        reachable = GaugeMetricFamily("kcg_broker_reachable", "1 when the tenant's brokers answered the latest "
+                                      "readiness probe, else 0", labels=["tenant"])
+        draining = bool(getattr(self.gateway, "draining", False))
+        if self._reachable is not None:
+            for tid, ok in sorted(self._reachable.items()):
+                reachable.add_metric([tid], 1 if ok else 0)
+            ready.add_metric([], 0 if draining or not all(self._reachable.values()) else 1)
+        elif draining:
+            ready.add_metric([], 0)
+        return [ready, reachable]
+
+    def _heartbeat_age(self, coordinator: object, now: float, seen: dict[int, tuple[object, int, float, bool]]
+                       ) -> float | None:
+        """Seconds since ``coordinator`` last completed a heartbeat, as far as scrapes can tell (the count
+        moved between two scrapes: 0), for a stable member; None for a member that is not stable (joining,
+        left, unsubscribed: it is not expected to heartbeat)."""
+        count = int(getattr(coordinator, "heartbeats", 0))
+        stable = bool(getattr(coordinator, "stable", False))
+        prev = self._heartbeats.get(id(coordinator))
+        since = now
+        if prev is not None and prev[0] is coordinator and prev[1] == count and prev[3] and stable:
+            since = prev[2]
+        seen[id(coordinator)] = (coordinator, count, since, stable)
+        return now - since if stable else None
+
     def _read(self) -> Iterator[None]:
         """Build ``self._families`` from the live state, yielding after each instance."""
         fetch = CounterMetricFamily("kcg_fetch_requests", "Fetch requests by kind", labels=["tenant", "kind"])
@@ -115,6 +205,14 @@ class GatewayCollector(Collector):
                                       "(broker without aborted-transaction index)", labels=["tenant"])
         hb = GaugeMetricFamily("kcg_heartbeat_latency_seconds", "Latest heartbeat round trip (max per tenant)",
                                labels=["tenant"])
+        heartbeats = CounterMetricFamily("kcg_heartbeats", "Heartbeats completed by group members",
+                                         labels=["tenant"])
+        hb_age = GaugeMetricFamily("kcg_heartbeat_age_seconds",
+                                   "Longest time since a stable group member last completed a heartbeat (max per "
+                                   "tenant; resolution: the scrape interval). Well above the heartbeat interval: "
+                                   "heartbeats are missed and the broker will evict the member at the session "
+                                   "timeout", labels=["tenant"])
+        seen: dict[int, tuple[object, int, float, bool]] = {}
         prefetch = GaugeMetricFamily("kcg_prefetch_buffer_bytes", "Prefetched bytes not yet delivered",
                                      labels=["tenant"])
         instances = GaugeMetricFamily("kcg_consumer_instances", "Consumer instances", labels=["tenant"])
@@ -123,45 +221,69 @@ class GatewayCollector(Collector):
                                             "restarted)", labels=["tenant", "task"])
         lag = GaugeMetricFamily("kcg_consumer_lag", "Records behind the end (LSO under read_committed)",
                                 labels=["tenant", "group", "topic", "partition"])
+        live: dict[int, tuple[object, str, dict[str, int]]] = {}
+        per_tenant: list[tuple[str, dict[str, int], float, float, int]] = []
         for tid, rt in list(self.gateway.tenants.items()):
             instances.add_metric([tid], len(rt.instances))
-            full = inc = errs = wk = reb = ab = 0
-            hb_max = 0.0
+            sums: dict[str, int] = {}
+            hb_max = age_max = 0.0
             pre = 0
             lags: dict[tuple[str, str, int], int] = {}
-            failures: dict[str, int] = {}
             for inst in list(rt.instances.values()):
                 yield
                 c = inst.consumer
                 fs = c.fetcher.stats
-                full += fs.full_fetches
-                inc += fs.incremental_fetches
-                errs += fs.session_errors
-                ab += fs.aborted_after_delivery
-                wk += c.stats.wakeups
-                reb += c.stats.rebalances
+                counts = {"full": fs.full_fetches, "incremental": fs.incremental_fetches,
+                          "session_errors": fs.session_errors, "aborted": fs.aborted_after_delivery,
+                          "wakeups": c.stats.wakeups, "rebalances": c.stats.rebalances, "heartbeats": 0}
                 for task, n in c.stats.task_failures.items():
-                    failures[task] = failures.get(task, 0) + n
+                    counts["task:" + task] = n
                 pre += c.fetcher.buffered_bytes
-                if c.coordinator is not None and c.coordinator.heartbeat_latency is not None:
-                    hb_max = max(hb_max, c.coordinator.heartbeat_latency)
+                if c.coordinator is not None:
+                    if c.coordinator.heartbeat_latency is not None:
+                        hb_max = max(hb_max, c.coordinator.heartbeat_latency)
+                    counts["heartbeats"] = c.coordinator.heartbeats
+                    age = self._heartbeat_age(c.coordinator, self.clock(), seen)
+                    if age is not None:
+                        age_max = max(age_max, age)
+                for key, n in counts.items():
+                    sums[key] = sums.get(key, 0) + n
+                live[id(inst)] = (inst, tid, counts)
                 for tp, v in c.lag().items():
                     if v is not None:
                         lags[(inst.group, tp.topic, tp.partition)] = v
-            fetch.add_metric([tid, "full"], full)
-            fetch.add_metric([tid, "incremental"], inc)
-            session_err.add_metric([tid], errs)
-            wakeups.add_metric([tid], wk)
-            rebalances.add_metric([tid], reb)
-            aborted.add_metric([tid], ab)
-            hb.add_metric([tid], hb_max)
-            for task, n in sorted(failures.items()):
-                task_failures.add_metric([tid, task], n)
-            prefetch.add_metric([tid], pre)
+            per_tenant.append((tid, sums, hb_max, age_max, pre))
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
-        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, prefetch, lag,
-                          task_failures]
+        # Instances gone since the previous scrape (deleted, expired): their last counts stay in the tenant's
+        # totals, so that the counters never go down (a drop would read as a counter reset to rate()).
+        for key, (inst, tid, counts) in self._live.items():
+            if key not in live or live[key][0] is not inst:
+                retired = self._retired.setdefault(tid, {})
+                for name, n in counts.items():
+                    retired[name] = retired.get(name, 0) + n
+        self._live = live
+        for tid, sums, hb_max, age_max, pre in per_tenant:
+            totals = dict.fromkeys(COUNTERS, 0) | {"task:" + task: 0 for task in BACKGROUND_TASKS}
+            for part in (self._retired.get(tid, {}), sums):
+                for key, n in part.items():
+                    totals[key] = totals.get(key, 0) + n
+            fetch.add_metric([tid, "full"], totals["full"])
+            fetch.add_metric([tid, "incremental"], totals["incremental"])
+            session_err.add_metric([tid], totals["session_errors"])
+            wakeups.add_metric([tid], totals["wakeups"])
+            rebalances.add_metric([tid], totals["rebalances"])
+            aborted.add_metric([tid], totals["aborted"])
+            hb.add_metric([tid], hb_max)
+            heartbeats.add_metric([tid], totals["heartbeats"])
+            hb_age.add_metric([tid], age_max)
+            for key, n in sorted(totals.items()):
+                if key.startswith("task:"):
+                    task_failures.add_metric([tid, key[5:]], n)
+            prefetch.add_metric([tid], pre)
+        self._heartbeats = seen
+        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
+                          prefetch, lag, task_failures, *self._readiness()]
 
 
 @contextlib.contextmanager

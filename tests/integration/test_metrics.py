@@ -279,3 +279,37 @@ async def test_http_metrics_carry_the_tenant(http: httpx.AsyncClient) -> None:
     assert matching(samples, "kcg_http_request_duration_seconds_count", route="/consumers/{group}", tenant=TENANT)
     await http.delete(base)
 
+
+
+async def test_readiness_heartbeat_and_task_series(http: httpx.AsyncClient, kclient: KafkaClient,
+                                                   topic_name: str) -> None:
+    """kcg_ready / kcg_broker_reachable (the /readyz probe, run in the background by scrapes), heartbeats
+    completed and their age, and a 0 series per background task, from the real gateway."""
+    await kclient.create_topics({topic_name: 1})
+    base = await create(http, f"g-{topic_name}")
+    assert (await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)).status_code == 204
+    r = await http.get(f"{base}/records", params={"timeout": 3000}, headers={"Accept": BIN})  # joins the group
+    assert r.status_code == 200, r.text
+    try:
+        deadline = time.monotonic() + 15
+        while True:  # the first scrape starts the probe, a later one reports it; heartbeats every 300 ms
+            samples = await scrape(http)
+            reachable = matching(samples, "kcg_broker_reachable")
+            if ((TENANT,) in {(dict(lbl)["tenant"],) for lbl in reachable}
+                    and value(samples, "kcg_heartbeats_total", tenant=TENANT) >= 3) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        assert value(samples, "kcg_broker_reachable", tenant=TENANT) == 1, reachable
+        # ready exactly when every probed tenant is reachable (the SASL tenant, if a test touched it, is not:
+        # Tansu has no SASL)
+        assert value(samples, "kcg_ready") == min(reachable.values()), reachable
+        assert value(samples, "kcg_heartbeats_total", tenant=TENANT) >= 3
+        assert 0 <= value(samples, "kcg_heartbeat_age_seconds", tenant=TENANT) < 2
+        tasks = {dict(lbl)["task"]: v for lbl, v in matching(samples, "kcg_background_task_failures_total",
+                                                               tenant=TENANT).items()}
+        assert tasks == dict.fromkeys(("autocommit", "fetcher", "membership", "pattern", "positions"), 0.0)
+    finally:
+        assert (await http.delete(base)).status_code == 204
+    # the instance's heartbeats stay counted after it is gone: the counter does not go down
+    assert value(await scrape(http), "kcg_heartbeats_total", tenant=TENANT) >= value(
+        samples, "kcg_heartbeats_total", tenant=TENANT)

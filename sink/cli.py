@@ -3,7 +3,7 @@
     consumer-gateway sink --gateway URL --topics t1,t2 --table PATH --checkpoint PATH
         [--format parquet|delta] [--trigger available-now|interval=10s] [--api-key KEY]
         [--commit-group NAME] [--max-records-per-trigger N] [--max-offsets-per-task N]
-        [--starting-offsets earliest|latest]
+        [--starting-offsets earliest|latest] [--response-format arrow|json]
 
 ``parquet`` (default) is Spark's file sink: its ``_spark_metadata`` log plus the checkpoint make the table
 exactly-once for Spark readers. ``delta`` appends each micro-batch with delta-rs and the transaction
@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--starting-offsets", default="earliest", help="earliest (default) or latest")
     ap.add_argument("--max-records-per-trigger", type=int)
     ap.add_argument("--max-offsets-per-task", type=int)
+    ap.add_argument("--response-format", choices=("arrow", "json"), default="arrow",
+                    help="how the gateway answers range reads: arrow (default, columnar) or json (slower)")
     ap.add_argument("--master", default=os.environ.get("SINK_SPARK_MASTER", "local[2]"))
     ap.add_argument("--driver-memory", default="2g")
     ap.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
@@ -140,6 +142,8 @@ def start_query(spark: Any, args: argparse.Namespace) -> Any:
         reader = reader.option("maxRecordsPerTrigger", str(args.max_records_per_trigger))
     if args.max_offsets_per_task:
         reader = reader.option("maxOffsetsPerTask", str(args.max_offsets_per_task))
+    if getattr(args, "response_format", "arrow") != "arrow":
+        reader = reader.option("responseFormat", args.response_format)
     df = reader.load()
     w = df.writeStream.option("checkpointLocation", args.checkpoint)
     if args.trigger == "available-now":

@@ -2,8 +2,9 @@
 
 One keep-alive connection per :class:`GatewayHTTP`; a request that fails on the transport is retried on a new
 connection with a short backoff (the gateway closes idle keep-alive connections after a few seconds), and
-after :data:`ATTEMPTS` failures :class:`GatewayUnavailable` says which gateway could not be reached. An HTTP
-error answer is :class:`GatewayHTTPError` with the gateway's ``error_code`` and ``message``.
+after :data:`ATTEMPTS` failures :class:`GatewayUnavailable` says which gateway could not be reached. A GET
+answered 502/503/504 (retriable) is asked again the same way. An HTTP error answer is
+:class:`GatewayHTTPError` with the gateway's ``error_code`` and ``message``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 ARROW = "application/vnd.apache.arrow.stream"
 V2 = "application/vnd.kafka.v2+json"
+BINARY_JSON = "application/vnd.kafka.binary.v2+json"
 ATTEMPTS = 4
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+RETRY_STATUS = (502, 503, 504)  # GETs answered with these are asked again (ATTEMPTS in all)
 
 
 class GatewayError(RuntimeError):
@@ -85,7 +88,11 @@ class GatewayHTTP:
 
     def call(self, method: str, path: str, what: str, params: dict[str, Any] | None = None, body: Any = None,
              accept: str = V2) -> tuple[dict[str, str], bytes]:
-        status, headers, payload = self.request(method, path, params, body, accept)
+        for attempt in range(ATTEMPTS):
+            status, headers, payload = self.request(method, path, params, body, accept)
+            if status not in RETRY_STATUS or attempt + 1 == ATTEMPTS or method != "GET":
+                break
+            time.sleep(BACKOFF_S[attempt])  # a retriable answer (503: the broker is busy or moving a leader)
         if status >= 400:
             code, message = None, payload[:500].decode(errors="replace")
             try:

@@ -11,7 +11,8 @@ Arrow record batches. Everything ``read()`` needs travels in the :class:`RangePa
 Options (strings): ``gateway`` (URL, required), ``topics`` (comma list, required), ``apiKey``,
 ``startingOffsets`` (``earliest`` (default) | ``latest`` | JSON ``{"topic:partition": offset}``),
 ``endingOffsets`` (batch only: ``latest`` | JSON), ``maxOffsetsPerTask`` (default 200000),
-``maxRecordsPerTrigger`` (streaming: at most about this many offsets per micro-batch), ``maxBytesPerPage``.
+``maxRecordsPerTrigger`` (streaming: at most about this many offsets per micro-batch), ``maxBytesPerPage``,
+``responseFormat`` (``arrow`` (default) | ``json``: the gateway's JSON answer, decoded record by record).
 
 Offsets are counted, not records: transaction markers and aborted or compacted records leave gaps, so a
 range holds at most (usually slightly fewer) records than offsets.
@@ -42,11 +43,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sink.http import ARROW, GatewayError, GatewayHTTP, quote
+from sink.http import ARROW, BINARY_JSON, GatewayError, GatewayHTTP, quote
 
 NAME = "kafka_gateway"
 DEFAULT_MAX_OFFSETS_PER_TASK = 200_000
 DEFAULT_MAX_BYTES_PER_PAGE = 8 * 1024 * 1024
+RESPONSE_FORMATS = ("arrow", "json")
 STALL_PAGES = 50  # consecutive empty pages without progress before a read gives up
 
 SCHEMA = StructType([
@@ -120,6 +122,13 @@ def _int_option(options: dict[str, str], name: str, default: int | None) -> int 
     return n
 
 
+def _format_option(v: str) -> str:
+    v = v.strip().lower()
+    if v not in RESPONSE_FORMATS:
+        raise ValueError(f"option 'responseFormat' must be one of {sorted(RESPONSE_FORMATS)}")
+    return v
+
+
 @dataclass(frozen=True)
 class Settings:
     gateway: str
@@ -130,6 +139,7 @@ class Settings:
     max_offsets_per_task: int
     max_records_per_trigger: int | None
     max_bytes_per_page: int
+    response_format: str = "arrow"
 
     @classmethod
     def from_options(cls, options: Any) -> Settings:
@@ -142,7 +152,8 @@ class Settings:
                    ending=o.get("endingoffsets", "latest"),
                    max_offsets_per_task=_int_option(o, "maxoffsetspertask", DEFAULT_MAX_OFFSETS_PER_TASK) or 1,
                    max_records_per_trigger=_int_option(o, "maxrecordspertrigger", None),
-                   max_bytes_per_page=_int_option(o, "maxbytesperpage", DEFAULT_MAX_BYTES_PER_PAGE) or 1)
+                   max_bytes_per_page=_int_option(o, "maxbytesperpage", DEFAULT_MAX_BYTES_PER_PAGE) or 1,
+                   response_format=_format_option(o.get("responseformat", "arrow")))
 
 
 # -- the gateway, planner side ---------------------------------------------------------------------------
@@ -177,10 +188,11 @@ class RangePartition(InputPartition):
     """Offsets ``[start, end)`` of one Kafka partition, with what is needed to read them."""
 
     def __init__(self, gateway: str, api_key: str | None, topic: str, partition: int, start: int, end: int,
-                 max_bytes: int = DEFAULT_MAX_BYTES_PER_PAGE) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_PAGE, response_format: str = "arrow") -> None:
         super().__init__((topic, partition, start, end))
         self.gateway, self.api_key, self.topic, self.partition = gateway, api_key, topic, partition
         self.start, self.end, self.max_bytes = start, end, max_bytes
+        self.response_format = response_format
 
     def __repr__(self) -> str:
         return f"RangePartition({self.topic}-{self.partition} [{self.start}, {self.end}))"
@@ -192,7 +204,8 @@ def plan_partitions(s: Settings, start: Offsets, end: Offsets, beginnings: Offse
         topic, p = parse_key(key)
         lo = start.get(key, (beginnings or {}).get(key, 0))
         for a, b in split_range(lo, end[key], s.max_offsets_per_task):
-            out.append(RangePartition(s.gateway, s.api_key, topic, p, a, b, s.max_bytes_per_page))
+            out.append(RangePartition(s.gateway, s.api_key, topic, p, a, b, s.max_bytes_per_page,
+                                      s.response_format))
     return out
 
 
@@ -202,29 +215,60 @@ def _target_schema() -> Any:
     return to_arrow_schema(SCHEMA, timezone="UTC")
 
 
+def _arrow_page(body: bytes, target: Any) -> tuple[list[Any], int, int]:
+    """An Arrow IPC page: its record batches cast to ``target``, next_offset, end_offset."""
+    import pyarrow as pa
+
+    reader = pa.ipc.open_stream(body)
+    meta = reader.schema.metadata or {}
+    batches = [pa.RecordBatch.from_arrays([b.column(i).cast(target.field(i).type) for i in range(len(target))],
+                                          schema=target) for b in reader if b.num_rows]
+    return batches, int(meta[b"next_offset"]), int(meta[b"end_offset"])
+
+
+def _json_page(body: bytes, target: Any) -> tuple[list[Any], int, int]:
+    """A JSON page (``application/vnd.kafka.binary.v2+json``: base64 keys, values and header values) as one
+    record batch of ``target``, next_offset, end_offset. Python objects per record: the slow path, for
+    comparison with Arrow and for gateways without it."""
+    import base64
+
+    import pyarrow as pa
+
+    d = json.loads(body)
+    recs = d["records"]
+    if not recs:
+        return [], int(d["next_offset"]), int(d["end_offset"])
+
+    def b64(v: str | None) -> bytes | None:
+        return None if v is None else base64.b64decode(v)
+
+    cols = [pa.array([d["topic"]] * len(recs), pa.string()), pa.array([d["partition"]] * len(recs), pa.int32()),
+            pa.array([r["offset"] for r in recs], pa.int64()),
+            pa.array([r["timestamp"] for r in recs], pa.int64()).cast(pa.timestamp("ms")),
+            pa.array([b64(r["key"]) for r in recs], pa.binary()), pa.array([b64(r["value"]) for r in recs], pa.binary()),
+            pa.array([[{"key": h["key"], "value": b64(h["value"])} for h in r.get("headers") or []] for r in recs],
+                     pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))]
+    batch = pa.RecordBatch.from_arrays([c.cast(target.field(i).type) for i, c in enumerate(cols)], schema=target)
+    return [batch], int(d["next_offset"]), int(d["end_offset"])
+
+
 def read_range(part: RangePartition) -> Iterator[Any]:
     """Arrow record batches (Spark's schema for :data:`SCHEMA`) of ``[start, end)``, page by page. Fails,
     rather than returning less, if the partition no longer holds the whole range."""
-    import pyarrow as pa
-
     target = _target_schema()
     http = GatewayHTTP(part.gateway, part.api_key)
     path = f"/topics/{quote(part.topic)}/partitions/{part.partition}/records"
+    fmt = getattr(part, "response_format", "arrow")
+    accept, parse = (ARROW, _arrow_page) if fmt == "arrow" else (BINARY_JSON, _json_page)
     offset, stalls = part.start, 0
     try:
         while offset < part.end:
             _, body = http.call("GET", path, f"records of {part.topic}-{part.partition} at {offset}",
                                 {"offset": offset, "end_offset": part.end, "max_bytes": part.max_bytes},
-                                accept=ARROW)
-            reader = pa.ipc.open_stream(body)
-            meta = reader.schema.metadata or {}
-            nxt, page_end = int(meta[b"next_offset"]), int(meta[b"end_offset"])
-            rows = 0
-            for batch in reader:
-                if batch.num_rows:
-                    rows += batch.num_rows
-                    cols = [batch.column(i).cast(target.field(i).type) for i in range(len(target))]
-                    yield pa.RecordBatch.from_arrays(cols, schema=target)
+                                accept=accept)
+            batches, nxt, page_end = parse(body, target)
+            rows = sum(b.num_rows for b in batches)
+            yield from batches
             if nxt >= page_end and page_end < part.end:
                 raise GatewayError(f"{part.topic}-{part.partition}: the range [{part.start}, {part.end}) is no "
                                    f"longer readable (the partition now ends at {page_end})")

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,32 +59,60 @@ class ConsumerClosedError(KafkaError):
     retriable = False
 
 
+# Per client: brokers that answered a v13+ Fetch with the all-zero topic id (their ids cannot be trusted).
+_NAMES_ONLY: weakref.WeakKeyDictionary[KafkaClient, set[int]] = weakref.WeakKeyDictionary()
+
+
 async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
-                      isolation: int) -> dict[TopicPartition, Any]:
+                      isolation: int, max_wait_ms: int = 5, leader_epochs: bool = False, lease: bool = False,
+                      request_max_bytes: int = 0x7FFFFFFF) -> dict[TopicPartition, Any]:
     """A one-off sessionless Fetch (max wait 5 ms) of ``offsets`` from broker ``node``; partition responses
     by partition. Their high watermark and last stable offset are right on every broker (Tansu's
-    ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py)."""
+    ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py, and the
+    offset-range reads of service/fetch/ranges.py fetch records with it: ``leader_epochs`` sends the
+    partitions' current leader epochs, ``lease`` takes an exclusive connection so the fetch never waits
+    behind, or holds up, other requests; ``max_bytes`` is per partition, ``request_max_bytes`` for the whole
+    answer).
+
+    The version is the main fetcher's choice (:func:`service.fetch.session.choose_version`): Fetch v13+
+    names topics by id, so a topic whose id the metadata does not know (the all-zero uuid) is fetched at
+    v12 by name. A broker that answers v13+ with zero topic ids (the session handler then turns
+    ``names_only``, as in the main fetcher) is asked again at once by name, and is remembered for this client
+    so later probes name topics from the start."""
     from service.fetch.session import (
+        ZERO_UUID,
         FetchPartitionData,
         FetchSessionHandler,
         choose_version,
         to_fetch_request,
     )
 
-    handler = FetchSessionHandler(node)
-    b = handler.builder()
     md = client.metadata
-    for tp, off in offsets.items():
-        b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
-                                 fetch_offset=off, partition_max_bytes=max_bytes))
-    data = b.build()
-    conn = await client.connection(node).get()
-    version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-    # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
-    req = to_fetch_request(data, version=version, max_wait_ms=5, min_bytes=1, isolation_level=isolation)
-    resp = await conn.send(req, version)
-    handler.handle_response(resp, version)
-    return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
+    by_name = node in _NAMES_ONLY.get(client, ())
+    while True:
+        handler = FetchSessionHandler(node)
+        b = handler.builder()
+        for tp, off in offsets.items():
+            b.add(FetchPartitionData(
+                topic=tp.topic, topic_id=ZERO_UUID if by_name else md.topic_id(tp.topic), partition=tp.partition,
+                fetch_offset=off, partition_max_bytes=max_bytes,
+                current_leader_epoch=md.leader_epoch(tp.topic, tp.partition) if leader_epochs else -1))
+        data = b.build()
+        async with contextlib.AsyncExitStack() as stack:
+            if lease:
+                conn = await (await stack.enter_async_context(client.lease(node))).get()
+            else:
+                conn = await client.connection(node).get()
+            version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
+            # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
+            req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=1,
+                                   max_bytes=request_max_bytes, isolation_level=isolation)
+            resp = await conn.send(req, version)
+        if not handler.handle_response(resp, version) and handler.names_only and not by_name:
+            _NAMES_ONLY.setdefault(client, set()).add(node)  # zero topic ids in a v13+ answer: ask by name
+            by_name = True
+            continue
+        return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
 
 
 @dataclass(frozen=True)

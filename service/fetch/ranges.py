@@ -16,7 +16,9 @@ connection. Records are filtered by the pure :func:`service.fetch.read_committed
 Fetch response's aborted transactions (the ABORT/COMMIT control batches are skipped), cut at ``end``, and
 trimmed to about ``max_bytes`` of keys + values (at least one record). A fetch that yields only control or
 aborted batches is followed by another (up to :data:`MAX_ROUNDS`), so an empty page with ``next_offset <
-end_offset`` is rare but legal.
+end_offset`` is rare but legal. A fetch that brings nothing at all below ``end`` (a busy Tansu answers
+within its wait before it has read the log) is asked again with a longer wait (5 ms x 4 per round, at most
+:data:`MAX_RETRY_WAIT_MS`); only after :data:`MAX_ROUNDS` fetches is it a retriable error (503).
 
 Limits: a broker without an aborted-transaction index (Tansu) returns aborted records that were flushed
 before the abort, and a stateless read cannot take them back (the consumer engine only counts them).
@@ -25,23 +27,24 @@ before the abort, and a stateless read cannot take them back (the consumer engin
 topic (dictionary<int32, string>), partition (int32), offset (int64), timestamp (timestamp[ms]), key and
 value (binary), headers (list<struct<key: string, value: binary>>)) from the decoded records with column
 extraction in C (``map(itemgetter)``) and no Python object per record; header-less pages (the common case)
-get their list offsets from a zero-filled buffer.
+get their list offsets from a zero-filled buffer, others from a running sum over the header counts and flat
+key / value columns (:func:`_headers_array`).
 """
 
 from __future__ import annotations
 
 import bisect
 import operator
+from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
-from service.fetch.session import FetchPartitionData, FetchSessionHandler, choose_version, to_fetch_request
 from service.gateway import GatewayError
 from service.protocol import error_codes as EC
-from service.protocol import messages as M
 from service.protocol.records import Record, decode_records
 from service.subscription import TopicPartition
 
@@ -64,6 +67,7 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 MAX_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes default
 MAX_ROUNDS = 8  # fetches per page while they bring only control / aborted batches
 FETCH_WAIT_MS = 5
+MAX_RETRY_WAIT_MS = 500  # an empty answer below the end is asked again with a longer wait
 
 
 class OffsetOutOfRange(GatewayError):
@@ -144,34 +148,27 @@ async def _leader(client: KafkaClient, tp: TopicPartition, refresh: bool) -> int
 
 
 async def _fetch(client: KafkaClient, node: int, tp: TopicPartition, offset: int, isolation: int,
-                 max_bytes: int) -> Any:
-    """One sessionless full Fetch of ``tp`` from ``offset``; the partition response."""
-    handler = FetchSessionHandler(node)
-    b = handler.builder()
-    md = client.metadata
-    b.add(FetchPartitionData(topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
-                             fetch_offset=offset, partition_max_bytes=max_bytes,
-                             current_leader_epoch=md.leader_epoch(tp.topic, tp.partition)))
-    data = b.build()
-    async with client.lease(node) as mc:
-        conn = await mc.get()
-        version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-        req = to_fetch_request(data, version=version, max_wait_ms=FETCH_WAIT_MS, min_bytes=1,
-                               max_bytes=max_bytes, isolation_level=isolation)
-        resp = await conn.send(req, version)
-    handler.handle_response(resp, version)
-    part = handler.response_partitions(resp, version).get(tp)
+                 max_bytes: int, max_wait_ms: int = FETCH_WAIT_MS) -> Any:
+    """One sessionless full Fetch of ``tp`` from ``offset`` on a leased connection; the partition response.
+    (:func:`service.consumer.consumer.probe_fetch`: the main fetcher's version choice, v12 by name for
+    topics without ids and for brokers that answer zero topic ids.)"""
+    from service.consumer.consumer import probe_fetch
+
+    parts = await probe_fetch(client, node, {tp: offset}, max_bytes=max_bytes, isolation=isolation,
+                              max_wait_ms=max_wait_ms, leader_epochs=True, lease=True,
+                              request_max_bytes=max_bytes)
+    part = parts.get(tp)
     if part is None:
         raise KafkaError(f"Fetch: no answer for {tp.topic}-{tp.partition}", retriable=True)
     return part
 
 
 async def _fetch_with_leader(client: KafkaClient, tp: TopicPartition, offset: int, isolation: int,
-                             max_bytes: int) -> Any:
+                             max_bytes: int, max_wait_ms: int = FETCH_WAIT_MS) -> Any:
     """Fetch from the leader; a stale leader (NOT_LEADER_OR_FOLLOWER and the like) is looked up once more."""
     for refresh in (False, True):
         node = await _leader(client, tp, refresh)
-        part = await _fetch(client, node, tp, offset, isolation, max_bytes)
+        part = await _fetch(client, node, tp, offset, isolation, max_bytes, max_wait_ms)
         code = part.error_code
         if not code:
             return part
@@ -199,8 +196,9 @@ async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_of
     pos = offset
     page = RangePage(tp.topic, tp.partition, offset, [], offset, offset)
     size = max_bytes
+    wait = FETCH_WAIT_MS
     while True:
-        part = await _fetch_with_leader(client, tp, pos, isolation_level, size)
+        part = await _fetch_with_leader(client, tp, pos, isolation_level, size, wait)
         page.fetches += 1
         code = part.error_code
         if code == EC.OFFSET_OUT_OF_RANGE:
@@ -229,6 +227,9 @@ async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_of
             if rs.first_batch_truncated:
                 raise KafkaError(f"the batch at offset {pos} of {tp.topic}-{tp.partition} is larger than "
                                  f"{MAX_MAX_BYTES} bytes")
+            if page.fetches < MAX_ROUNDS:  # a busy broker may answer within its wait before reading (Tansu)
+                wait = min(wait * 4, MAX_RETRY_WAIT_MS)
+                continue
             raise KafkaError(f"Fetch of {tp.topic}-{tp.partition} at {pos} returned nothing below {end}",
                              retriable=True)
         res = filter_batches(rs.batches, pos, isolation_level=isolation_level,
@@ -268,6 +269,20 @@ def arrow_schema(metadata: dict[str, str] | None = None) -> Any:
 
 
 _OFF, _TS, _KEY, _VALUE, _HEADERS = (operator.itemgetter(i) for i in range(5))
+_HKEY, _HVALUE = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _headers_array(pa: Any, htype: Any, hs: list[tuple[tuple[str, bytes | None], ...]]) -> Any:
+    """list<struct<key, value>> from the records' header tuples, built flat: list offsets from a running sum
+    of the lengths (an ``array('i')`` filled in C), header keys and values from one chained pass, so no
+    Python object is made per record (pyarrow's nested-sequence conversion would visit each one)."""
+    offsets = array("i", accumulate(map(len, hs), initial=0))
+    flat = list(chain.from_iterable(hs))
+    keys = pa.array(list(map(_HKEY, flat)), pa.string())
+    values = pa.array(list(map(_HVALUE, flat)), pa.binary())
+    item = pa.StructArray.from_arrays([keys, values], fields=list(htype.value_type))
+    return pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), len(offsets), [None, pa.py_buffer(offsets)]),
+                                    item, type=htype)
 
 
 def arrow_table(topic: str, partition: int, records: list[Record], metadata: dict[str, str] | None = None) -> Any:
@@ -285,7 +300,7 @@ def arrow_table(topic: str, partition: int, records: list[Record], metadata: dic
     htype = schema.field("headers").type
     hs = list(map(_HEADERS, records))
     if any(hs):
-        headers = pa.array(hs, htype)
+        headers = _headers_array(pa, htype, hs)
     else:  # no headers anywhere: n + 1 zero list offsets, an empty child
         headers = pa.ListArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
                                            pa.array([], htype.value_type), type=htype)

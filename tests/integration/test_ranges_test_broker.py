@@ -12,8 +12,10 @@ import pyarrow as pa
 import pytest
 
 from service.client.client import KafkaClient
+from service.consumer.consumer import probe_fetch
 from service.fetch.ranges import read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
+from service.fetch.session import ZERO_UUID
 from service.protocol.messages import ApiKey
 from service.subscription import TopicPartition
 from tests.broker import TestCluster
@@ -109,3 +111,48 @@ async def test_http_json_and_arrow_against_the_test_broker() -> None:
                 assert pa.concat_tables(tables).column("value").to_pylist() == COMMITTED
         finally:
             await asyncio.to_thread(gw.stop)
+
+
+def fetch_versions(cluster: TestCluster, since: int = 0) -> list[int]:
+    return [e.api_version for e in cluster.requests(ApiKey.FETCH, since=since)]
+
+
+async def test_topic_without_id_in_metadata_is_read_with_fetch_v12_by_name() -> None:
+    """A broker whose metadata has no topic ids (Metadata capped at v9: the client knows the all-zero id) but
+    Fetch up to v17: the probe (partition offsets) and the range reads fetch at v12 by name, as the main
+    fetcher does, not at v13+ by a zero id."""
+    async with TestCluster(topics={"t": 1}, api_versions={ApiKey.METADATA: (0, 9)}) as cluster:
+        cluster.append("t", 0, [b"n0", b"n1"])
+        cluster.append_txn("t", 0, [b"open"], producer_id=9)  # the LSO stays at 2
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            node = await client.leader_id("t", 0)
+            assert client.metadata.topic_id("t") == ZERO_UUID
+            parts = await probe_fetch(client, node, {TP: 0}, max_bytes=1, isolation=READ_COMMITTED)
+            assert parts[TP].error_code == 0 and parts[TP].last_stable_offset == 2 and parts[TP].high_watermark == 3
+            values, _ = await read_loop(client, READ_COMMITTED, 1 << 20)
+            assert values == [b"n0", b"n1"]
+            assert set(fetch_versions(cluster)) == {12}
+        finally:
+            await client.close()
+
+
+async def test_zero_topic_ids_in_v13_answers_fall_back_to_fetch_v12() -> None:
+    """A broker that answers v13+ Fetches with zero topic ids (the ids in its metadata are fine): the first
+    probe is asked again by name at v12, and later probes and range reads of the same client start at v12."""
+    async with TestCluster(topics={"t": 1}) as cluster:
+        cluster.fetch_zero_topic_ids = True
+        cluster.append("t", 0, [b"n0", b"n1", b"n2"])
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            node = await client.leader_id("t", 0)
+            assert client.metadata.topic_id("t") != ZERO_UUID
+            parts = await probe_fetch(client, node, {TP: 1}, max_bytes=1, isolation=READ_COMMITTED)
+            assert parts[TP].error_code == 0 and parts[TP].high_watermark == 3
+            assert fetch_versions(cluster) == [17, 12]
+            seq = cluster.requests(ApiKey.FETCH)[-1].seq
+            values, _ = await read_loop(client, READ_COMMITTED, 1)
+            assert values == [b"n0", b"n1", b"n2"]
+            assert set(fetch_versions(cluster, since=seq + 1)) == {12}
+        finally:
+            await client.close()

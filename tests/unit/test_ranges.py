@@ -5,6 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.fetch.ranges import RangePage, arrow_schema, arrow_table, cut_page, effective_end, to_arrow_ipc
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
@@ -105,3 +107,48 @@ def test_arrow_ipc_stream_roundtrip_and_empty_page() -> None:
                       log_start_offset=0)
     reader = pa.ipc.open_stream(to_arrow_ipc(empty))
     assert reader.read_all().num_rows == 0 and reader.schema.metadata[b"next_offset"] == b"20"
+
+
+_headers = st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=3)
+
+
+@given(st.lists(_headers, min_size=1, max_size=30))
+def test_headers_column_equals_pyarrows_own_conversion(hs: list[list[tuple[str, bytes | None]]]) -> None:
+    rs = [Record(i, 1000 + i, None, b"v", tuple(h)) for i, h in enumerate(hs)]
+    t = arrow_table("t", 0, rs)
+    htype = arrow_schema().field("headers").type
+    want = pa.array([[{"key": k, "value": v} for k, v in h] for h in hs], htype)
+    got = t.column("headers").combine_chunks()
+    got.validate(full=True)
+    assert got.equals(want)
+
+
+async def test_an_empty_fetch_below_the_end_is_asked_again_with_a_longer_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy broker (Tansu) may answer before it has read the log: no batches although the offset is below
+    the high watermark. The page asks again with a longer wait; only MAX_ROUNDS empty answers are an error."""
+    from types import SimpleNamespace
+
+    from service.client.errors import KafkaError
+    from service.fetch import ranges
+    from service.subscription import TopicPartition
+
+    data = build_batch([(None, b"v0"), (None, b"v1")], base_offset=0)
+    answers: list[bytes] = []
+    waits: list[int] = []
+
+    async def fake_fetch(client: object, tp: object, offset: int, isolation: int, max_bytes: int,
+                         max_wait_ms: int = ranges.FETCH_WAIT_MS) -> SimpleNamespace:
+        waits.append(max_wait_ms)
+        return SimpleNamespace(error_code=0, high_watermark=2, last_stable_offset=2, log_start_offset=0,
+                               records=answers.pop(0) if answers else b"", aborted_transactions=None)
+
+    monkeypatch.setattr(ranges, "_fetch_with_leader", fake_fetch)
+    answers[:] = [b"", b"", data]
+    page = await ranges.read_page(object(), TopicPartition("t", 0), 0)  # type: ignore[arg-type]
+    assert [r.value for r in page.records] == [b"v0", b"v1"] and page.next_offset == 2 and page.fetches == 3
+    assert waits == [ranges.FETCH_WAIT_MS, ranges.FETCH_WAIT_MS * 4, ranges.FETCH_WAIT_MS * 16]
+    waits.clear()
+    with pytest.raises(KafkaError, match="returned nothing below 2"):
+        await ranges.read_page(object(), TopicPartition("t", 0), 0)  # type: ignore[arg-type]
+    assert len(waits) == ranges.MAX_ROUNDS and max(waits) == ranges.MAX_RETRY_WAIT_MS

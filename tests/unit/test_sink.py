@@ -127,3 +127,65 @@ def test_consumer_gateway_sink_dispatches_to_the_sink_cli(monkeypatch: pytest.Mo
     monkeypatch.setattr(sink.cli, "main", lambda argv: seen.append(argv) or 7)
     assert main(["sink", "--gateway", "http://h"]) == 7
     assert seen == [["--gateway", "http://h"]]
+
+
+def test_response_format_option_travels_in_the_partition() -> None:
+    s = Settings.from_options({"gateway": "http://h:1", "topics": "t", "responseFormat": "JSON"})
+    assert s.response_format == "json"
+    [p] = plan_partitions(s, {"t:0": 0}, {"t:0": 3})
+    assert pickle.loads(pickle.dumps(p)).response_format == "json"
+    assert Settings.from_options({"gateway": "http://h:1", "topics": "t"}).response_format == "arrow"
+    with pytest.raises(ValueError, match="responseFormat"):
+        Settings.from_options({"gateway": "http://h", "topics": "a", "responseFormat": "xml"})
+
+
+def test_json_and_arrow_pages_decode_to_the_same_batch() -> None:
+    """The two answers of the gateway's records route for the same page (rendered by the gateway's own
+    code) become the same Arrow batch in Spark's schema."""
+    import pyarrow as pa
+
+    from api.topics import _page_json
+    from service.fetch.ranges import RangePage, to_arrow_ipc
+    from service.protocol.records import Record
+    from sink.source import _arrow_page, _json_page, _target_schema
+
+    recs = [Record(3, 1_700_000_000_123, b"k", b"v1", ()), Record(5, 1_700_000_000_456, None, None,
+                                                                   (("h", b"x"), ("n", None))),
+            Record(6, 1_700_000_000_789, b"", b"\x00\xff", ())]
+    page = RangePage("orders", 2, 3, recs, next_offset=8, end_offset=9, high_watermark=9, last_stable_offset=9,
+                     log_start_offset=0)
+    target = _target_schema()
+    body, _ = _page_json(page, "application/vnd.kafka.binary.v2+json")
+    j, jn, je = _json_page(body, target)
+    a, an, ae = _arrow_page(to_arrow_ipc(page), target)
+    assert (jn, je) == (an, ae) == (8, 9)
+    assert pa.Table.from_batches(j).equals(pa.Table.from_batches(a))
+    assert pa.Table.from_batches(a).column("headers").to_pylist()[1] == [{"key": "h", "value": b"x"},
+                                                                        {"key": "n", "value": None}]
+    empty = RangePage("orders", 2, 9, [], next_offset=9, end_offset=9)
+    assert _json_page(_page_json(empty, "application/vnd.kafka.binary.v2+json")[0], target)[0] == []
+    assert _arrow_page(to_arrow_ipc(empty), target)[0] == []
+
+
+def test_http_client_asks_again_after_a_retriable_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sink import http as sink_http
+
+    answers = [(503, {}, b'{"error_code": 50003, "message": "busy"}'), (200, {}, b'{"ok": 1}')]
+    calls: list[str] = []
+
+    def fake_request(self: object, method: str, path: str, *a: object, **kw: object) -> tuple[int, dict, bytes]:
+        calls.append(method)
+        return answers.pop(0)
+
+    monkeypatch.setattr(sink_http.GatewayHTTP, "request", fake_request)
+    monkeypatch.setattr(sink_http, "BACKOFF_S", (0.0,) * 4)
+    h = sink_http.GatewayHTTP("http://127.0.0.1:1")
+    assert h.get_json("/x", "x") == {"ok": 1} and calls == ["GET", "GET"]
+    answers[:] = [(503, {}, b'{"error_code": 50003, "message": "busy"}')] * sink_http.ATTEMPTS
+    with pytest.raises(sink_http.GatewayHTTPError, match="50003"):
+        h.get_json("/x", "x")
+    answers[:] = [(503, {}, b'{"error_code": 50003, "message": "busy"}')]
+    calls.clear()
+    with pytest.raises(sink_http.GatewayHTTPError):  # not a GET: never sent twice
+        h.call("POST", "/x", "x", body={})
+    assert calls == ["POST"]

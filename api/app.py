@@ -17,9 +17,11 @@ from api.auth import AuthFailureLimiter, TrustedProxies, tenant_error_handler
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.errors import error_response, install_error_handlers
+from api.fastpath import RecordsFastPath
 from api.openapi import install_openapi
 from api.produce import router as produce_router
 from api.responses import OrjsonResponse
+from api.routing import install_routing
 from api.topics import router as topics_router
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
@@ -145,6 +147,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         memory_budget_bytes=settings.memory_budget_bytes,
         max_instances=settings.max_instances,
         shutdown_timeout=settings.shutdown_timeout_s,
+        static_membership=settings.static_membership,
         consumer_defaults={
             "session_timeout_ms": settings.session_timeout_ms(),
             "heartbeat_interval_ms": settings.heartbeat_interval_ms(),
@@ -160,6 +163,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.start()
+        if routing is not None:
+            await routing.start()  # peer discovery (api/routing.py)
         lag_task = asyncio.create_task(metrics.watch_event_loop())
         gc_task = None
         if settings.gc_freeze_interval_s > 0:
@@ -172,6 +177,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             lag_task.cancel()
             if gc_task is not None:
                 gc_task.cancel()
+            if routing is not None:
+                await routing.stop()
             await gateway.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
@@ -197,6 +204,11 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         scheme, _, credential = request.headers.get("authorization", "").strip().partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), admin_token.encode())
 
+    # The lean GET .../records (api/fastpath.py): innermost, so routing and ObserveMiddleware still apply
+    app.add_middleware(RecordsFastPath)
+    # Forwarding to the replica holding an instance (api/routing.py); inside ObserveMiddleware (added after
+    # it, so outer: slashes stripped, bodies capped before routing)
+    routing = install_routing(app, settings, gateway)
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
 
     @app.get("/healthz", tags=["ops"], summary="The process is alive")
@@ -209,14 +221,18 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         # Without a tenants file (one open 'default' tenant, every API unauthenticated anyway) and without
         # an admin token, the details stay public.
         detailed = is_admin(request) or (not tenants.auth_required and admin_token is None)
-        problems = {}
-        for tenant in tenants.tenants.values():
+        problems: dict[str, str] = {}
+
+        async def check(tenant: Any) -> None:
             rt = gateway.tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
             client: KafkaClient = rt.client
             try:
                 await asyncio.wait_for(client.refresh_metadata(), 5.0)
             except (KafkaError, TimeoutError) as exc:
                 problems[tenant.id] = str(exc) or "timed out"
+
+        # every tenant's brokers at once: the probe takes at most 5 s however many tenants are unreachable
+        await asyncio.gather(*(check(t) for t in tenants.tenants.values()))
         if problems:
             if not detailed:
                 return OrjsonResponse({"status": "unavailable"}, status_code=503)

@@ -34,6 +34,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (400, 40001, 'malformed JSON body'),
     (401, 40101, 'missing or invalid credentials'),
     (403, 40301, "topic or group outside the tenant's allowed patterns"),
+    (403, 40302, 'replica-to-replica request (/internal, forwarded) without the right peer token'),
     (404, 40400, 'no such endpoint'),
     (404, 40401, 'topic not found'),
     (404, 40402, 'partition not found'),
@@ -55,6 +56,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (503, 50003, 'retriable Kafka error (Retry-After header)'),
     (503, 50301, 'the gateway is shutting down: no new instance (Retry-After); last line of a stream'),
     (503, 50302, 'no Kafka broker reachable'),
+    (503, 50303, 'the gateway replica holding the consumer instance failed or timed out during the request '
+                 '(Retry-After; if it keeps failing the instance is gone: create it again)'),
 )
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
 

@@ -516,7 +516,7 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
                     g1, b1, t1, m1 = cpu_seconds(gw.pid), cpu_seconds(broker_pid), time.perf_counter(), machine_busy_seconds()
                     if a.idle_profile:  # py-spy over the idle window (pip install py-spy)
                         spy = str(Path(sys.executable).parent / "py-spy")
-                        subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw", "--nonblocking",
+                        subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw", *(["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]),
                                           "-d", str(int(seconds)), "-o", a.idle_profile],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 until = time.monotonic() + seconds

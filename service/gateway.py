@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import re
 import time
@@ -38,6 +39,12 @@ GROUP_ID_PATTERN = f"^[^{_FORBIDDEN_GROUP_CLASS}]{{1,{MAX_GROUP_ID_LENGTH}}}$"  
 # After the shutdown deadline: how long cancelled instance closes and the hard close of the broker
 # connections may take before Gateway.close() returns anyway.
 HARD_CLOSE_GRACE_S = 1.0
+MAX_GROUP_INSTANCE_ID_LENGTH = 249  # Kafka's limit on group.instance.id (as on group ids)
+_GROUP_INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# A generated name must hash to the replica that creates it (service/routing.py): how many to try.
+NAME_PLACEMENT_TRIES = 1000
+NOT_FOUND_HINT = ("it may have been held by a gateway replica that stopped or restarted, or it was deleted: "
+                  "create the consumer instance again")
 
 
 class GatewayError(Exception):
@@ -74,6 +81,19 @@ def validate_group_id(group: str) -> None:
 class InstanceNotFound(GatewayError):
     status = 404
     error_code = 40403
+
+
+def static_group_instance_id(replica_id: str, tenant: str, name: str) -> str:
+    """The group.instance.id of an instance created with static membership and no id of its own:
+    ``<replica_id>.<tenant>.<name>``. Kafka takes at most 249 of ``[A-Za-z0-9._-]``: a longer id, or one with
+    other characters (from the tenant id), is cut and sanitised and ends with a hash of the full id, so
+    distinct instances never share one."""
+    raw = f"{replica_id}.{tenant}.{name}"
+    if _GROUP_INSTANCE_ID_RE.fullmatch(raw):
+        return raw
+    digest = hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", raw)[:MAX_GROUP_INSTANCE_ID_LENGTH - len(digest) - 1]
+    return f"{clean}-{digest}"
 
 
 class InstanceExpired(GatewayError):
@@ -177,6 +197,7 @@ class Gateway:
         max_instances: int | None = None,
         shutdown_timeout: float = 10.0,
         shutdown_concurrency: int = 256,
+        static_membership: bool = False,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9-]{1,40}", replica_id):
             raise ValueError("replica id must be 1-40 letters, digits or '-'")
@@ -191,6 +212,11 @@ class Gateway:
             raise ValueError("the shutdown timeout must be > 0 and the shutdown concurrency >= 1")
         self.shutdown_timeout = shutdown_timeout
         self.shutdown_concurrency = shutdown_concurrency
+        #: instances created without group.instance.id get one derived from this replica's id (KIP-345)
+        self.static_membership = static_membership
+        #: set by the routing layer (api/routing.py): whether this replica owns (group, name) in the ring;
+        #: generated names are drawn until one it owns, so an unnamed instance stays where it was created
+        self.name_placement: Callable[[str, str], bool] | None = None
         self._client_factory = client_factory
         self.tenants: dict[str, TenantRuntime] = {}
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
@@ -329,9 +355,25 @@ class Gateway:
                         unclean, len(instances), self.shutdown_timeout, len(pending), failed)
         return unclean
 
-    def generate_name(self) -> str:
-        """An id for an instance created without a name (Confluent: ``rest-consumer-<server id>-<uuid>``)."""
-        return f"rest-consumer-{self.replica_id}-{uuid.uuid4()}"
+    def generate_name(self, group: str | None = None) -> str:
+        """An id for an instance created without a name (Confluent: ``rest-consumer-<server id>-<uuid>``).
+
+        With routing (:attr:`name_placement`), one this replica owns in the ring (bounded number of draws:
+        about N for N replicas; after that the last one, which the peers find by lookup)."""
+        name = f"rest-consumer-{self.replica_id}-{uuid.uuid4()}"
+        placement = self.name_placement
+        if placement is None or group is None:
+            return name
+        for _ in range(NAME_PLACEMENT_TRIES):
+            if placement(group, name):
+                break
+            name = f"rest-consumer-{self.replica_id}-{uuid.uuid4()}"
+        return name
+
+    def holds(self, group: str, instance_id: str) -> bool:
+        """Whether a live instance (group, instance_id) of any tenant is in this replica."""
+        key = (group, instance_id)
+        return any(key in rt.instances for rt in self.tenants.values())
 
     async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
                               name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
@@ -340,7 +382,7 @@ class Gateway:
                                headers={"Retry-After": "1"})
         validate_group_id(group)
         if name is None:
-            name = self.generate_name()
+            name = self.generate_name(group)
         elif not NAME_RE.fullmatch(name):
             raise GatewayError("name must be 1-200 characters of letters, digits, '.', '_' or '-'",
                                status=422, error_code=42206)
@@ -360,10 +402,13 @@ class Gateway:
         if defaults.get("heartbeat_interval_ms", 0) >= defaults.get("session_timeout_ms", 45000):
             # A heartbeat interval must be below the session timeout: beat at a third of it, as Kafka advises
             defaults["heartbeat_interval_ms"] = max(1, defaults["session_timeout_ms"] // 3)
+        group_instance_id = options.group_instance_id
+        if group_instance_id is None and self.static_membership:
+            group_instance_id = static_group_instance_id(self.replica_id, rt.tenant_id, name)
         cfg = ConsumerConfig(
             group_id=group,
             client_id=defaults.pop("client_id", None) or f"kcg-{rt.tenant_id}-{name}"[:200],
-            group_instance_id=options.group_instance_id,
+            group_instance_id=group_instance_id,
             auto_offset_reset=options.auto_offset_reset,
             enable_auto_commit=options.auto_commit,
             isolation_level=options.isolation_level,
@@ -386,7 +431,8 @@ class Gateway:
                 raise InstanceExpired(
                     f"consumer instance {instance_id!r} of group {group!r} expired after "
                     f"{self.idle_timeout:.0f} s without requests; create a new instance")
-            raise InstanceNotFound(f"consumer instance {instance_id!r} not found in group {group!r}")
+            raise InstanceNotFound(
+                f"consumer instance {instance_id!r} not found in group {group!r}; {NOT_FOUND_HINT}")
         inst.touch()
         return inst
 

@@ -31,9 +31,18 @@ class GatewayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (several replicas boot in parallel; then
+        :meth:`wait_healthy` each)."""
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env, stdout=out,
                                      stderr=subprocess.STDOUT, cwd=self.cwd)
+
+    def wait_healthy(self) -> None:
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -51,6 +60,12 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def kill(self) -> None:
+        """kill -9: no drain, no LeaveGroup, no final commit."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, grace: float = 20.0) -> None:
         if self.proc is not None and self.proc.poll() is None:

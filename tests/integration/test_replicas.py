@@ -1,0 +1,399 @@
+"""Any replica serves any instance: several gateway processes on one machine, no load balancer.
+
+Each replica gets GATEWAY_REPLICA_ID and GATEWAY_PEERS (every replica's URL); instances are created on the
+ring owner of their name and every request reaching another replica is forwarded (or redirected) to the
+replica holding the instance. The main test counts every record through a kill -9 of the holder: nothing
+lost, and a record a 2xx commit covered is never delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import Producer as CKProducer
+
+from service.client.client import KafkaClient
+from service.embedded import EmbeddedBroker
+from service.routing import owner, routing_key
+from tests.integration.gateway_proc import GatewayProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
+BIN = {"Accept": "application/vnd.kafka.binary.v2+json"}
+NDJSON = {"Accept": "application/x-ndjson"}
+SERVED_BY = "x-kcg-served-by"
+TOKEN = "s3cret-peer-token"
+IN_FLIGHT = "kcg_forwarded_requests_in_flight"
+
+
+def produce(bootstrap: str, topic: str, start: int, n: int, partitions: int) -> set[bytes]:
+    p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    values = {b"%d" % i for i in range(start, start + n)}
+    for i in range(start, start + n):
+        p.produce(topic, value=b"%d" % i, partition=i % partitions)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    return values
+
+
+class Ledger:
+    """Every record a client received and what 2xx commits covered."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[int, int, bytes]] = []
+        self.committed: dict[int, int] = {}  # partition -> next offset covered by a 2xx commit
+        self.committed_again: list[tuple[int, int]] = []
+        self.session = 0  # index in received where the current instance's deliveries start
+
+    def new_instance(self) -> None:
+        """The instance was recreated: commits cover only what the new one delivered."""
+        self.session = len(self.received)
+
+    def add(self, recs: list[dict[str, Any]]) -> None:
+        for r in recs:
+            p, o = int(r["partition"]), int(r["offset"])
+            if o < self.committed.get(p, 0):
+                self.committed_again.append((p, o))
+            self.received.append((p, o, base64.b64decode(r["value"])))
+
+    def values(self) -> set[bytes]:
+        return {v for _, _, v in self.received}
+
+    def last(self) -> dict[int, int]:
+        """What a commit covers: the last offset per partition the current instance delivered."""
+        out: dict[int, int] = {}
+        for p, o, _ in self.received[self.session:]:
+            out[p] = max(out.get(p, -1), o)
+        return out
+
+
+async def commit(http: httpx.AsyncClient, base: str, topic: str, ledger: Ledger) -> httpx.Response:
+    last = ledger.last()
+    r = await http.post(f"{base}/offsets", headers=V2, json={"offsets": [
+        {"topic": topic, "partition": p, "offset": o} for p, o in last.items()]})
+    if r.status_code == 204:
+        for p, o in last.items():
+            ledger.committed[p] = max(ledger.committed.get(p, 0), o + 1)
+    return r
+
+
+def replica_set(tansu: EmbeddedBroker, tmp_path: Path, ids: list[str], env: dict[str, str] | None = None,
+                per_replica: dict[str, dict[str, str]] | None = None) -> dict[str, GatewayProcess]:
+    """Gateway processes (not started) named by ``ids``, each knowing all of them as peers."""
+    procs = {rid: GatewayProcess(tansu.bootstrap, log_file=tmp_path / f"gw-{rid}.log") for rid in ids}
+    peers = ",".join(p.url for p in procs.values())
+    for rid, p in procs.items():
+        p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
+                      "GATEWAY_LOG_LEVEL": "info", **(env or {}), **(per_replica or {}).get(rid, {})})
+    return procs
+
+
+def start(*procs: GatewayProcess) -> None:
+    for p in procs:
+        p.launch()
+    for p in procs:
+        p.wait_healthy()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+async def peers_view(g: GatewayProcess, token: str | None = None) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=10) as c:
+        r = await c.get(f"{g.url}/internal/peers", headers={"x-kcg-peer-token": token} if token else {})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+
+async def converged(procs: list[GatewayProcess], ids: set[str], token: str | None = None,
+                    timeout: float = 60) -> None:
+    """Until every replica in ``procs`` places new instances on exactly ``ids``."""
+    deadline = time.monotonic() + timeout
+    for g in procs:
+        while set((view := await peers_view(g, token))["placement"]) != ids:
+            assert time.monotonic() < deadline, f"{g.url} sees {view}, want {sorted(ids)}"
+            await asyncio.sleep(0.05)  # polling a condition: the peer refresh runs every 0.2 s
+
+
+def name_owned_by(rid: str, ring: list[str], group: str, prefix: str = "c", also: list[str] | None = None,
+                  also_owner: str | None = None) -> str:
+    """A client-chosen name the ring places on ``rid`` (and, if given, ring ``also`` on ``also_owner``)."""
+    for i in range(100_000):
+        name = f"{prefix}{i}"
+        if owner(ring, routing_key(group, name)) != rid:
+            continue
+        if also is not None and owner(also, routing_key(group, name)) != also_owner:
+            continue
+        return name
+    raise AssertionError("no such name")
+
+
+@contextlib.asynccontextmanager
+async def clients(*procs: GatewayProcess) -> AsyncIterator[list[httpx.AsyncClient]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(httpx.AsyncClient(base_url=g.url, timeout=60)) for g in procs]
+
+
+async def create(http: httpx.AsyncClient, group: str, name: str) -> httpx.Response:
+    return await http.post(f"/consumers/{group}", headers=V2, json={
+        "name": name, "format": "binary", "auto.offset.reset": "earliest", "auto.commit.enable": "false"})
+
+
+async def consume(via: list[httpx.AsyncClient], base: str, topic: str, ledger: Ledger, want: set[bytes],
+                  holder: str | None, timeout: float = 90) -> None:
+    """Poll through one replica and commit through the next, round robin, until ``want`` was received.
+    ``holder``: the replica every answer must come from (checked on forwarded answers)."""
+    deadline = time.monotonic() + timeout
+    i = 0
+    while not want <= ledger.values():
+        missing = want - ledger.values()
+        assert time.monotonic() < deadline, f"missing {len(missing)} records: {sorted(missing)[:50]}"
+        poller, committer = via[i % len(via)], via[(i + 1) % len(via)]
+        i += 1
+        r = await poller.get(f"{base}/records", params={"timeout": 1000, "max_records": 1000}, headers=BIN)
+        assert r.status_code == 200, r.text
+        if SERVED_BY in r.headers:
+            assert r.headers[SERVED_BY] == holder
+        ledger.add(r.json())
+        if r.json():
+            c = await commit(committer, base, topic, ledger)
+            assert c.status_code in (204, 409), c.text  # 409/40903 while the group rebalances
+
+
+async def metric(g: GatewayProcess, name: str, labels: str = "") -> float:
+    async with httpx.AsyncClient(timeout=10) as c:
+        text = (await c.get(f"{g.url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + labels + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def until(probe: Callable[[], Awaitable[float]], ok: Callable[[float], bool], what: str,
+                timeout: float = 30) -> None:
+    """Poll a condition (a metric of another process: there is no event to await across processes)."""
+    deadline = time.monotonic() + timeout
+    while not ok(await probe()):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        cleanup: list[GatewayProcess]) -> None:
+    parts = 3
+    await kclient.create_topics({topic_name: parts})
+    produced = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 3000, parts)
+    procs = replica_set(tansu, tmp_path, ["a", "b", "c"])
+    cleanup += procs.values()
+    start(*procs.values())
+    await converged(list(procs.values()), {"a", "b", "c"})
+    group = f"g-{topic_name}"
+    name = name_owned_by("a", ["a", "b", "c"], group)
+    ledger = Ledger()
+    async with clients(procs["a"], procs["b"], procs["c"]) as (a, b, c):
+        r = await create(a, group, name)
+        assert r.status_code == 200, r.text
+        assert SERVED_BY not in r.headers  # created where it was asked: a owns the name
+        base = f"/consumers/{group}/instances/{name}"
+        assert r.json()["base_uri"] == f"{procs['a'].url}{base}"
+        r = await b.post(f"{base}/subscription", headers=V2, json={"topics": [topic_name]})
+        assert r.status_code == 204 and r.headers[SERVED_BY] == "a", r.text
+        r = await c.get(f"{base}/subscription")
+        assert r.json() == {"topics": [topic_name]} and r.headers[SERVED_BY] == "a"
+
+        # polls through C and B, commits through B and C
+        await consume([c, b], base, topic_name, ledger, produced, "a")
+        r = await c.request("GET", f"{base}/offsets", headers=V2, json={"partitions": [
+            {"topic": topic_name, "partition": p} for p in range(parts)]})
+        assert r.status_code == 200 and r.headers[SERVED_BY] == "a", r.text
+        assert {o["partition"]: o["offset"] for o in r.json()["offsets"]} == {
+            p: o + 1 for p, o in ledger.last().items()}
+
+        # a long poll through B, waiting on A until records arrive
+        poll = asyncio.create_task(b.get(f"{base}/records", params={"timeout": 20000}, headers=BIN))
+        await until(lambda: metric(procs["a"], IN_FLIGHT, '{side="in"}'), lambda v: v >= 1 or poll.done(),
+                    "the long poll did not reach A")
+        assert not poll.done()
+        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3000, 300, parts)
+        r = await poll
+        assert r.status_code == 200 and r.headers[SERVED_BY] == "a" and r.json(), r.text
+        ledger.add(r.json())
+        assert (await commit(c, base, topic_name, ledger)).status_code == 204
+
+        # an ndjson stream through C
+        await consume([b], base, topic_name, ledger, produced, "a")
+        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3300, 1500, parts)
+        streamed = 0
+        async with c.stream("GET", f"{base}/records", params={"max_records": 100}, headers=NDJSON) as s:
+            assert s.status_code == 200 and s.headers[SERVED_BY] == "a"
+            assert s.headers["content-type"].startswith("application/x-ndjson")
+            async for line in s.aiter_lines():
+                if line:
+                    ledger.add([orjson.loads(line)])
+                    streamed += 1
+                if streamed >= 500:
+                    break  # the client goes away mid-stream: the upstream stream on A is closed too
+        assert (await commit(b, base, topic_name, ledger)).status_code == 204
+        await until(lambda: metric(procs["a"], IN_FLIGHT, '{side="in"}'), lambda v: v == 0,
+                    "the forwarded stream was not closed on A")
+
+        # records received but not committed when A dies: the only ones that may come twice
+        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 4800, 200, parts)
+        r = await c.get(f"{base}/records", params={"timeout": 5000, "max_records": 50}, headers=BIN)
+        assert r.status_code == 200 and r.json(), r.text
+        ledger.add(r.json())
+        uncommitted = {(int(x["partition"]), int(x["offset"])) for x in r.json()}
+
+        # kill -9 of A: the instance is gone; the client is told so, clearly, through B and C
+        procs["a"].kill()
+        for http in (b, c):
+            r = await http.get(f"{base}/records", headers=BIN)
+            assert r.status_code == 404, r.text
+            assert r.json()["error_code"] == 40403
+            assert "create the consumer instance again" in r.json()["message"]
+        # it recreates the instance, same name, through B and consumes the rest through B and C
+        r = await create(b, group, name)
+        assert r.status_code == 200, r.text
+        ledger.new_instance()
+        holder = r.headers.get(SERVED_BY, "b")
+        assert holder == owner(["b", "c"], routing_key(group, name))
+        assert r.json()["base_uri"] == f"{procs['b'].url}{base}"  # the replica the client talked to
+        r = await b.post(f"{base}/subscription", headers=V2, json={"topics": [topic_name]})
+        assert r.status_code == 204, r.text
+        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 5000, 200, parts)
+        await consume([b, c], base, topic_name, ledger, produced, holder)
+        assert (await commit(c, base, topic_name, ledger)).status_code == 204
+
+    assert ledger.values() == produced  # nothing lost
+    assert ledger.committed_again == []  # a record a 2xx commit covered was never delivered again
+    delivered = collections.Counter((p, o) for p, o, _ in ledger.received)
+    duplicates = {po for po, n in delivered.items() if n > 1}
+    assert duplicates == uncommitted  # duplicates only from the uncommitted window, and that window comes back
+    print(f"produced {len(produced)}, delivered {delivered.total()}, duplicates {len(duplicates)} "
+          f"(the {len(uncommitted)} received but uncommitted when A died)")
+    assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="forwarded"}') > 0
+
+
+async def test_redirect_mode(tansu: EmbeddedBroker, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
+    procs = replica_set(tansu, tmp_path, ["a", "b"], {"GATEWAY_ROUTING": "redirect"})
+    cleanup += procs.values()
+    start(*procs.values())
+    await converged(list(procs.values()), {"a", "b"})
+    group = "g-redirect"
+    name = name_owned_by("a", ["a", "b"], group)
+    async with clients(procs["a"], procs["b"]) as (a, b):
+        r = await create(b, group, name)
+        assert r.status_code == 307 and r.headers["location"] == f"{procs['a'].url}/consumers/{group}"
+        r = await create(a, group, name)  # the client follows the redirect
+        assert r.status_code == 200, r.text
+        base = f"/consumers/{group}/instances/{name}"
+        r = await b.get(f"{base}/subscription")
+        assert r.status_code == 307 and r.headers["location"] == f"{procs['a'].url}{base}/subscription"
+        async with httpx.AsyncClient(timeout=30, follow_redirects=True) as follower:
+            r = await follower.get(f"{procs['b'].url}{base}/subscription", params={"x": "1"})
+            assert r.status_code == 200 and r.json() == {"topics": []}
+            assert str(r.url) == f"{procs['a'].url}{base}/subscription?x=1"
+        # a name b owns is created on b directly; an unknown instance is a plain 404
+        mine = name_owned_by("b", ["a", "b"], group)
+        assert (await create(b, group, mine)).status_code == 200
+        r = await b.get(f"/consumers/{group}/instances/nobody/subscription")
+        assert r.status_code == 404 and r.json()["error_code"] == 40403
+        assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="redirected"}') == 3
+
+
+async def test_peer_token_and_loop_prevention(tansu: EmbeddedBroker, tmp_path: Path,
+                                              cleanup: list[GatewayProcess]) -> None:
+    procs = replica_set(tansu, tmp_path, ["a", "b", "c", "x"], {"GATEWAY_PEER_TOKEN": TOKEN},
+                        per_replica={"x": {"GATEWAY_PEER_TOKEN": "another-token"}})
+    cleanup += procs.values()
+    start(*procs.values())
+    abc = [procs["a"], procs["b"], procs["c"]]
+    await converged(abc, {"a", "b", "c"}, TOKEN)  # probes carry the token; x, with another token, is refused
+    deadline = time.monotonic() + 30
+    while (view := await peers_view(procs["x"], "another-token"))["refreshes"] < 3:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert view["placement"] == ["x"]  # and x refuses them
+    group = "g-token"
+    name = name_owned_by("a", ["a", "b", "c"], group)
+    async with clients(*abc) as (a, b, c):
+        r = await create(c, group, name)  # forwarded to the owner, with the token
+        assert r.status_code == 200 and r.headers[SERVED_BY] == "a", r.text
+        base = f"/consumers/{group}/instances/{name}"
+        assert (await b.get(f"{base}/subscription")).headers[SERVED_BY] == "a"
+        for path in ("/internal/peer", "/internal/peers", "/internal/lookup?group=g&name=n"):
+            for headers in ({}, {"x-kcg-peer-token": "wrong"}):
+                r = await b.get(path, headers=headers)
+                assert r.status_code == 403 and r.json()["error_code"] == 40302, (path, r.text)
+        r = await b.get(f"/internal/lookup?group={group}&name={name}", headers={"x-kcg-peer-token": TOKEN})
+        assert r.json() == {"replica_id": "b", "held": False}
+        r = await a.get(f"/internal/lookup?group={group}&name={name}", headers={"x-kcg-peer-token": TOKEN})
+        assert r.json() == {"replica_id": "a", "held": True}
+        # a request claiming to be forwarded: refused without the token...
+        r = await b.get(f"{base}/subscription", headers={"x-kcg-forwarded-by": "c"})
+        assert r.status_code == 403 and r.json()["error_code"] == 40302
+        # ...and with it, served by b itself and never forwarded again (b does not hold it)
+        before = await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="forwarded"}')
+        r = await b.get(f"{base}/subscription", headers={"x-kcg-forwarded-by": "c", "x-kcg-peer-token": TOKEN})
+        assert r.status_code == 404 and r.headers["x-kcg-absent"] == "1" and SERVED_BY not in r.headers
+        assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="forwarded"}') == before
+        assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="refused"}') >= 7
+
+
+async def test_scale_up_keeps_every_instance_reachable(tansu: EmbeddedBroker, tmp_path: Path,
+                                                       cleanup: list[GatewayProcess]) -> None:
+    procs = replica_set(tansu, tmp_path, ["a", "b", "c", "d"])  # d is listed but starts later
+    cleanup += procs.values()
+    start(procs["a"], procs["b"], procs["c"])
+    await converged([procs["a"], procs["b"], procs["c"]], {"a", "b", "c"})
+    group = "g-scale"
+    three, four = ["a", "b", "c"], ["a", "b", "c", "d"]
+    names = [name_owned_by(r, three, group, prefix=f"{r}{i}-", also=four, also_owner=later)
+             for i, (r, later) in enumerate([("a", "d"), ("b", "d"), ("c", "d"), ("a", "a"), ("b", "b"),
+                                             ("c", "c")])]
+    holders = {n: owner(three, routing_key(group, n)) for n in names}
+    async with clients(procs["a"], procs["b"], procs["c"]) as via:
+        for i, n in enumerate(names):
+            r = await create(via[i % 3], group, n)
+            assert r.status_code == 200, r.text
+            assert r.headers.get(SERVED_BY, "abc"[i % 3]) == holders[n]
+    start(procs["d"])
+    await converged(list(procs.values()), set(four))
+    async with clients(*procs.values()) as via:
+        for n in names:
+            for rid, http in zip("abcd", via, strict=True):
+                r = await http.get(f"/consumers/{group}/instances/{n}/subscription")
+                assert r.status_code == 200, (n, rid, r.text)
+                assert r.headers.get(SERVED_BY, rid) == holders[n], (n, rid)
+        # new instances go to the new owner
+        fresh = name_owned_by("d", four, group, prefix="fresh")
+        r = await create(via[0], group, fresh)
+        assert r.status_code == 200 and r.headers[SERVED_BY] == "d"
+        # creating a name that exists on its old holder reaches that holder (409), not a duplicate on d
+        moved = names[0]
+        r = await create(via[1], group, moved)
+        assert r.status_code == 409 and r.json()["error_code"] == 40902 and r.headers[SERVED_BY] == "a"
+        # an instance created without a name stays on the replica it was created on
+        for rid, http in zip("abcd", via, strict=True):
+            r = await http.post(f"/consumers/{group}", headers=V2, json={"format": "binary"})
+            assert r.status_code == 200 and SERVED_BY not in r.headers
+            generated = r.json()["instance_id"]
+            assert owner(four, routing_key(group, generated)) == rid
+    assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="absent"}') > 0

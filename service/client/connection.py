@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 CLIENT_SOFTWARE_NAME = "kafka-consumer-gateway"
 CLIENT_SOFTWARE_VERSION = "0.1.0"
+# Request frames below this size are coalesced per event-loop iteration (BrokerConnection._write)
+COALESCE_MAX_BYTES = 64 * 1024
 
 
 async def wait_event(event: asyncio.Event | LightEvent, timeout: float | None) -> bool:
@@ -100,6 +102,9 @@ class BrokerConnection:
         self._close_reason: KafkaError | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        # Small frames written in the same event-loop iteration leave in one write() (see _write)
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
 
     def __repr__(self) -> str:
         return f"BrokerConnection(node={self.node_id}, {self.host}:{self.port})"
@@ -241,7 +246,7 @@ class BrokerConnection:
         api_key = frames.api_key_of(req)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[corr] = _Pending(api_key, version, fut, raw)
-        self._writer.write(frame)
+        self._write(frame)
         self.bytes_sent += len(frame)
         try:
             if self._writer.transport.get_write_buffer_size() > 1 << 20:
@@ -305,10 +310,40 @@ class BrokerConnection:
             err = KafkaConnectionError(f"connection to {self.address} failed: {exc!r}")
         self._fail(err)
 
+    def _write(self, frame: bytes) -> None:
+        """Queue a request frame; the frames queued during one event-loop iteration are written with one
+        write() call at its end. Thousands of idle members heartbeat over a few shared connections, and
+        on loopback a write() also runs the receiving side's TCP processing, so one syscall per request
+        costs more than the request itself. Large frames (produce, fetch with many partitions) go out at
+        once, after what is queued (order is the correlation ids' order)."""
+        if len(frame) >= COALESCE_MAX_BYTES:
+            self._flush()
+            assert self._writer is not None
+            self._writer.write(frame)
+            return
+        self._out.append(frame)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        handle, self._flush_handle = self._flush_handle, None
+        if handle is not None:
+            handle.cancel()  # a no-op when called from the handle itself
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        if self._writer is None or self._closed:
+            return  # their futures failed with the connection
+        self._writer.write(out[0] if len(out) == 1 else b"".join(out))
+
     def _fail(self, err: KafkaError) -> None:
         if not self._closed:
             self._closed = True
             self._close_reason = err
+        self._out = []
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
         pending, self._pending = self._pending, {}
         for p in pending.values():
             if not p.future.done():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -81,6 +82,16 @@ CommitTopic = M.struct("OffsetCommitRequest", "OffsetCommitRequestTopic")
 FetchTopicOld = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopic")
 FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
 FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
+
+
+HEARTBEAT_TICK_S = 0.02
+
+
+def on_tick(now: float, delay: float, tick: float = HEARTBEAT_TICK_S) -> float:
+    """``delay`` stretched (by less than ``tick``) so that it ends on a multiple of ``tick`` of the loop
+    clock: the heartbeats of many members then fall due in the same event-loop iteration and leave
+    together, in one write() per broker connection (BrokerConnection._write)."""
+    return math.ceil((now + delay) / tick) * tick - now
 
 
 class GroupCoordinator:
@@ -340,7 +351,8 @@ class GroupCoordinator:
         if step.action is Action.OK:
             # up to 20% early, at random: members that joined together (a whole group, a gateway's
             # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds
-            await self._pause(self.heartbeat_interval * (1.0 - 0.2 * random.random()))
+            await self._pause(on_tick(asyncio.get_running_loop().time(),
+                                      self.heartbeat_interval * (1.0 - 0.2 * random.random())))
         elif step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")
         elif step.action is Action.RETRY:

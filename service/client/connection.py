@@ -45,6 +45,8 @@ COALESCE_MAX_BYTES = 64 * 1024
 async def wait_event(event: asyncio.Event | LightEvent, timeout: float | None) -> bool:
     """Wait for ``event`` up to ``timeout`` seconds; True if it is set. Uses asyncio.timeout because on
     Python 3.11 asyncio.wait_for can swallow a cancellation that races with completion."""
+    if timeout is not None and isinstance(event, LightEvent):
+        return await event.wait_timeout(timeout)  # no cancellation machinery on expiry
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

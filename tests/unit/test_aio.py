@@ -54,3 +54,21 @@ def test_is_small_until_waited_on() -> None:
     ev = LightEvent()
     assert not hasattr(ev, "__dict__") and ev._waiters is None
     assert sys.getsizeof(ev) < 100 < sys.getsizeof(asyncio.Event()._waiters)  # asyncio's deque alone
+
+
+async def test_wait_timeout_expires_without_cancellation_and_wakes_on_set() -> None:
+    ev = LightEvent()
+    assert await ev.wait_timeout(0.01) is False
+    assert ev._waiters is None  # the expired waiter is gone
+    waiter = asyncio.ensure_future(ev.wait_timeout(30))
+    await asyncio.sleep(0)
+    ev.set()
+    assert await waiter is True and ev._waiters is None
+    assert await ev.wait_timeout(0) is True  # already set
+    ev.clear()
+    task = asyncio.ensure_future(ev.wait_timeout(30))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ev._waiters is None  # a cancelled waiter leaves nothing behind

@@ -482,25 +482,21 @@ class UpstreamPool:
         assert conn.transport is not None
         conn.transport.write(data)
         try:
-            while not conn.headers_done:
-                await conn.wait(read_timeout)
+            return await self._response(base, conn, read_timeout, method)
         except UpstreamError:
-            conn.close()
             if reused and conn.lost and not conn.headers and conn.status == 0 and method in ("GET", "HEAD"):
                 # a kept-alive connection the peer had just closed: a GET can be sent again
                 return await self.request_fresh(base, data, read_timeout, method)
             raise
-        except BaseException:
-            conn.close()
-            raise
-        if method == "HEAD":
-            conn.complete = True  # no body follows, whatever Content-Length says
-        return UpstreamResponse(self, base, conn, read_timeout)
 
     async def request_fresh(self, base: str, data: bytes, read_timeout: float | None, method: str) -> UpstreamResponse:
         conn = await self._connect(base)
         assert conn.transport is not None
         conn.transport.write(data)
+        return await self._response(base, conn, read_timeout, method)
+
+    async def _response(self, base: str, conn: Any, read_timeout: float | None, method: str) -> UpstreamResponse:
+        """Wait for the response head on ``conn`` (closed on any failure) and wrap the response."""
         try:
             while not conn.headers_done:
                 await conn.wait(read_timeout)
@@ -508,7 +504,7 @@ class UpstreamPool:
             conn.close()
             raise
         if method == "HEAD":
-            conn.complete = True
+            conn.complete = True  # no body follows, whatever Content-Length says
         return UpstreamResponse(self, base, conn, read_timeout)
 
     def close(self) -> None:

@@ -36,28 +36,14 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer as CKConsumer
-from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.consume import produce  # noqa: E402
 from service.embedded import EmbeddedBroker, free_port  # noqa: E402
-
-
-def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
-    p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                    "queue.buffering.max.messages": 1_000_000})
-    value = b"x" * 100
-    for i in range(n):
-        while True:
-            try:
-                p.produce(topic, value=value, key=b"%08d" % i, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
-    p.flush(120)
 
 
 def direct(bootstrap: str, topic: str, partitions: int, n: int, out: Path) -> float:
@@ -147,7 +133,7 @@ def main() -> None:
         for f in admin.create_topics([NewTopic(topic, a.partitions, 1)]).values():
             f.result(30)
         t = time.perf_counter()
-        produce(broker.bootstrap, topic, n, a.partitions)
+        produce(broker.bootstrap, topic, n, a.partitions, "none")
         print(f"produced {n:,} x 100 B into {a.partitions} partitions in {time.perf_counter() - t:.1f} s", flush=True)
 
         gw, url = start_gateway(broker.bootstrap, tmp / "gw.log")

@@ -299,17 +299,22 @@ class KafkaGatewayDataSource(DataSource):
         return KafkaGatewayStreamReader(Settings.from_options(self.options))
 
 
+def current_offsets(s: Settings) -> dict[str, dict[str, int]]:
+    """Every partition's offsets (beginning, end, LSO) of the configured topics, from the gateway."""
+    http = GatewayHTTP(s.gateway, s.api_key)
+    try:
+        return partition_offsets(http, s.topics)
+    finally:
+        http.close()
+
+
 class KafkaGatewayBatchReader(DataSourceReader):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 
     def partitions(self) -> Sequence[InputPartition]:
         s = self.settings
-        http = GatewayHTTP(s.gateway, s.api_key)
-        try:
-            offsets = partition_offsets(http, s.topics)
-        finally:
-            http.close()
+        offsets = current_offsets(s)
         start = resolve_offsets(s.starting, offsets, "startingOffsets")
         end = resolve_offsets(s.ending, offsets, "endingOffsets")
         parts: list[InputPartition] = list(plan_partitions(s, start, end))
@@ -332,11 +337,7 @@ class KafkaGatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
 
     def _offsets(self) -> dict[str, dict[str, int]]:
         s = self.settings
-        http = GatewayHTTP(s.gateway, s.api_key)
-        try:
-            offsets = partition_offsets(http, s.topics)
-        finally:
-            http.close()
+        offsets = current_offsets(s)
         self.beginnings = {k: int(v["beginning_offset"]) for k, v in offsets.items()}
         self.latest = {k: int(v["last_stable_offset"]) for k, v in offsets.items()}
         return offsets

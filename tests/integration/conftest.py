@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +27,18 @@ async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the module's ``gw`` fixture (a GatewayProcess); redirects are not followed."""
     async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One local Spark session per test module (the sink tests; needs the ``spark`` extra)."""
+    from sink.cli import build_session
+
+    s = build_session()
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
 @pytest.fixture

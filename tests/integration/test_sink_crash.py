@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.timeout(90
 pytest.importorskip("pyspark")
 pytest.importorskip("deltalake")
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from sink.cli import build_session
-
-    s = build_session()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def start_cli(url: str, topic: str, tmp: Path, fmt: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:

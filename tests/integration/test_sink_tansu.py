@@ -38,17 +38,6 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
         g.stop()
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from sink.cli import build_session
-
-    s = build_session()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 def create_topic(bootstrap: str, partitions: int = 2) -> str:
     name = f"sink-{uuid.uuid4().hex[:10]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})

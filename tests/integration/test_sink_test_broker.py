@@ -132,17 +132,6 @@ class CuttingProxy:
         self.thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from sink.cli import build_session
-
-    s = build_session()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 @pytest.fixture
 def broker() -> Iterator[ThreadedCluster]:
     c = ThreadedCluster(topics={"t": 2})

@@ -163,6 +163,9 @@ def main() -> None:
                 print(f"spark json (warm): {js['seconds']:6.1f} s {js['rows_per_s']:>10,} rows/s", flush=True)
         finally:
             spark.stop()
+            from sink.jvm import finish_recording
+
+            finish_recording()
         summary = {
             "records": n, "partitions": a.partitions, "max_offsets_per_task": a.max_offsets_per_task,
             "spark_session_start_s": round(session_s, 1),

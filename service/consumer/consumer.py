@@ -65,7 +65,7 @@ _NAMES_ONLY: weakref.WeakKeyDictionary[KafkaClient, set[int]] = weakref.WeakKeyD
 
 async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
                       isolation: int, max_wait_ms: int = 5, leader_epochs: bool = False, lease: bool = False,
-                      request_max_bytes: int = 0x7FFFFFFF) -> dict[TopicPartition, Any]:
+                      request_max_bytes: int = 0x7FFFFFFF, session: Any = None) -> dict[TopicPartition, Any]:
     """A one-off sessionless Fetch (max wait 5 ms) of ``offsets`` from broker ``node``; partition responses
     by partition. Their high watermark and last stable offset are right on every broker (Tansu's
     ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py, and the
@@ -78,7 +78,13 @@ async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartiti
     names topics by id, so a topic whose id the metadata does not know (the all-zero uuid) is fetched at
     v12 by name. A broker that answers v13+ with zero topic ids (the session handler then turns
     ``names_only``, as in the main fetcher) is asked again at once by name, and is remembered for this client
-    so later probes name topics from the start."""
+    so later probes name topics from the start.
+
+    ``session``: a :class:`~service.fetch.session.FetchSessionHandler` of ``node`` to fetch through (KIP-227;
+    the offset-range reads keep one per partition reader); the request is then full or incremental as the
+    session says, an incremental answer may leave out a partition with nothing new, and a session the
+    broker refused (unknown id, wrong epoch) is asked again at once with a full request. A send that fails
+    leaves the session ready for a full request (``handle_error``) and raises."""
     from service.fetch.session import (
         ZERO_UUID,
         FetchPartitionData,
@@ -89,8 +95,9 @@ async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartiti
 
     md = client.metadata
     by_name = node in _NAMES_ONLY.get(client, ())
+    refused = 0
     while True:
-        handler = FetchSessionHandler(node)
+        handler = session if session is not None else FetchSessionHandler(node)
         b = handler.builder()
         for tp, off in offsets.items():
             b.add(FetchPartitionData(
@@ -107,10 +114,19 @@ async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartiti
             # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
             req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=1,
                                    max_bytes=request_max_bytes, isolation_level=isolation)
-            resp = await conn.send(req, version)
-        if not handler.handle_response(resp, version) and handler.names_only and not by_name:
+            try:
+                resp = await conn.send(req, version)
+            except BaseException as exc:
+                if session is not None:
+                    handler.handle_error(exc)
+                raise
+        ok = handler.handle_response(resp, version)
+        if not ok and handler.names_only and not by_name:
             _NAMES_ONLY.setdefault(client, set()).add(node)  # zero topic ids in a v13+ answer: ask by name
             by_name = True
+            continue
+        if not ok and session is not None and refused < 2:
+            refused += 1  # the broker refused the session (evicted, wrong epoch): the next request is full
             continue
         return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
 

@@ -9,10 +9,17 @@ under read_committed, else the high watermark (``end_offset=None``: ``end = limi
     o = page.next_offset         # offsets have gaps: compaction, control markers, aborted records
     until page.next_offset >= page.end_offset
 
-Each page is one sessionless full Fetch (KIP-227 sessions would buy nothing for a one-off read of one
-partition) on a leased connection of the tenant's client with a 5 ms broker wait (Tansu answers a 0 ms,
-min-bytes-0 fetch with no partitions), so it never parks behind, or holds up, other requests on the shared
-connection. Records are filtered by the pure :func:`service.fetch.read_committed.filter_batches` with the
+Each page is one Fetch on a leased connection of the tenant's client with a 5 ms broker wait (Tansu answers
+a 0 ms, min-bytes-0 fetch with no partitions), so it never parks behind, or holds up, other requests on the
+shared connection. Where the broker has fetch sessions (KIP-227) a reader's pages go through one: the
+client keeps idle one-partition sessions per (broker, partition) (:class:`RangeSessions`: at most
+:data:`MAX_IDLE_SESSIONS` per client, dropped after :data:`SESSION_IDLE_S` idle seconds, so the broker's
+session cache, which evicts small sessions first, is not crowded), and a page takes one exclusively (two
+concurrent readers of one partition use two sessions, as epochs must follow each other). The next page of
+a sequential reader is then an incremental request; an incremental answer that leaves the partition out
+(nothing new, nothing changed) reads as an empty answer with the partition's last known watermarks, and a
+session the broker no longer knows is replaced by a full request at once. Brokers without sessions
+(Tansu answers session id 0) get full requests, as before. Records are filtered by the pure :func:`service.fetch.read_committed.filter_batches` with the
 Fetch response's aborted transactions (the ABORT/COMMIT control batches are skipped), cut at ``end``, and
 trimmed to about ``max_bytes`` of keys + values (at least one record). A fetch that yields only control or
 aborted batches is followed by another (up to :data:`MAX_ROUNDS`), so an empty page with ``next_offset <
@@ -33,8 +40,10 @@ key / value columns (:func:`_headers_array`).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import operator
+import weakref
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
@@ -55,6 +64,7 @@ __all__ = [
     "MAX_ROUNDS",
     "OffsetOutOfRange",
     "RangePage",
+    "RangeSessions",
     "arrow_schema",
     "arrow_table",
     "cut_page",
@@ -143,23 +153,110 @@ def effective_end(end_offset: int | None, isolation_level: int, high_watermark: 
 
 
 # -- the broker side -------------------------------------------------------------------------------------
+MAX_IDLE_SESSIONS = 32  # idle range-read fetch sessions kept per client
+SESSION_IDLE_S = 60.0  # Kafka may evict an idle session after 120 s; ours are dropped before
+
+
+@dataclass(eq=False)
+class RangeSession:
+    """A one-partition fetch session of a range reader and the partition's watermarks from its last answer
+    (for an incremental answer that leaves the partition out)."""
+
+    handler: Any
+    watermarks: tuple[int, int, int] | None = None  # high watermark, last stable offset, log start
+    used: float = 0.0
+
+
+class RangeSessions:
+    """Idle range-read sessions of one client by (broker, partition); see the module docstring."""
+
+    def __init__(self, max_idle: int = MAX_IDLE_SESSIONS, idle_s: float = SESSION_IDLE_S) -> None:
+        self.max_idle, self.idle_s = max_idle, idle_s
+        self._idle: dict[tuple[int, TopicPartition], list[RangeSession]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def take(self, node: int, tp: TopicPartition, now: float) -> RangeSession:
+        from service.fetch.session import FetchSessionHandler
+
+        stack = self._idle.get((node, tp))
+        while stack:
+            s = stack.pop()
+            self._count -= 1
+            if not stack:
+                del self._idle[(node, tp)]
+            if now - s.used <= self.idle_s:
+                return s
+        return RangeSession(FetchSessionHandler(node))
+
+    def give(self, node: int, tp: TopicPartition, s: RangeSession, now: float) -> None:
+        if s.handler.in_flight:
+            return  # never reuse a session whose request did not end (the caller was cancelled)
+        s.used = now
+        self._idle.setdefault((node, tp), []).append(s)
+        self._count += 1
+        if self._count > self.max_idle:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        key, i = min(((k, i) for k, v in self._idle.items() for i in range(len(v))),
+                     key=lambda ki: self._idle[ki[0]][ki[1]].used)
+        del self._idle[key][i]
+        if not self._idle[key]:
+            del self._idle[key]
+        self._count -= 1
+
+
+_SESSIONS: weakref.WeakKeyDictionary[KafkaClient, RangeSessions] = weakref.WeakKeyDictionary()
+
+
+def range_sessions(client: KafkaClient) -> RangeSessions:
+    got = _SESSIONS.get(client)
+    if got is None:
+        got = _SESSIONS[client] = RangeSessions()
+    return got
+
+
+@dataclass
+class _Unchanged:
+    """An incremental answer without the partition: no records, the watermarks of the session's last answer."""
+
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    error_code: int = 0
+    records: bytes | None = None
+    aborted_transactions: Any = None
+
+
 async def _leader(client: KafkaClient, tp: TopicPartition, refresh: bool) -> int:
     return await client.leader_id(tp.topic, tp.partition, refresh=refresh)
 
 
 async def _fetch(client: KafkaClient, node: int, tp: TopicPartition, offset: int, isolation: int,
                  max_bytes: int, max_wait_ms: int = FETCH_WAIT_MS) -> Any:
-    """One sessionless full Fetch of ``tp`` from ``offset`` on a leased connection; the partition response.
-    (:func:`service.consumer.consumer.probe_fetch`: the main fetcher's version choice, v12 by name for
-    topics without ids and for brokers that answer zero topic ids.)"""
+    """One Fetch of ``tp`` from ``offset`` on a leased connection, through one of the client's range
+    sessions; the partition response. (:func:`service.consumer.consumer.probe_fetch`: the main fetcher's
+    version choice, v12 by name for topics without ids and for brokers that answer zero topic ids.)"""
     from service.consumer.consumer import probe_fetch
 
+    sessions = range_sessions(client)
+    loop = asyncio.get_running_loop()
+    rs = sessions.take(node, tp, loop.time())
+    incremental = not rs.handler.metadata.is_full
     parts = await probe_fetch(client, node, {tp: offset}, max_bytes=max_bytes, isolation=isolation,
                               max_wait_ms=max_wait_ms, leader_epochs=True, lease=True,
-                              request_max_bytes=max_bytes)
+                              request_max_bytes=max_bytes, session=rs.handler)
     part = parts.get(tp)
     if part is None:
-        raise KafkaError(f"Fetch: no answer for {tp.topic}-{tp.partition}", retriable=True)
+        if not (incremental and rs.watermarks is not None):
+            raise KafkaError(f"Fetch: no answer for {tp.topic}-{tp.partition}", retriable=True)
+        part = _Unchanged(*rs.watermarks)  # an incremental answer leaves out a partition with nothing new
+    elif not part.error_code:
+        rs.watermarks = (part.high_watermark, part.last_stable_offset, part.log_start_offset)
+    sessions.give(node, tp, rs, loop.time())
     return part
 
 

@@ -39,6 +39,9 @@ def spark() -> Iterator[Any]:
         yield s
     finally:
         s.stop()
+        from sink.jvm import finish_recording
+
+        finish_recording()  # stores the JVM class-data archive if this session recorded it
 
 
 @pytest.fixture

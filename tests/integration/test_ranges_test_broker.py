@@ -13,9 +13,10 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import probe_fetch
-from service.fetch.ranges import read_page
+from service.fetch.ranges import RangeSessions, range_sessions, read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.fetch.session import ZERO_UUID
+from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
 from service.subscription import TopicPartition
 from tests.broker import TestCluster
@@ -156,3 +157,75 @@ async def test_zero_topic_ids_in_v13_answers_fall_back_to_fetch_v12() -> None:
             assert set(fetch_versions(cluster, since=seq + 1)) == {12}
         finally:
             await client.close()
+
+
+async def test_sequential_pages_go_through_one_incremental_fetch_session() -> None:
+    """A reader's pages share one KIP-227 session: one full request, then incremental ones; an answer that
+    leaves the partition out (at the end, nothing new) still gives the page its end; a session the broker
+    evicted mid-read is replaced by a full request and the read stays exact; concurrent readers of one
+    partition use sessions of their own."""
+    async with TestCluster(topics={"t": 1}) as cluster:
+        write_interleaved_transactions(cluster)
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            values, pages = await read_loop(client, READ_COMMITTED, 1)
+            assert values == COMMITTED and len(pages) > 5
+            st = cluster.fetch_session_stats()
+            assert st.created == 1 and st.full == 1 and st.incremental >= len(pages) - 1 and st.sessionless == 0
+            assert len(range_sessions(client)) == 1
+
+            # at the end nothing is new: the incremental answer leaves the partition out
+            page = await read_page(client, TP, 18, None)
+            assert page.records == [] and page.done and page.end_offset == 18 and page.high_watermark == 18
+            assert cluster.fetch_session_stats().created == 1
+
+            # evicted between pages: the next page is full again (one FETCH_SESSION_ID_NOT_FOUND), still exact
+            pos, got = 0, []
+            for i in range(100):
+                if i == 2:
+                    assert cluster.expire_fetch_sessions() == 1
+                p = await read_page(client, TP, pos, None, max_bytes=1)
+                got += [r.value for r in p.records]
+                pos = p.next_offset
+                if p.done:
+                    break
+            assert got == COMMITTED
+            st = cluster.fetch_session_stats()
+            assert st.created == 2 and st.errors[EC.FETCH_SESSION_ID_NOT_FOUND] == 1
+
+            # two concurrent readers of one partition: two sessions, both exact
+            a, b = await asyncio.gather(read_loop(client, READ_COMMITTED, 1), read_loop(client, READ_UNCOMMITTED, 1))
+            assert a[0] == COMMITTED and b[0] == EVERYTHING
+            assert len(range_sessions(client)) == 2
+        finally:
+            await client.close()
+
+
+async def test_brokers_without_fetch_sessions_get_full_requests() -> None:
+    async with TestCluster(topics={"t": 1}, fetch_sessions=False) as cluster:
+        write_interleaved_transactions(cluster)
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            values, pages = await read_loop(client, READ_COMMITTED, 1)
+            assert values == COMMITTED
+            st = cluster.fetch_session_stats()
+            assert st.created == 0 and st.incremental == 0
+        finally:
+            await client.close()
+
+
+def test_idle_range_sessions_are_bounded_and_expire() -> None:
+    sessions = RangeSessions(max_idle=3, idle_s=10.0)
+    tps = [TopicPartition("t", p) for p in range(5)]
+    taken = [sessions.take(1, tp, 0.0) for tp in tps]
+    assert len({id(s) for s in taken}) == 5 and len(sessions) == 0
+    for i, (tp, s) in enumerate(zip(tps, taken, strict=True)):
+        sessions.give(1, tp, s, float(i))
+    assert len(sessions) == 3  # the two least recently used were dropped
+    assert sessions.take(1, tps[0], 5.0) is not taken[0]  # dropped: a new one
+    assert sessions.take(1, tps[4], 5.0) is taken[4]  # kept: the same session again
+    assert sessions.take(1, tps[2], 20.0) is not taken[2]  # idle too long: a new one
+    s = sessions.take(1, tps[1], 0.0)
+    s.handler.builder().build()  # a request went out and never ended (a cancelled page)
+    sessions.give(1, tps[1], s, 1.0)
+    assert sessions.take(1, tps[1], 1.0) is not s

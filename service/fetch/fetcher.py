@@ -1,10 +1,18 @@
 """The asyncio fetcher of one consumer: one fetch session and at most one in-flight fetch per leader.
 
-Each round it groups the consumer's fetchable partitions (assigned, positioned, not paused, nothing
-buffered) by leader, and for every leader without an in-flight fetch builds a request through that
-broker's :class:`FetchSessionHandler`. Responses are decoded, filtered (read_committed) and buffered
-as :class:`CompletedFetch` objects until ``poll`` drains them; the buffer is bounded in bytes, so a
-slow owner pauses fetching (never heartbeats).
+Each round it groups the consumer's fetchable partitions (assigned, positioned, not paused) by leader,
+and for every leader without an in-flight fetch builds a request through that broker's
+:class:`FetchSessionHandler`. Responses are decoded, filtered (read_committed) and buffered as
+:class:`CompletedFetch` objects until ``poll`` drains them; the buffer is bounded in bytes
+(``prefetch_max_bytes``), so a slow owner pauses fetching (never heartbeats).
+
+Pipelining: while the owner is polling (a poll in progress or ended within ``active_linger_s``), a
+partition that still has buffered records is fetched again from the end of its buffer (the last
+buffered fetch's next offset), so the next response is on its way while polls drain the current one and
+a poll rarely finds the buffer empty; each partition's buffered fetches form a chain (each one's fetch
+offset is the previous one's next offset) that polls consume in order. An owner that stops polling gets
+the Java consumer's behaviour (KAFKA-17182): a leader with any partition still buffered is not fetched
+from until the buffer is drained, so an idle consumer holding records costs the broker nothing.
 """
 
 from __future__ import annotations
@@ -323,13 +331,27 @@ class Fetcher:
         finally:
             wake.cancel()
 
+    def pipelining(self) -> bool:
+        """Fetch ahead of the buffer (see the module docstring): while the owner is polling."""
+        return self.polling > 0 or time.monotonic() - self.last_poll_end < self.config.active_linger_s
+
+    def fetch_offset(self, tp: TopicPartition) -> int | None:
+        """Where the next fetch of ``tp`` starts: the end of its buffered records, else its position."""
+        q = self.buffer.get(tp)
+        if q:
+            return q[-1].next_offset
+        st = self.subs.assignment.get(tp)
+        return None if st is None else st.position
+
     def _fetchable_by_leader(self) -> dict[int, list[TopicPartition]]:
-        """Partitions to fetch, by leader. A leader with any partition still buffered (not yet handed to
-        the owner) is skipped this round, as the Java consumer does since KAFKA-17182: leaving such a
-        partition out would remove it from the fetch session and re-add it on the next round."""
+        """Partitions to fetch, by leader. Unless pipelining, a leader with any partition still buffered
+        (not yet handed to the owner) is skipped this round, as the Java consumer does since KAFKA-17182:
+        leaving such a partition out would remove it from the fetch session and re-add it on the next
+        round. When pipelining, buffered partitions are fetched from the end of their buffer."""
         md = self.client.metadata
         out: dict[int, list[TopicPartition]] = {}
         busy: set[int] = set()
+        ahead = self.pipelining()
         fetchable = self.subs.fetchable()
         if fetchable:
             # rotate so that no partition is always last in line (brokers fill responses in order)
@@ -341,7 +363,7 @@ class Fetcher:
             if leader is None:
                 self.client.invalidate(tp.topic)
                 continue
-            if self.has_buffered(tp):
+            if not ahead and self.has_buffered(tp):
                 busy.add(leader)
                 continue
             if tp in self.errors:
@@ -397,12 +419,12 @@ class Fetcher:
         md = self.client.metadata
         builder = handler.builder()
         for tp in tps:
-            st = self.subs.assignment.get(tp)
-            if st is None or st.position is None:
+            offset = self.fetch_offset(tp)
+            if offset is None:
                 continue
             builder.add(FetchPartitionData(
                 topic=tp.topic, topic_id=md.topic_id(tp.topic), partition=tp.partition,
-                fetch_offset=st.position, log_start_offset=-1, partition_max_bytes=cfg.partition_max_bytes,
+                fetch_offset=offset, log_start_offset=-1, partition_max_bytes=cfg.partition_max_bytes,
                 current_leader_epoch=md.leader_epoch(tp.topic, tp.partition),
                 last_fetched_epoch=-1,
             ))
@@ -463,8 +485,8 @@ class Fetcher:
     def _handle_partition(self, tp: TopicPartition, part: Any, fetch_offset: int | None) -> None:
         subs = self.subs
         st = subs.assignment.get(tp)
-        if st is None or fetch_offset is None or st.position != fetch_offset or self.has_buffered(tp):
-            return  # revoked, seeked or already buffered meanwhile: ignore
+        if st is None or fetch_offset is None or self.fetch_offset(tp) != fetch_offset:
+            return  # revoked, seeked, or the buffer / position moved meanwhile: ignore
         code = part.error_code
         if code:
             self._partition_error(tp, code)
@@ -507,8 +529,12 @@ class Fetcher:
             return
         size = len(raw)
         cf = CompletedFetch(tp, fetch_offset, res.records, res.next_offset, size, leader_epoch=res.last_epoch)
-        if not res.records:
-            subs.advance(tp, res.next_offset)  # only control/aborted batches: move past them
+        if not res.records:  # only control/aborted batches: move past them
+            q = self.buffer.get(tp)
+            if q:
+                q[-1].next_offset = res.next_offset  # fetched ahead: the buffered chain ends further on
+            else:
+                subs.advance(tp, res.next_offset)
             return
         self.buffer.setdefault(tp, deque()).append(cf)
         self._account(size)

@@ -156,6 +156,49 @@ async def test_buffered_partitions_stay_in_the_session() -> None:
         assert [r.value for r in await consume(consumer, 1)] == [b"buffered"]
 
 
+async def test_polling_consumer_fetches_ahead_of_its_buffer() -> None:
+    """Pipelining: right after a poll left records buffered, the next fetch of that partition starts at the
+    end of the buffer (not at the position, and without waiting for the buffer to drain), inside the same
+    session; polls then deliver every record once, in order, across the chained buffers."""
+    async with TestCluster(topics={"t": 2}) as cluster, consumer_for(cluster) as consumer:
+        cluster.append("t", 0, [b"a0", b"a1", b"a2"])  # one batch: offsets 0-2
+        await consumer.assign([TP("t", 0), TP("t", 1)])
+        got = [r.value for r in await consumer.poll(max_records=1, timeout=10)]
+        assert got == [b"a0"]  # a1, a2 stay buffered
+        cluster.append("t", 0, [b"b3", b"b4"])  # offsets 3-4, written after the first fetch
+        cluster.append("t", 0, [b"c5"])  # offset 5: control-free, own batch
+        e = await cluster.wait_for_requests(ApiKey.FETCH, where=lambda e: e.request is not None and sent(e).get(0) == 3,
+                                          timeout=5.0)
+        assert e  # fetched from the buffer's end (3) while a1, a2 (1-2) were still buffered
+        assert await consumer.position(TP("t", 0)) == 1  # nothing more was delivered meanwhile
+        while len(got) < 6:
+            got += [r.value for r in await consumer.poll(max_records=1, timeout=10)]
+        assert got == [b"a0", b"a1", b"a2", b"b3", b"b4", b"c5"]
+        assert await consumer.position(TP("t", 0)) == 6
+        assert all(forgotten(x) == [] for x in fetches(cluster))  # the session never dropped a partition
+        assert cluster.fetch_session_stats().created == 1
+
+
+async def test_fetching_ahead_past_an_aborted_transaction_extends_the_buffered_chain() -> None:
+    """A fetch ahead of the buffer that brings only an aborted transaction and its marker moves the end of
+    the buffered chain (not the position, which still points at undelivered records), so the next fetch
+    starts after the marker and the position later steps over the transaction."""
+    async with TestCluster(topics={"t": 1}) as cluster, consumer_for(cluster, isolation_level="read_committed") as consumer:
+        cluster.append("t", 0, [b"a0", b"a1", b"a2"])
+        await consumer.assign([TP("t", 0)])
+        assert [r.value for r in await consumer.poll(max_records=1, timeout=10)] == [b"a0"]
+        cluster.append_txn("t", 0, [b"aborted"], producer_id=5)  # offset 3
+        cluster.end_txn("t", 0, 5, commit=False)  # marker at 4
+        await cluster.wait_for_requests(ApiKey.FETCH, where=lambda e: e.request is not None and sent(e).get(0) == 5,
+                                        timeout=5.0)
+        assert await consumer.position(TP("t", 0)) == 1
+        cluster.append("t", 0, [b"d5"])
+        got: list[bytes] = []
+        while len(got) < 3:
+            got += [r.value for r in await consumer.poll(max_records=1, timeout=10)]
+        assert got == [b"a1", b"a2", b"d5"] and await consumer.position(TP("t", 0)) == 6
+
+
 async def test_consumer_stays_on_full_fetches_without_sessions() -> None:
     async with TestCluster(topics={"t": 2}, fetch_sessions=False) as cluster, consumer_for(cluster) as consumer:
         vals = fill(cluster, "t", 1, 3)

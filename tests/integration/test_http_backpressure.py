@@ -40,7 +40,8 @@ PREFETCH = 64 * 1024
 SESSION_MS = 6000
 STALL_S = 2 * SESSION_MS / 1000  # the wall-clock stall is what this test is about
 # Tansu 0.6.0 answers a Fetch with up to ~6 MB (measured: 5,940 records of 1 kB, 1,494 of 4 kB), whatever
-# partition_max_bytes (1 MiB) says; with one broker the fetcher has at most one response buffered at a time.
+# partition_max_bytes (1 MiB) says; the fetcher sends a fetch only while less than the prefetch bound is
+# buffered, with one in flight per broker, so the buffer peaks below the bound plus one response.
 FETCH_RESPONSE_MAX = 8 * 1024 * 1024
 
 

@@ -51,14 +51,15 @@ class LightEvent:
             if not self._waiters:
                 self._waiters = None
 
-    async def wait_timeout(self, timeout: float) -> bool:
+    async def wait_timeout(self, timeout: float, loop: asyncio.AbstractEventLoop | None = None) -> bool:
         """Wait until set or ``timeout`` seconds passed; True if set. A plain timer resolves the waiter's
         future (no task cancellation and no exceptions on expiry, unlike ``asyncio.timeout``): thousands
         of idle members pause between heartbeats with it, and an expiring ``asyncio.timeout`` costs
         several times more than the wake-up itself."""
         if self._value:
             return True
-        loop = asyncio.get_running_loop()
+        if loop is None:
+            loop = asyncio.get_running_loop()  # callers on a hot path pass theirs (this is a getpid() on 3.11)
         fut: asyncio.Future[bool] = loop.create_future()
         if self._waiters is None:
             self._waiters = []

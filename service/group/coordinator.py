@@ -131,6 +131,7 @@ class GroupCoordinator:
         self.polls_in_progress = 0
         self._coord_lock = asyncio.Lock()
         self._wake = LightEvent()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when the membership task starts
         self._stable = LightEvent()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -284,6 +285,7 @@ class GroupCoordinator:
     # -- the membership loop -------------------------------------------------------------------------
     async def _run(self) -> None:
         failures = 0  # consecutive unexpected errors: the restart backoff doubles with each
+        self._loop = asyncio.get_running_loop()
         while not self._closing:
             try:
                 await self._tick()
@@ -314,7 +316,7 @@ class GroupCoordinator:
                 await self._pause(min(5.0, max(self.retry_backoff, 0.05) * 2 ** min(failures - 1, 10)))
 
     async def _pause(self, seconds: float) -> None:
-        await wait_event(self._wake, seconds)
+        await wait_event(self._wake, seconds, self._loop)
         self._wake.clear()
 
     async def _tick(self) -> None:
@@ -351,7 +353,7 @@ class GroupCoordinator:
         if step.action is Action.OK:
             # up to 20% early, at random: members that joined together (a whole group, a gateway's
             # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds
-            await self._pause(on_tick(asyncio.get_running_loop().time(),
+            await self._pause(on_tick((self._loop or asyncio.get_running_loop()).time(),
                                       self.heartbeat_interval * (1.0 - 0.2 * random.random())))
         elif step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
+import weakref
 
 
 class LightEvent:
@@ -73,8 +76,93 @@ class LightEvent:
             if not self._waiters:
                 self._waiters = None
 
+    async def wait_tick(self, when: float, ticks: TickTimers) -> bool:
+        """Wait until set or until the tick of ``ticks`` at or after loop time ``when``; True if set. Like
+        :meth:`wait_timeout` but without a loop timer of its own (see :class:`TickTimers`)."""
+        if self._value:
+            return True
+        fut: asyncio.Future[bool] = ticks.loop.create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(fut)
+        ticks.add(fut, when)
+        try:
+            return await fut
+        finally:
+            self._waiters.remove(fut)
+            if not self._waiters:
+                self._waiters = None
+
     def __repr__(self) -> str:
         return f"<LightEvent {'set' if self._value else 'unset'}, waiters: {len(self._waiters or ())}>"
+
+
+class TickTimers:
+    """Many waiters woken on a shared grid of ``tick`` seconds of one loop's clock, by one loop timer.
+
+    Ten thousand idle consumer members each pause between heartbeats; with a loop timer each, every
+    heartbeat pays a timer's creation, its insertion into and removal from the loop's timer heap (ten
+    thousand entries, cold in the CPU caches) and its cancellation. Here a pause is a future appended to
+    the list of its tick (the first multiple of ``tick`` at or after its deadline) and the loop has one timer
+    armed, for the earliest tick; when it fires, every future of the due ticks that is not done yet gets
+    ``False``. Waiters that ended early (their event was set) are left in their list, done, and skipped.
+    Deadlines are rounded up by less than ``tick``, so the heartbeats of many members leave together (one
+    write() per broker connection)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick: float) -> None:
+        self.loop = loop
+        self.tick = tick
+        self._buckets: dict[int, list[asyncio.Future[bool]]] = {}
+        self._heap: list[int] = []  # the ticks that have a bucket
+        self._armed: int | None = None  # the tick the loop timer is set for
+        self._handle: asyncio.TimerHandle | None = None
+        self.fired = 0  # timer callbacks so far (tests, metrics)
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())
+
+    def add(self, fut: asyncio.Future[bool], when: float) -> None:
+        k = math.ceil(when / self.tick - 1e-9)
+        bucket = self._buckets.get(k)
+        if bucket is None:
+            bucket = self._buckets[k] = []
+            heapq.heappush(self._heap, k)
+            if self._armed is None or k < self._armed:
+                self._arm(k)
+        bucket.append(fut)
+
+    def _arm(self, k: int) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed = k
+        self._handle = self.loop.call_at(k * self.tick, self._fire)
+
+    def _fire(self) -> None:
+        self.fired += 1
+        self._handle = None
+        due = max(self._armed if self._armed is not None else 0, math.floor(self.loop.time() / self.tick + 1e-9))
+        self._armed = None
+        heap = self._heap
+        while heap and heap[0] <= due:
+            for fut in self._buckets.pop(heapq.heappop(heap)):
+                if not fut.done():
+                    fut.set_result(False)
+        if heap:
+            self._arm(heap[0])
+
+
+_TICKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, TickTimers]] = weakref.WeakKeyDictionary()
+
+
+def tick_timers(loop: asyncio.AbstractEventLoop, tick: float) -> TickTimers:
+    """The loop's shared :class:`TickTimers` of ``tick`` seconds."""
+    per_loop = _TICKS.get(loop)
+    if per_loop is None:
+        per_loop = _TICKS[loop] = {}
+    t = per_loop.get(tick)
+    if t is None:
+        t = per_loop[tick] = TickTimers(loop, tick)
+    return t
 
 
 def _expire(fut: asyncio.Future[bool]) -> None:

@@ -4,7 +4,7 @@ A local Spark JVM loads and verifies some twenty thousand classes before and dur
 Java 13+ can record the classes an application loaded into a *dynamic CDS archive* when it exits
 (``-XX:ArchiveClassesAtExit``) and map that archive at the next start (``-XX:SharedArchiveFile``), which
 skips parsing and verifying them. Measured with ``bench/sink.py``-sized runs (1M records, local[2], 2 cores):
-session start 7–8 s → 4–5 s and the first run 11.5–13 s → 9–10 s; steady-state runs are unchanged.
+session start 7-8 s -> 4-5 s and the first run 11.5-13 s -> 9-10 s; steady-state runs are unchanged.
 
 The archive lives in a cache directory (``$SINK_CLASS_CACHE``, default
 ``${XDG_CACHE_HOME:-~/.cache}/kafka-consumer-gateway/spark-cds``; ``SINK_CLASS_CACHE=off`` disables it), one

@@ -6,8 +6,8 @@ they are sent (small ones coalesced per event-loop iteration); the transport's p
 (:class:`_KafkaProtocol`) cuts the incoming bytes into frames and resolves each waiter by correlation id
 straight from the transport's read callback (no reader task, no StreamReader: one event-loop hop less per
 response, which is most of an idle heartbeat's cost). When the socket breaks, every pending request fails
-at once with a retriable :class:`KafkaConnectionError`. Request timeouts are plain timers on the waiter's
-future (no task cancellation), and the loop is looked up once per connection (on Python 3.11
+at once with a retriable :class:`KafkaConnectionError`. Request timeouts are checked by one sweep per
+connection every 100 ms while requests are pending (no timer per request, no task cancellation), and the loop is looked up once per connection (on Python 3.11
 ``asyncio.get_running_loop()`` is a ``getpid()`` system call).
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import ssl
 import struct
 import time
@@ -91,14 +92,13 @@ class _Pending:
     version: int
     future: asyncio.Future[Any]
     raw: bool
+    deadline: float = math.inf  # loop time
 
 
-_TIMED_OUT = object()  # what a request's timer puts into its future
-
-
-def _time_out(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_result(_TIMED_OUT)
+_TIMED_OUT = object()  # what the timeout sweep puts into an expired request's future
+# Request timeouts are checked by one sweep per connection every TIMEOUT_SWEEP_S while requests are
+# pending (not a timer per request): a timeout fires up to this much late.
+TIMEOUT_SWEEP_S = 0.1
 
 
 class _KafkaProtocol(asyncio.Protocol):
@@ -197,6 +197,7 @@ class BrokerConnection:
         # Small frames written in the same event-loop iteration leave in one write() (see _write)
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
+        self._sweep_handle: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"BrokerConnection(node={self.node_id}, {self.host}:{self.port})"
@@ -339,15 +340,15 @@ class BrokerConnection:
         frame = frames.encode_request(req, version, corr, self.config.client_id)
         api_key = frames.api_key_of(req)
         fut: asyncio.Future[Any] = loop.create_future()
-        self._pending[corr] = _Pending(api_key, version, fut, raw)
+        seconds = timeout if timeout is not None else self.config.request_timeout
+        self._pending[corr] = _Pending(api_key, version, fut, raw, loop.time() + seconds)
+        if self._sweep_handle is None:
+            self._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, self._sweep)
         self._write(frame)
         self.bytes_sent += len(frame)
-        seconds = timeout if timeout is not None else self.config.request_timeout
-        timer = None
         try:
             if self._protocol is not None and self._protocol.paused:
                 await self._drain()
-            timer = loop.call_later(seconds, _time_out, fut)
             result = await fut
         except (ConnectionError, OSError) as exc:
             self._pending.pop(corr, None)
@@ -355,15 +356,28 @@ class BrokerConnection:
             self._fail(err)
             raise err from exc
         finally:
-            if timer is not None:
-                timer.cancel()
             if not fut.done():
                 fut.cancel()
         if result is _TIMED_OUT:
-            self._pending.pop(corr, None)
             raise RequestTimeoutError(f"{type(req).__name__} v{version} to {self.address} timed out after "
                                       f"{seconds:.1f}s")
         return result
+
+    def _sweep(self) -> None:
+        """Expire the pending requests whose deadline passed; again in TIMEOUT_SWEEP_S while any remain."""
+        self._sweep_handle = None
+        pending = self._pending
+        if not pending or self._closed:
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        now = loop.time()
+        expired = [corr for corr, p in pending.items() if p.deadline <= now or p.future.done()]
+        for corr in expired:
+            p = pending.pop(corr)
+            if not p.future.done():
+                p.future.set_result(_TIMED_OUT)  # its answer, should it come, is dropped
+        if pending:
+            self._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, self._sweep)
 
     async def _drain(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark (a slow broker)."""
@@ -423,6 +437,9 @@ class BrokerConnection:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
         pending, self._pending = self._pending, {}
         for p in pending.values():
             if not p.future.done():

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.aio import LightEvent
+from service.aio import LightEvent, tick_timers
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
@@ -87,11 +86,6 @@ FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
 HEARTBEAT_TICK_S = 0.02
 
 
-def on_tick(now: float, delay: float, tick: float = HEARTBEAT_TICK_S) -> float:
-    """``delay`` stretched (by less than ``tick``) so that it ends on a multiple of ``tick`` of the loop
-    clock: the heartbeats of many members then fall due in the same event-loop iteration and leave
-    together, in one write() per broker connection (BrokerConnection._write)."""
-    return math.ceil((now + delay) / tick) * tick - now
 
 
 class GroupCoordinator:
@@ -352,9 +346,13 @@ class GroupCoordinator:
         step = m.on_heartbeat_response(resp)
         if step.action is Action.OK:
             # up to 20% early, at random: members that joined together (a whole group, a gateway's
-            # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds
-            await self._pause(on_tick((self._loop or asyncio.get_running_loop()).time(),
-                                      self.heartbeat_interval * (1.0 - 0.2 * random.random())))
+            # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds.
+            # The pause ends on the loop's shared heartbeat tick (no timer per member; the heartbeats of a
+            # tick leave together, in one write() per broker connection).
+            loop = self._loop or asyncio.get_running_loop()
+            await self._wake.wait_tick(loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()),
+                                       tick_timers(loop, HEARTBEAT_TICK_S))
+            self._wake.clear()
         elif step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")
         elif step.action is Action.RETRY:

@@ -206,7 +206,7 @@ async def test_brokers_without_fetch_sessions_get_full_requests() -> None:
         write_interleaved_transactions(cluster)
         client = KafkaClient(cluster.bootstrap_servers)
         try:
-            values, pages = await read_loop(client, READ_COMMITTED, 1)
+            values, _ = await read_loop(client, READ_COMMITTED, 1)
             assert values == COMMITTED
             st = cluster.fetch_session_stats()
             assert st.created == 0 and st.incremental == 0

@@ -137,7 +137,7 @@ def main() -> None:
         print(f"produced {n:,} x 100 B into {a.partitions} partitions in {time.perf_counter() - t:.1f} s", flush=True)
 
         gw, url = start_gateway(broker.bootstrap, tmp / "gw.log")
-        from sink.cli import build_session
+        from sink.cli import build_session, stop_session
 
         t = time.perf_counter()
         spark = build_session()
@@ -162,10 +162,7 @@ def main() -> None:
                 js = spark_run(spark, url, topic, tmp / "json", n, a.max_offsets_per_task, fmt="json")
                 print(f"spark json (warm): {js['seconds']:6.1f} s {js['rows_per_s']:>10,} rows/s", flush=True)
         finally:
-            spark.stop()
-            from sink.jvm import finish_recording
-
-            finish_recording()
+            stop_session(spark)
         summary = {
             "records": n, "partitions": a.partitions, "max_offsets_per_task": a.max_offsets_per_task,
             "spark_session_start_s": round(session_s, 1),

@@ -42,13 +42,16 @@ class LightEvent:
     async def wait(self) -> bool:
         if self._value:
             return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await self._park(asyncio.get_running_loop().create_future())
+        return True
+
+    async def _park(self, fut: asyncio.Future[bool]) -> bool:
+        """Wait on ``fut`` as one of this event's waiters (``set`` resolves it with True)."""
         if self._waiters is None:
             self._waiters = []
         self._waiters.append(fut)
         try:
-            await fut
-            return True
+            return await fut
         finally:
             self._waiters.remove(fut)
             if not self._waiters:
@@ -64,17 +67,11 @@ class LightEvent:
         if loop is None:
             loop = asyncio.get_running_loop()  # callers on a hot path pass theirs (this is a getpid() on 3.11)
         fut: asyncio.Future[bool] = loop.create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(fut)
         timer = loop.call_later(max(0.0, timeout), _expire, fut)
         try:
-            return await fut
+            return await self._park(fut)
         finally:
             timer.cancel()
-            self._waiters.remove(fut)
-            if not self._waiters:
-                self._waiters = None
 
     async def wait_tick(self, when: float, ticks: TickTimers) -> bool:
         """Wait until set or until the tick of ``ticks`` at or after loop time ``when``; True if set. Like
@@ -82,16 +79,8 @@ class LightEvent:
         if self._value:
             return True
         fut: asyncio.Future[bool] = ticks.loop.create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(fut)
         ticks.add(fut, when)
-        try:
-            return await fut
-        finally:
-            self._waiters.remove(fut)
-            if not self._waiters:
-                self._waiters = None
+        return await self._park(fut)
 
     def __repr__(self) -> str:
         return f"<LightEvent {'set' if self._value else 'unset'}, waiters: {len(self._waiters or ())}>"

@@ -80,6 +80,15 @@ def build_session(master: str = "local[2]", driver_memory: str = "2g", app_name:
     return spark
 
 
+def stop_session(spark: Any) -> None:
+    """Stop a session from :func:`build_session`; if its JVM recorded the class-data archive, end the JVM so
+    that the archive is written and stored (``sink.jvm.finish_recording``; a no-op otherwise)."""
+    spark.stop()
+    from sink.jvm import finish_recording
+
+    finish_recording()
+
+
 def preflight(gateway: str, topics: list[str], api_key: str | None) -> None:
     """Fail before Spark starts (nothing written) if the gateway or a topic is not there."""
     http = GatewayHTTP(gateway, api_key)
@@ -223,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the sink failed: {clean_error(e)}", file=sys.stderr, flush=True)
         return 1
     finally:
-        spark.stop()
-        from sink.jvm import finish_recording
-
-        finish_recording()  # a no-op unless this run recorded the JVM's class-data archive
+        stop_session(spark)
     print(f"done: {summary['batches']} batches, {summary['rows']} rows in {summary['seconds']} s "
           f"({summary['rows_per_s']} rows/s), lag {summary['lag']}", flush=True)
     return 0

@@ -7,8 +7,9 @@ they are sent (small ones coalesced per event-loop iteration); the transport's p
 straight from the transport's read callback (no reader task, no StreamReader: one event-loop hop less per
 response, which is most of an idle heartbeat's cost). When the socket breaks, every pending request fails
 at once with a retriable :class:`KafkaConnectionError`. Request timeouts are checked by one sweep per
-connection every 100 ms while requests are pending (no timer per request, no task cancellation), and the loop is looked up once per connection (on Python 3.11
-``asyncio.get_running_loop()`` is a ``getpid()`` system call).
+connection every 100 ms while requests are pending (no timer per request, no task cancellation), and the
+loop is looked up once per connection (on Python 3.11 ``asyncio.get_running_loop()`` is a ``getpid()``
+system call).
 """
 
 from __future__ import annotations

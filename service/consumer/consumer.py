@@ -69,8 +69,8 @@ _NAMES_ONLY: weakref.WeakKeyDictionary[KafkaClient, set[int]] = weakref.WeakKeyD
 async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
                       isolation: int, max_wait_ms: int = 5, leader_epochs: bool = False, lease: bool = False,
                       request_max_bytes: int = 0x7FFFFFFF, session: Any = None) -> dict[TopicPartition, Any]:
-    """A one-off sessionless Fetch (max wait 5 ms) of ``offsets`` from broker ``node``; partition responses
-    by partition. Their high watermark and last stable offset are right on every broker (Tansu's
+    """A one-off Fetch (max wait 5 ms; sessionless unless ``session`` is given) of ``offsets`` from broker
+    ``node``; partition responses by partition. Their high watermark and last stable offset are right on every broker (Tansu's
     ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py, and the
     offset-range reads of service/fetch/ranges.py fetch records with it: ``leader_epochs`` sends the
     partitions' current leader epochs, ``lease`` takes an exclusive connection so the fetch never waits

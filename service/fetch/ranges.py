@@ -19,8 +19,10 @@ concurrent readers of one partition use two sessions, as epochs must follow each
 a sequential reader is then an incremental request; an incremental answer that leaves the partition out
 (nothing new, nothing changed) reads as an empty answer with the partition's last known watermarks, and a
 session the broker no longer knows is replaced by a full request at once. Brokers without sessions
-(Tansu answers session id 0) get full requests, as before. Records are filtered by the pure :func:`service.fetch.read_committed.filter_batches` with the
-Fetch response's aborted transactions (the ABORT/COMMIT control batches are skipped), cut at ``end``, and
+(Tansu answers session id 0) get full requests, as before.
+
+Records are filtered by the pure :func:`service.fetch.read_committed.filter_batches` with the Fetch
+response's aborted transactions (the ABORT/COMMIT control batches are skipped), cut at ``end``, and
 trimmed to about ``max_bytes`` of keys + values (at least one record). A fetch that yields only control or
 aborted batches is followed by another (up to :data:`MAX_ROUNDS`), so an empty page with ``next_offset <
 end_offset`` is rare but legal. A fetch that brings nothing at all below ``end`` (a busy Tansu answers
@@ -52,6 +54,7 @@ from typing import Any
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
+from service.fetch.session import FetchSessionHandler
 from service.gateway import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol.records import Record, decode_records
@@ -162,7 +165,7 @@ class RangeSession:
     """A one-partition fetch session of a range reader and the partition's watermarks from its last answer
     (for an incremental answer that leaves the partition out)."""
 
-    handler: Any
+    handler: FetchSessionHandler
     watermarks: tuple[int, int, int] | None = None  # high watermark, last stable offset, log start
     used: float = 0.0
 
@@ -179,8 +182,6 @@ class RangeSessions:
         return self._count
 
     def take(self, node: int, tp: TopicPartition, now: float) -> RangeSession:
-        from service.fetch.session import FetchSessionHandler
-
         stack = self._idle.get((node, tp))
         while stack:
             s = stack.pop()

@@ -83,9 +83,7 @@ FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
 FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
 
 
-HEARTBEAT_TICK_S = 0.02
-
-
+HEARTBEAT_TICK_S = 0.02  # heartbeat pauses end on this grid (service.aio.TickTimers)
 
 
 class GroupCoordinator:

@@ -32,16 +32,13 @@ async def http(gw: GatewayProcess) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     """One local Spark session per test module (the sink tests; needs the ``spark`` extra)."""
-    from sink.cli import build_session
+    from sink.cli import build_session, stop_session
 
     s = build_session()
     try:
         yield s
     finally:
-        s.stop()
-        from sink.jvm import finish_recording
-
-        finish_recording()  # stores the JVM class-data archive if this session recorded it
+        stop_session(s)  # also stores the JVM class-data archive if this session recorded it
 
 
 @pytest.fixture

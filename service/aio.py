@@ -6,6 +6,15 @@ import asyncio
 import heapq
 import math
 import weakref
+from typing import Protocol
+
+
+class Waiter(Protocol):
+    """What TickTimers wakes: an asyncio future, or anything with the same done() and set_result()."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: bool, /) -> None: ...
 
 
 class LightEvent:
@@ -73,15 +82,6 @@ class LightEvent:
         finally:
             timer.cancel()
 
-    async def wait_tick(self, when: float, ticks: TickTimers) -> bool:
-        """Wait until set or until the tick of ``ticks`` at or after loop time ``when``; True if set. Like
-        :meth:`wait_timeout` but without a loop timer of its own (see :class:`TickTimers`)."""
-        if self._value:
-            return True
-        fut: asyncio.Future[bool] = ticks.loop.create_future()
-        ticks.add(fut, when)
-        return await self._park(fut)
-
     def __repr__(self) -> str:
         return f"<LightEvent {'set' if self._value else 'unset'}, waiters: {len(self._waiters or ())}>"
 
@@ -89,19 +89,20 @@ class LightEvent:
 class TickTimers:
     """Many waiters woken on a shared grid of ``tick`` seconds of one loop's clock, by one loop timer.
 
-    Ten thousand idle consumer members each pause between heartbeats; with a loop timer each, every
+    Ten thousand idle consumer members each heartbeat every few seconds; with a loop timer each, every
     heartbeat pays a timer's creation, its insertion into and removal from the loop's timer heap (ten
-    thousand entries, cold in the CPU caches) and its cancellation. Here a pause is a future appended to
-    the list of its tick (the first multiple of ``tick`` at or after its deadline) and the loop has one timer
-    armed, for the earliest tick; when it fires, every future of the due ticks that is not done yet gets
-    ``False``. Waiters that ended early (their event was set) are left in their list, done, and skipped.
-    Deadlines are rounded up by less than ``tick``, so the heartbeats of many members leave together (one
-    write() per broker connection)."""
+    thousand entries, cold in the CPU caches) and its cancellation. Here a waiter is appended to the list
+    of its tick (the first multiple of ``tick`` at or after its deadline) and the loop has one timer armed,
+    for the earliest tick; when it fires, every waiter of the due ticks that is not done yet gets
+    ``set_result(False)``. A waiter is a future or anything future-like with ``done()`` and
+    ``set_result()`` (the group coordinator's due heartbeats); waiters that ended early (done) are left in
+    their list and skipped. Deadlines are rounded up by less than ``tick``, so the heartbeats of many
+    members leave together (one write() per broker connection)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float) -> None:
         self.loop = loop
         self.tick = tick
-        self._buckets: dict[int, list[asyncio.Future[bool]]] = {}
+        self._buckets: dict[int, list[Waiter]] = {}
         self._heap: list[int] = []  # the ticks that have a bucket
         self._armed: int | None = None  # the tick the loop timer is set for
         self._handle: asyncio.TimerHandle | None = None
@@ -110,7 +111,7 @@ class TickTimers:
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
 
-    def add(self, fut: asyncio.Future[bool], when: float) -> None:
+    def add(self, fut: Waiter, when: float) -> None:
         k = math.ceil(when / self.tick - 1e-9)
         bucket = self._buckets.get(k)
         if bucket is None:

@@ -21,6 +21,7 @@ import math
 import ssl
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,12 +92,49 @@ class ConnectionConfig:
 class _Pending:
     api_key: int
     version: int
-    future: asyncio.Future[Any]
+    future: asyncio.Future[Any] | _Callback  # anything with done(), set_result() and set_exception()
     raw: bool
     deadline: float = math.inf  # loop time
 
 
 _TIMED_OUT = object()  # what the timeout sweep puts into an expired request's future
+
+
+class _Callback:
+    """The waiter of a request sent with :meth:`BrokerConnection.send_nowait`: future-like (done,
+    set_result, set_exception) so the read callback, the timeout sweep and a failing connection resolve
+    it like a future, but it calls ``on_done(response, error)`` at once instead of waking a task."""
+
+    __slots__ = ("_done", "on_done", "seconds", "what")
+
+    def __init__(self, on_done: Callable[[Any, BaseException | None], None], what: str, seconds: float) -> None:
+        self.on_done = on_done
+        self.what = what  # the request, for messages ("HeartbeatRequest v4 to host:port")
+        self.seconds = seconds  # its timeout
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        if result is _TIMED_OUT:
+            self._call(None, RequestTimeoutError(f"{self.what} timed out after {self.seconds:.1f}s"))
+        else:
+            self._call(result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._call(None, exc)
+
+    def _call(self, result: Any, exc: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.on_done(result, exc)
+        except Exception:  # it runs inside the transport's callbacks: never let it break the connection
+            log.exception("callback of %s failed", self.what)
+
+
 # Request timeouts are checked by one sweep per connection every TIMEOUT_SWEEP_S while requests are
 # pending (not a timer per request): a timeout fires up to this much late.
 TIMEOUT_SWEEP_S = 0.1
@@ -364,6 +402,28 @@ class BrokerConnection:
                                       f"{seconds:.1f}s")
         return result
 
+    def send_nowait(self, req: Struct, version: int, on_done: Callable[[Any, BaseException | None], None],
+                    timeout: float | None = None) -> None:
+        """Send ``req`` without a task waiting for it: ``on_done(response, None)`` is called from the read
+        callback when the answer arrives, ``on_done(None, error)`` when it cannot be sent, the connection
+        breaks, the answer does not decode or ``timeout`` (default: the request timeout) passes. For
+        small requests sent by the thousand (heartbeats of idle members): no future, no task wake-up.
+        The caller must not block in ``on_done``; it runs inside the transport's callbacks."""
+        if self._closed or self._writer is None:
+            on_done(None, self._close_reason or KafkaConnectionError(f"connection to {self.address} is closed"))
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        corr = self._next_corr
+        self._next_corr = (corr + 1) & 0x7FFFFFFF
+        frame = frames.encode_request(req, version, corr, self.config.client_id)
+        seconds = timeout if timeout is not None else self.config.request_timeout
+        waiter = _Callback(on_done, f"{type(req).__name__} v{version} to {self.address}", seconds)
+        self._pending[corr] = _Pending(frames.api_key_of(req), version, waiter, False, loop.time() + seconds)
+        if self._sweep_handle is None:
+            self._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, self._sweep)
+        self._write(frame)
+        self.bytes_sent += len(frame)
+
     def _sweep(self) -> None:
         """Expire the pending requests whose deadline passed; again in TIMEOUT_SWEEP_S while any remain."""
         self._sweep_handle = None
@@ -400,9 +460,11 @@ class BrokerConnection:
             p.future.set_result(payload)
             return
         try:
-            p.future.set_result(frames.decode_response(p.api_key, p.version, payload))
+            resp = frames.decode_response(p.api_key, p.version, payload)
         except KafkaProtocolError as exc:
             p.future.set_exception(exc)
+            return
+        p.future.set_result(resp)
 
     def _write(self, frame: bytes) -> None:
         """Queue a request frame; the frames queued during one event-loop iteration are written with one

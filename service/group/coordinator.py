@@ -20,9 +20,9 @@ from typing import Any
 
 from service.aio import LightEvent, tick_timers
 from service.client.client import KafkaClient
-from service.client.connection import wait_event
-from service.client.errors import BrokerResponseError, KafkaError, RequestTimeoutError
-from service.group.member import Action, GroupMember, MemberState
+from service.client.connection import BrokerConnection, wait_event
+from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.group.member import Action, GroupMember, MemberState, Step
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.subscription import TopicPartition
@@ -83,7 +83,24 @@ FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
 FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
 
 
-HEARTBEAT_TICK_S = 0.02  # heartbeat pauses end on this grid (service.aio.TickTimers)
+HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.aio.TickTimers)
+
+
+class _HeartbeatDue:
+    """A member's next heartbeat as an entry of the shared heartbeat ticks (future-like for TickTimers):
+    when its tick fires it sends the heartbeat, unless the member's task took over since (``epoch``)."""
+
+    __slots__ = ("coord", "epoch")
+
+    def __init__(self, coord: GroupCoordinator, epoch: int) -> None:
+        self.coord = coord
+        self.epoch = epoch
+
+    def done(self) -> bool:
+        return self.epoch != self.coord._hb_epoch
+
+    def set_result(self, _value: object) -> None:
+        self.coord._heartbeat_due()
 
 
 class GroupCoordinator:
@@ -135,6 +152,9 @@ class GroupCoordinator:
         #: the last error of the membership loop, cleared once the member is stable again
         self.last_error: KafkaError | None = None
         self._failed = LightEvent()  # set while a non-retriable error blocks membership
+        # heartbeats from callbacks (_drive_heartbeats): the current drive's number, and what ended it
+        self._hb_epoch = 0
+        self._hb_result: Step | BaseException | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -334,33 +354,116 @@ class GroupCoordinator:
             return
         if m.rejoin_needed or m.state is not MemberState.STABLE:
             self._stable.clear()
+            self._wake.clear()  # the join acts on the state of now: earlier wake-ups are answered by it
             await self._join(topics)
             return
-        # steady state: heartbeat
+        # Steady state: one heartbeat from this task (it finds the coordinator and connects when needed),
+        # then the next ones from callbacks (_drive_heartbeats) until something needs this task again.
         started = time.monotonic()
         resp = await self._send(m.heartbeat_request())
         self.heartbeat_latency = time.monotonic() - started
         self.heartbeats += 1
-        step = m.on_heartbeat_response(resp)
-        if step.action is Action.OK:
-            # up to 20% early, at random: members that joined together (a whole group, a gateway's
-            # worth of groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds.
-            # The pause ends on the loop's shared heartbeat tick (no timer per member; the heartbeats of a
-            # tick leave together, in one write() per broker connection).
-            loop = self._loop or asyncio.get_running_loop()
-            await self._wake.wait_tick(loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()),
-                                       tick_timers(loop, HEARTBEAT_TICK_S))
-            self._wake.clear()
-        elif step.action is Action.REDISCOVER:
+        step: Step | None = m.on_heartbeat_response(resp)
+        if step is not None and step.action is Action.OK:
+            step = await self._drive_heartbeats()
+        if step is not None:
+            await self._after_heartbeat(step)
+
+    async def _after_heartbeat(self, step: Step) -> None:
+        """What a heartbeat answer other than OK asks for."""
+        if step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")
         elif step.action is Action.RETRY:
             await self._pause(self.retry_backoff)
         elif step.action is Action.FATAL:
             await self._lose_partitions()
             raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
-        else:  # REJOIN
-            if m.state is MemberState.UNJOINED and m.generation_id < 0:
+        elif step.action is not Action.OK:  # REJOIN
+            if self.member.state is MemberState.UNJOINED and self.member.generation_id < 0:
                 await self._lose_partitions()
+
+    # -- heartbeats from callbacks -------------------------------------------------------------------
+    # Ten thousand idle members each heartbeat every few seconds. Waking each member's task twice per
+    # heartbeat (to send, then for the answer), through a chain of coroutines, costs several times what
+    # the heartbeat itself does. While a member is stable its heartbeats are therefore sent from the
+    # shared heartbeat tick's callback and their answers handled in the connection's read callback; the
+    # task sleeps until an answer is not OK, a heartbeat fails, the member stops being stable (poll
+    # timeout, rejoin, subscription, closing), the connection is gone, or someone calls wake().
+
+    async def _drive_heartbeats(self) -> Step | None:
+        """Heartbeat from callbacks until this task is needed. Returns the step of an answer other than OK,
+        None when woken for anything else (the next tick of the loop decides); raises a failed heartbeat's
+        error (as the task's own send would)."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._hb_result = None
+        self._hb_epoch += 1
+        self._schedule_heartbeat(loop)
+        try:
+            await self._wake.wait()
+        finally:
+            self._hb_epoch += 1  # a due heartbeat or an answer in flight now belongs to nobody
+        self._wake.clear()
+        result, self._hb_result = self._hb_result, None
+        if isinstance(result, BaseException):
+            if isinstance(result, KafkaConnectionError):
+                self.client.metadata.mark_stale()
+            if isinstance(result, KafkaError) and result.retriable:
+                self.coordinator_dead(str(result))
+            raise result
+        return result
+
+    def _schedule_heartbeat(self, loop: asyncio.AbstractEventLoop) -> None:
+        # up to 20% early, at random: members that joined together (a whole group, a gateway's worth of
+        # groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds. Due times end
+        # on the loop's shared heartbeat tick (no timer per member; the heartbeats of a tick leave together,
+        # in one write() per broker connection).
+        tick_timers(loop, HEARTBEAT_TICK_S).add(
+            _HeartbeatDue(self, self._hb_epoch),
+            loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()))
+
+    def _heartbeat_connection(self) -> BrokerConnection | None:
+        """The coordinator's connection if the next heartbeat can go from a callback: the member is
+        stable and polled recently enough, it has topics, and the coordinator is known and connected."""
+        m = self.member
+        node = self.coordinator_id
+        if (node is None or self._closing or m.state is not MemberState.STABLE or m.rejoin_needed
+                or self.left_for_poll_timeout
+                or (self.polls_in_progress == 0 and time.monotonic() - self.last_poll > self.max_poll_interval)
+                or not self._topics()):
+            return None
+        try:
+            conn = self.client.connection(node).current
+        except KafkaError:
+            return None
+        return conn if isinstance(conn, BrokerConnection) else None
+
+    def _heartbeat_due(self) -> None:
+        conn = self._heartbeat_connection()
+        if conn is None:
+            self._wake.set()  # the task decides: rejoin, leave, rediscover, reconnect ...
+            return
+        epoch, started = self._hb_epoch, time.monotonic()
+
+        def answered(resp: Any, exc: BaseException | None) -> None:
+            self._on_heartbeat_answer(epoch, started, resp, exc)
+
+        conn.send_nowait(self.member.heartbeat_request(), conn.version_for(M.ApiKey.HEARTBEAT), answered)
+
+    def _on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
+        if epoch != self._hb_epoch:
+            return  # the task took over meanwhile; it heartbeats on its own
+        if exc is not None:
+            self._hb_result = exc
+            self._wake.set()
+            return
+        self.heartbeat_latency = time.monotonic() - started
+        self.heartbeats += 1
+        step = self.member.on_heartbeat_response(resp)
+        if step.action is Action.OK:
+            self._schedule_heartbeat(self._loop or asyncio.get_running_loop())
+        else:
+            self._hb_result = step
+            self._wake.set()
 
     async def _lose_partitions(self) -> None:
         lost, self.member.owned = self.member.owned, []

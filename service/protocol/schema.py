@@ -8,6 +8,7 @@ runs of fixed-width fields with a single ``struct`` call, so no per-version code
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ VersionRange = tuple[int, int]
 _OPEN = 1 << 15
 
 
+@functools.cache  # a few dozen distinct specs; asked on every request's header
 def parse_versions(spec: str | None) -> VersionRange | None:
     """``"3+"`` → (3, open); ``"0-4"`` → (0, 4); ``"2"`` → (2, 2); ``None``/``"none"`` → None."""
     if spec is None or spec == "none":

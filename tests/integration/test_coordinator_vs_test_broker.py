@@ -17,11 +17,18 @@ from typing import Any
 
 import pytest
 
+from service.aio import tick_timers
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, ConnectionConfig
-from service.client.errors import KafkaError
+from service.client.errors import KafkaError, RequestTimeoutError
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
-from service.group.coordinator import CommitFailedError, GroupFatalError, OffsetAndMetadata
+from service.group.coordinator import (
+    HEARTBEAT_TICK_S,
+    CommitFailedError,
+    GroupFatalError,
+    OffsetAndMetadata,
+    _HeartbeatDue,
+)
 from service.group.member import MemberState
 from service.group.protocol import (
     decode_assignment,
@@ -1058,3 +1065,99 @@ async def test_records_are_not_delivered_while_their_revocation_commit_is_in_fli
         assert commit.topics[0].partitions[0].committed_offset == 5
         rest = await consume(c, 15)
         assert [r.offset for r in rest] == list(range(5, 20))  # nothing lost, nothing twice
+
+
+# -- heartbeats from callbacks (GroupCoordinator._drive_heartbeats) ----------------------------------------------
+def count_task_sends(c: Consumer, sending: asyncio.Event | None = None) -> list[str]:
+    """Record every request the membership task sends itself (through GroupCoordinator._send); ``sending``
+    is set on each."""
+    coord = c.coordinator
+    assert coord is not None
+    sent: list[str] = []
+    original = coord._send
+
+    async def counting(req: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(type(req).__name__)
+        if sending is not None:
+            sending.set()
+        return await original(req, *args, **kwargs)
+
+    coord._send = counting  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_stable_member_heartbeats_from_callbacks_while_its_task_sleeps() -> None:
+    async with group_cluster(topics={"t": 1}) as cluster, group_consumer(cluster) as c:
+        await subscribed(c)
+        coord = c.coordinator
+        assert coord is not None
+        mid, gen = member_of(c)
+        # the first heartbeat after the join is the task's own; the next ones go from callbacks
+        await cluster.wait_for_requests(ApiKey.HEARTBEAT, where=answered_ok)
+        task_sends = count_task_sends(c)
+        before, mark = coord.heartbeats, cluster.log.mark()
+        beats = await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark, count=8, where=answered_ok)
+        assert task_sends == []  # not one of them went through the task
+        assert {(e.request.member_id, e.request.generation_id) for e in beats} == {(mid, gen)}
+        assert coord.heartbeats >= before + 7 and coord.heartbeat_latency is not None
+        assert coord._task is not None and not coord._task.done()
+
+
+async def test_a_heartbeat_from_a_callback_that_times_out_rediscovers_the_coordinator() -> None:
+    async with group_cluster(topics={"t": 1}) as cluster:
+        client = KafkaClient(cluster.bootstrap_servers, ConnectionConfig(request_timeout=0.3))
+        c = Consumer(client, ConsumerConfig(group_id="g", **FAST))
+        try:
+            await subscribed(c)
+            coord = c.coordinator
+            assert coord is not None
+            mid, gen = member_of(c)
+            mark = cluster.log.mark()
+            cluster.delay(ApiKey.HEARTBEAT, seconds=1.0)  # the broker answers it after our 0.3 s timeout
+            await cluster.wait_for_requests(ApiKey.FIND_COORDINATOR, since=mark)
+            await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark, count=3, where=answered_ok)
+            assert isinstance(coord.last_error, RequestTimeoutError)
+            assert since(cluster, ApiKey.JOIN_GROUP, mark) == [] and member_of(c) == (mid, gen)
+            assert c.assignment() == [TP("t", 0)]
+        finally:
+            await c.close()
+            await client.close()
+
+
+async def test_a_wake_up_takes_over_from_a_heartbeat_in_flight() -> None:
+    async with group_cluster(topics={"t": 1}) as cluster, group_consumer(cluster) as c:
+        await subscribed(c)
+        coord = c.coordinator
+        assert coord is not None
+        await cluster.wait_for_requests(ApiKey.HEARTBEAT, where=answered_ok)  # the task's own, after the join
+        release, task_sending = asyncio.Event(), asyncio.Event()
+        mark = cluster.log.mark()
+        cluster.delay(ApiKey.HEARTBEAT, until=release)
+        await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark)  # sent from a callback, held by the broker
+        task_sends = count_task_sends(c, task_sending)
+        before = coord.heartbeats
+        coord.wake()
+        await asyncio.wait_for(task_sending.wait(), 5.0)  # the task heartbeats itself at once
+        release.set()
+        await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark, count=3, where=answered_ok)
+        # The held answer arrived after the task took over: it belongs to nobody, so there is still one
+        # heartbeat chain (a second one would double the heartbeat rate).
+        assert task_sends[:1] == ["HeartbeatRequest"]
+        assert all(answered_ok(e) for e in since(cluster, ApiKey.HEARTBEAT, mark)[:2])
+        for _ in range(5):
+            mark = cluster.log.mark()
+            await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark, where=answered_ok)
+            assert live_heartbeat_dues(coord) <= 1
+        assert coord.heartbeats >= before + 2 and member_of(c)[1] == 1
+        # an answer of an earlier drive arriving during this one (e.g. over a connection since replaced)
+        counted = coord.heartbeats
+        coord._on_heartbeat_answer(coord._hb_epoch - 1, time.monotonic(),
+                                   M.HeartbeatResponse(throttle_time_ms=0, error_code=0), None)
+        assert live_heartbeat_dues(coord) <= 1 and coord.heartbeats == counted
+
+
+def live_heartbeat_dues(coord: Any) -> int:
+    """How many heartbeats of ``coord`` wait on the loop's shared heartbeat ticks."""
+    ticks = tick_timers(asyncio.get_running_loop(), HEARTBEAT_TICK_S)
+    return sum(1 for bucket in ticks._buckets.values() for due in bucket
+               if isinstance(due, _HeartbeatDue) and due.coord is coord and not due.done())

@@ -10,6 +10,8 @@ the common request itself with plain checks and the route's own functions (``cur
 * Anything unusual goes to the full app untouched, before anything was charged or read: other methods
   or paths, a query parameter that is not a plain in-range integer (the full route then answers 422 as
   always), a repeated parameter, a streaming ``Accept`` (ndjson / SSE), or a request with a body.
+* ``GET /healthz`` (liveness probes) is answered here with the route's body: probes every few seconds
+  per replica should not pay for the framework.
 * Errors raised on the way (authentication, unknown instance, Accept mismatch, Kafka errors, anything
   else) are answered by the app's own exception handlers, so every error keeps its JSON body, status,
   error code and headers.
@@ -68,12 +70,24 @@ def _lookup_handler(handlers: dict[Any, Any], exc: Exception) -> Any:
     return None
 
 
+HEALTHZ_BODY = b'{"status":"ok"}'
+_HEALTHZ_START = {"type": "http.response.start", "status": 200,
+                  "headers": [(b"content-length", b"%d" % len(HEALTHZ_BODY)), (b"content-type", b"application/json")]}
+_HEALTHZ_BODY = {"type": "http.response.body", "body": HEALTHZ_BODY}
+
+
 class RecordsFastPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/records"):
+            if scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] == "GET":
+                # Liveness probes (Kubernetes, the Docker HEALTHCHECK, load balancers): the route's own answer
+                # without the framework's routing and dependency machinery, ~10x cheaper.
+                await send(_HEALTHZ_START)
+                await send(_HEALTHZ_BODY)
+                return
             await self.app(scope, receive, send)
             return
         match = _PATH.fullmatch(scope["path"])

@@ -556,7 +556,7 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
               f" polls (fetchers paused), peak {peak / MB:.1f} MB")
         print(f"  => {per / 1024:.1f} KB RSS per idle instance ((idle RSS - baseline) / {n:,});"
               f" {(rss_joined - rss0) / n / 1024:.1f} KB per instance right after joining")
-        print(f"  idle ({a.idle_measure:.0f} s, fetchers paused): gateway CPU {idle_cpu * 100:.0f}% of a core, broker"
+        print(f"  idle ({a.idle_measure:.0f} s, fetchers paused): gateway CPU {idle_cpu * 100:.1f}% of a core, broker"
               f" {idle_broker_cpu * 100:.0f}%, whole machine {machine * 100:.0f}%; /healthz round trip p50"
               f" {pct(hz, 50) * 1000:.1f} ms, p99 {pct(hz, 99) * 1000:.1f} ms, max {max(hz) * 1000:.1f} ms"
               f" ({len(hz)} probes); kcg_event_loop_lag_seconds max {max(lags, default=float('nan')) * 1000:.1f} ms"

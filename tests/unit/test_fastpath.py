@@ -90,3 +90,19 @@ async def test_errors_are_the_full_routes_answers(app: Any) -> None:
             full = await http.get("/consumers/g/instances/nobody/records?timeout=1&timeout=1",
                                   headers={"accept": "application/vnd.kafka.binary.v2+json"})
         assert (full.status_code, full.content) == (status, body)
+
+
+async def test_healthz_is_answered_here_with_the_routes_answer(app: Any) -> None:
+    rest = Recorder()
+    status, headers, body = await call(RecordsFastPath(rest), app, "/healthz", headers=[])
+    assert rest.calls == 0
+    # what the route answers (FastAPI renders its dict as a JSONResponse): same status, body and media type
+    from fastapi.responses import JSONResponse
+
+    route = JSONResponse({"status": "ok"})
+    assert (status, body, headers[b"content-type"]) == (200, route.body, route.media_type.encode())
+    assert headers[b"content-length"] == b"%d" % len(body) and body == b'{"status":"ok"}'
+    for other in ({"path": "/healthz", "method": "POST"}, {"path": "/healthz/"}, {"path": "/readyz"}):
+        before = rest.calls
+        await call(RecordsFastPath(rest), app, **other)
+        assert rest.calls == before + 1, other

@@ -190,7 +190,7 @@ class Gateway:
         replica_id: str = "r0",
         idle_timeout: float = 300.0,
         max_poll_timeout: float = 30.0,
-        prefetch_bytes: int = 4 * 1024 * 1024,
+        prefetch_bytes: int = 16 * 1024 * 1024,
         memory_budget_bytes: int = 512 * 1024 * 1024,
         consumer_defaults: dict[str, Any] | None = None,
         client_factory: Callable[[str], KafkaClient] | None = None,

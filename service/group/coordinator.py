@@ -1,10 +1,11 @@
 """The asyncio driver of group membership and offset storage for one consumer.
 
-A single background task per member joins the group, keeps it alive with heartbeats, and rejoins
-when needed; it never depends on the owner polling (except for the max-poll-interval rule, which
-makes an idle owner leave so it cannot stall its group's rebalances). Commits and committed-offset
-lookups go to the same coordinator, rediscovered on NOT_COORDINATOR/COORDINATOR_NOT_AVAILABLE or
-a lost connection.
+A single background task per member joins the group, keeps it alive with heartbeats (while the member
+is stable they are sent from the loop's shared heartbeat tick and answered in the connection's read
+callback, the task asleep: see _drive_heartbeats), and rejoins when needed; it never depends on the owner
+polling (except for the max-poll-interval rule, which makes an idle owner leave so it cannot stall its
+group's rebalances). Commits and committed-offset lookups go to the same coordinator, rediscovered on
+NOT_COORDINATOR/COORDINATOR_NOT_AVAILABLE or a lost connection.
 """
 
 from __future__ import annotations

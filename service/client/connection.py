@@ -374,17 +374,9 @@ class BrokerConnection:
         if self._closed or self._writer is None:
             raise self._close_reason or KafkaConnectionError(f"connection to {self.address} is closed")
         loop = self._loop or asyncio.get_running_loop()
-        corr = self._next_corr
-        self._next_corr = (corr + 1) & 0x7FFFFFFF
-        frame = frames.encode_request(req, version, corr, self.config.client_id)
-        api_key = frames.api_key_of(req)
         fut: asyncio.Future[Any] = loop.create_future()
         seconds = timeout if timeout is not None else self.config.request_timeout
-        self._pending[corr] = _Pending(api_key, version, fut, raw, loop.time() + seconds)
-        if self._sweep_handle is None:
-            self._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, self._sweep)
-        self._write(frame)
-        self.bytes_sent += len(frame)
+        corr = self._enqueue(req, version, fut, raw, seconds, loop)
         try:
             if self._protocol is not None and self._protocol.paused:
                 await self._drain()
@@ -412,17 +404,23 @@ class BrokerConnection:
         if self._closed or self._writer is None:
             on_done(None, self._close_reason or KafkaConnectionError(f"connection to {self.address} is closed"))
             return
-        loop = self._loop or asyncio.get_running_loop()
+        seconds = timeout if timeout is not None else self.config.request_timeout
+        waiter = _Callback(on_done, f"{type(req).__name__} v{version} to {self.address}", seconds)
+        self._enqueue(req, version, waiter, False, seconds, self._loop or asyncio.get_running_loop())
+
+    def _enqueue(self, req: Struct, version: int, waiter: asyncio.Future[Any] | _Callback, raw: bool,
+                 seconds: float, loop: asyncio.AbstractEventLoop) -> int:
+        """Number, encode and queue ``req`` with its waiter (timed out by the sweep after ``seconds``);
+        returns its correlation id."""
         corr = self._next_corr
         self._next_corr = (corr + 1) & 0x7FFFFFFF
         frame = frames.encode_request(req, version, corr, self.config.client_id)
-        seconds = timeout if timeout is not None else self.config.request_timeout
-        waiter = _Callback(on_done, f"{type(req).__name__} v{version} to {self.address}", seconds)
-        self._pending[corr] = _Pending(frames.api_key_of(req), version, waiter, False, loop.time() + seconds)
+        self._pending[corr] = _Pending(frames.api_key_of(req), version, waiter, raw, loop.time() + seconds)
         if self._sweep_handle is None:
             self._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, self._sweep)
         self._write(frame)
         self.bytes_sent += len(frame)
+        return corr
 
     def _sweep(self) -> None:
         """Expire the pending requests whose deadline passed; again in TIMEOUT_SWEEP_S while any remain."""

@@ -23,6 +23,7 @@ from api.produce import router as produce_router
 from api.responses import OrjsonResponse
 from api.routing import install_routing
 from api.topics import router as topics_router
+from api.v3 import router as v3_router
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
@@ -263,5 +264,6 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     app.include_router(consumers_router)
     app.include_router(topics_router)
     app.include_router(produce_router)
+    app.include_router(v3_router)
     install_openapi(app)
     return app

@@ -1,0 +1,7 @@
+"""v3 routes: clusters (being written)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["v3"])

@@ -1,0 +1,7 @@
+"""v3 routes: produce (being written)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter(tags=["v3"])

@@ -29,3 +29,15 @@ def resource_list(kind: str, self_url: str, data: list[dict[str, Any]]) -> dict[
 
 def related(url: str) -> dict[str, str]:
     return {"related": url}
+
+
+async def cluster_id(request: Request, tenant: Any) -> str:
+    """The id of the tenant's Kafka cluster (Metadata's ``cluster_id``; refreshed once when not known yet).
+
+    A broker that reports none (Metadata below v2) is named by the tenant id, so URLs stay stable."""
+    from api.consumers import runtime  # imported here: api.consumers imports the app's routers' helpers
+
+    client = runtime(request, tenant).client
+    if client.metadata.cluster_id is None:
+        await client.refresh_metadata()
+    return client.metadata.cluster_id or f"tenant-{tenant.id}"

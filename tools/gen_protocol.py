@@ -29,6 +29,7 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "ListOffsets": (1, 9),
     "Fetch": (4, 17),
     "DescribeGroups": (0, 5),
+    "ListGroups": (0, 5),
     "SaslHandshake": (0, 1),
     "SaslAuthenticate": (0, 2),
     "Produce": (3, 11),

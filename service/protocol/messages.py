@@ -54,6 +54,7 @@ class ApiKey:
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
@@ -90,6 +91,8 @@ FetchRequest = _cls("FetchRequest")
 FetchResponse = _cls("FetchResponse")
 DescribeGroupsRequest = _cls("DescribeGroupsRequest")
 DescribeGroupsResponse = _cls("DescribeGroupsResponse")
+ListGroupsRequest = _cls("ListGroupsRequest")
+ListGroupsResponse = _cls("ListGroupsResponse")
 SaslHandshakeRequest = _cls("SaslHandshakeRequest")
 SaslHandshakeResponse = _cls("SaslHandshakeResponse")
 SaslAuthenticateRequest = _cls("SaslAuthenticateRequest")

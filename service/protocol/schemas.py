@@ -381,6 +381,22 @@ DESCRIBE_GROUPS_RESPONSE = MessageSchema('DescribeGroupsResponse', api_key=15, k
     )),
 ))
 
+LIST_GROUPS_REQUEST = MessageSchema('ListGroupsRequest', api_key=16, kind='request', versions=(0, 5), flexible='3+', fields=(
+    F('states_filter', '[]string', '4+'),
+    F('types_filter', '[]string', '5+'),
+))
+
+LIST_GROUPS_RESPONSE = MessageSchema('ListGroupsResponse', api_key=16, kind='response', versions=(0, 5), flexible='3+', fields=(
+    F('throttle_time_ms', 'int32', '1+', ignorable=True),
+    F('error_code', 'int16', '0+'),
+    F('groups', '[]ListedGroup', '0+', fields=(
+        F('group_id', 'string', '0+'),
+        F('protocol_type', 'string', '0+'),
+        F('group_state', 'string', '4+', ignorable=True),
+        F('group_type', 'string', '5+', ignorable=True),
+    )),
+))
+
 SASL_HANDSHAKE_REQUEST = MessageSchema('SaslHandshakeRequest', api_key=17, kind='request', versions=(0, 1), flexible='none', fields=(
     F('mechanism', 'string', '0+'),
 ))
@@ -655,6 +671,8 @@ ALL_SCHEMAS = (
     FETCH_RESPONSE,
     DESCRIBE_GROUPS_REQUEST,
     DESCRIBE_GROUPS_RESPONSE,
+    LIST_GROUPS_REQUEST,
+    LIST_GROUPS_RESPONSE,
     SASL_HANDSHAKE_REQUEST,
     SASL_HANDSHAKE_RESPONSE,
     SASL_AUTHENTICATE_REQUEST,

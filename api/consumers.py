@@ -477,7 +477,13 @@ async def seek_end(request: Request, group: str, instance_id: str, body: Partiti
     return Response(status_code=204)
 
 
-@router.post(BASE + "/offsets", status_code=204, responses=ERRORS,
+COMMIT_ANSWER: dict[str, Any] = {
+    "description": "committed (the broker acknowledged): an empty JSON array, as Confluent answers",
+    "content": {V2: {"schema": {"type": "array", "maxItems": 0, "items": {}}}},
+}
+
+
+@router.post(BASE + "/offsets", status_code=200, responses={**ERRORS, 200: COMMIT_ANSWER},
              summary="Commit offsets (each offset + 1, as Confluent does); an empty body commits everything consumed")
 async def commit(request: Request, group: str, instance_id: str, body: CommitOffsets | None = Body(None),
                  tenant: Tenant = Depends(current_tenant)) -> Response:
@@ -495,7 +501,9 @@ async def commit(request: Request, group: str, instance_id: str, body: CommitOff
         raise
     finally:
         metrics.commit_seconds.labels(tenant.id).observe(time.monotonic() - started)
-    return Response(status_code=204)
+    # Confluent answers a commit with 200 and the (always empty) list of its commit callback, only once
+    # the broker acknowledged; clients such as kafka-bridge-client's Confluent mode expect that answer.
+    return Response(b"[]", status_code=200, media_type=V2)
 
 
 @router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,

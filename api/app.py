@@ -212,6 +212,12 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     routing = install_routing(app, settings, gateway)
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
 
+    @app.get("/", tags=["ops"], summary="Service name, version and links (Confluent's v2 answers {} here)")
+    async def root() -> dict[str, Any]:
+        # A superset of Confluent's empty object, so v2 clients that probe the root still work.
+        return {"service": app.title, "version": app.version,
+                "links": {"docs": "/docs", "openapi": "/openapi.json", "metrics": "/metrics"}}
+
     @app.get("/healthz", tags=["ops"], summary="The process is alive")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}

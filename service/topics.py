@@ -153,6 +153,7 @@ class TtlCache(Generic[K, V]):
         self.clock = clock
         self._values: dict[K, tuple[float, V]] = {}
         self._loading: dict[K, asyncio.Task[V]] = {}
+        self._generation = 0  # bumped by discard(): loads started before it do not store their value
         self.loads = 0  # loads started (for tests and metrics)
 
     def peek(self, key: K) -> V | None:
@@ -177,6 +178,13 @@ class TtlCache(Generic[K, V]):
     def clear(self) -> None:
         self._values.clear()
 
+    def discard(self, key: K) -> None:
+        """Forget ``key``'s value; a load of it already in flight still answers its waiters but neither
+        stores its value nor serves later callers (they start a new load)."""
+        self._values.pop(key, None)
+        self._loading.pop(key, None)
+        self._generation += 1
+
     async def get(self, key: K, load: Callable[[], Awaitable[V]], *, fresh: bool = False,
                   keep: Callable[[V], bool] | None = None) -> V:
         """The cached value, or the result of ``load()`` (joined if one is in flight). ``fresh`` skips the
@@ -194,8 +202,9 @@ class TtlCache(Generic[K, V]):
         return await asyncio.shield(task)
 
     async def _load(self, key: K, load: Callable[[], Awaitable[V]], keep: Callable[[V], bool] | None) -> V:
+        generation = self._generation
         value = await load()
-        if keep is None or keep(value):
+        if generation == self._generation and (keep is None or keep(value)):
             self.put(key, value)
         return value
 
@@ -255,6 +264,13 @@ class TopicCatalog:
         if self._no_describe_configs:
             return {}
         return await self._configs.get(topic, lambda: self._load_configs(topic))
+
+    def forget(self, topic: str) -> None:
+        """Drop the cached listing and what is cached about ``topic`` (after it was created or deleted
+        through the gateway): the next read asks the broker."""
+        self._listing.discard(None)
+        self._topics.discard(topic)
+        self._configs.discard(topic)
 
     async def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         await self.partition(topic, partition)

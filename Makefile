@@ -2,35 +2,43 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+# Two stamps: `make run` installs the runtime dependencies only (RUN_STAMP: `pip install -e .`, no
+# PySpark); `make test` adds the test and spark extras on top (TEST_STAMP) without reinstalling the project.
+# Either target run again, or `make run` after `make test`, installs nothing.
+RUN_STAMP := $(VENV)/.run-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c)
 
 .PHONY: run test lint bench sink-demo clean system-deps
 
-$(STAMP): $(DEPS)
+$(RUN_STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP) pyproject.toml tools/install-extras.sh
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
-	touch $(STAMP)
+	sh tools/install-extras.sh $(PY) test spark
+	touch $(TEST_STAMP)
 
 # Debian packages the tests and benchmarks use (prometheus + promtool, wrk, curl); installs only what is missing.
 system-deps:
 	sh tools/install-system-deps.sh
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	exec $(VENV)/bin/consumer-gateway
 
-test: $(STAMP) system-deps
+test: $(TEST_STAMP) system-deps
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
-sink-demo: $(STAMP)
+sink-demo: $(TEST_STAMP)
 	$(PY) -m sink.demo
 
-bench: $(STAMP) system-deps
+bench: $(TEST_STAMP) system-deps
 	$(PY) bench/codec.py
 
 clean:

@@ -17,7 +17,7 @@ replication factors, configs, names or policy violations; 404 for a topic that d
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ _REFUSALS = frozenset({EC.TOPIC_ALREADY_EXISTS, 17, 37, 38, 39, 40, 42, 44})  # 
 
 _Creatable = M.struct("CreateTopicsRequest", "CreatableTopic")
 _CreatableConfig = M.struct("CreateTopicsRequest", "CreatableTopicConfig")
+_Assignment = M.struct("CreateTopicsRequest", "CreatableReplicaAssignment")
 _DeleteState = M.struct("DeleteTopicsRequest", "DeleteTopicState")
 _ConfigResource = M.struct("DescribeConfigsRequest", "DescribeConfigsResource")
 
@@ -129,6 +130,21 @@ def check_counts(partitions: int, replication_factor: int, brokers: int) -> None
                            f"broker{'s' if brokers != 1 else ''}")
 
 
+def check_assignments(assignments: Mapping[int, Sequence[int]], brokers: set[int]) -> None:
+    """Partitions 0..n-1, each with the same number (at least 1) of distinct, known brokers."""
+    if sorted(assignments) != list(range(len(assignments))):
+        raise AdminRefused("replicas_assignments must name partitions 0 to n-1, each once")
+    sizes = {len(b) for b in assignments.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise AdminRefused("every partition of replicas_assignments needs the same number (at least 1) of brokers")
+    for p, ids in assignments.items():
+        if len(set(ids)) != len(ids):
+            raise AdminRefused(f"replicas_assignments: partition {p} names a broker twice")
+        unknown = set(ids) - brokers
+        if brokers and unknown:
+            raise AdminRefused(f"replicas_assignments: partition {p} names unknown brokers {sorted(unknown)}")
+
+
 def refusal(exc: BrokerResponseError) -> GatewayError | BrokerResponseError:
     """The HTTP error for a broker's refusal of an admin request (others are left to the Kafka error mapping)."""
     if exc.code in _REFUSALS:
@@ -162,16 +178,29 @@ class TopicAdmin:
 
     async def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
                            configs: Mapping[str, str | None] | None = None, *,
+                           assignments: Mapping[int, Sequence[int]] | None = None,
                            validate_only: bool = False) -> CreatedTopic:
+        """Create a topic. ``assignments`` (partition → broker ids) replaces the count and factor, which
+        must then be -1, as in Kafka."""
         validate_topic_name(name)
         await self.client.ensure_metadata()
-        check_counts(partitions, replication_factor, len(self.client.metadata.brokers))
+        brokers = self.client.metadata.brokers
+        if assignments:
+            if partitions != -1 or replication_factor != -1:
+                raise AdminRefused("replicas_assignments excludes partitions_count and replication_factor")
+            check_assignments(assignments, set(brokers))
+            partitions = len(assignments)
+            replication_factor = len(next(iter(assignments.values())))
+        else:
+            check_counts(partitions, replication_factor, len(brokers))
         if validate_only:
             if await self._exists(name):
                 raise AdminRefused(f"Topic '{name}' already exists.")
             return CreatedTopic(name, partitions, replication_factor)
         req = M.CreateTopicsRequest(topics=[_Creatable(
-            name=name, num_partitions=partitions, replication_factor=replication_factor, assignments=[],
+            name=name, num_partitions=-1 if assignments else partitions,
+            replication_factor=-1 if assignments else replication_factor,
+            assignments=[_Assignment(partition_index=p, broker_ids=list(b)) for p, b in (assignments or {}).items()],
             configs=[_CreatableConfig(name=k, value=v) for k, v in (configs or {}).items()])],
             timeout_ms=self.timeout_ms, validate_only=False)
         try:

@@ -32,9 +32,13 @@ log = logging.getLogger(__name__)
 #: (HTTP status, error code, meaning): the table of every error code the gateway answers.
 ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (400, 40001, 'malformed JSON body'),
+    (400, 40002, 'v3: Kafka refused the request (topic already exists; invalid topic name, partitions count, '
+                 'replication factor, replicas assignment or config)'),
     (401, 40101, 'missing or invalid credentials'),
     (403, 40301, "topic or group outside the tenant's allowed patterns"),
     (403, 40302, 'replica-to-replica request (/internal, forwarded) without the right peer token'),
+    (404, 404, 'v3: no such cluster, topic, partition, replica, broker or config (Confluent v3 answers the '
+               'bare HTTP status as the code)'),
     (404, 40400, 'no such endpoint'),
     (404, 40401, 'topic not found'),
     (404, 40402, 'partition not found'),

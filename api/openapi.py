@@ -7,7 +7,15 @@ streaming types on ``/records``), the error body and its codes for every error s
 :data:`api.errors.ERROR_CODES`, the one table of codes), the ``Retry-After`` and
 ``WWW-Authenticate`` headers, the security schemes (``Authorization: Bearer <API key or JWT>`` and
 ``X-API-Key``, see :mod:`service.tenants`), stable operation ids, links from a created instance to its
-operations, and the Confluent-compatible semantics in the descriptions.
+operations, the ``servers`` generated clients target, and the Confluent-compatible semantics in the
+descriptions.
+
+The published contract is **OpenAPI 3.0.3** (:func:`to_openapi_30` converts FastAPI's 3.1 output): client
+generators handle 3.0's ``nullable: true`` everywhere, while 3.1's ``anyOf: [..., {type: 'null'}]`` and type
+lists break several of them (openapi-generator's ``python`` generator, ``typescript-*`` ``Null`` models,
+openapi-python-client's "invalid property in union"). Either/or rules between fields are stated in the
+descriptions rather than as ``oneOf``/``anyOf`` combinators, for the same reason; the records, produce and
+error schemas are flat objects.
 
 :func:`install_openapi` makes ``app.openapi()`` (and ``/openapi.json``) return the enriched schema;
 ``openapi.yaml`` at the repository root is that schema, written by ``tools/export_openapi.py`` and kept
@@ -22,10 +30,12 @@ from collections.abc import Iterable
 from typing import Any
 
 import fastapi.routing
+import orjson
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from api.errors import ERROR_CODES, codes_for
+from api.produce import PRODUCE_SCHEMAS
 
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/json"
@@ -35,6 +45,16 @@ NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain"
 
+
+#: Where generated clients send requests by default: a gateway from ``make run``, or any gateway by its
+#: scheme and host (clients pass their own base URL either way).
+SERVERS = [
+    {"url": "http://127.0.0.1:8080", "description": "A local gateway as `make run` starts it (GATEWAY_PORT 8080)"},
+    {"url": "{scheme}://{host}", "description": "Any gateway (its GATEWAY_PUBLIC_URL, without a trailing slash)",
+     "variables": {"scheme": {"enum": ["http", "https"], "default": "http"},
+                   "host": {"default": "127.0.0.1:8080", "description": "host[:port][/path prefix]"}}},
+]
+LICENSE = {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"}
 
 _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
             405: "Method not allowed", 406: "Not acceptable", 409: "Conflict", 410: "Gone",
@@ -53,6 +73,15 @@ OPERATION_IDS = {
     "get_partition": "getPartition", "get_partition_offsets": "getPartitionOffsets",
     "produce_to_topic": "produceToTopic", "produce_to_partition": "produceToPartition",
     "read_partition_records": "readPartitionRecords",
+    # v3 (api/v3/clusters.py): Confluent's v3 operation ids without their "V3" (ids here are letters only)
+    "v3_list_clusters": "listKafkaClusters", "v3_get_cluster": "getKafkaCluster",
+    "v3_list_brokers": "listKafkaBrokers", "v3_get_broker": "getKafkaBroker",
+    "v3_replicas_by_broker": "searchKafkaReplicasByBroker",
+    "v3_list_topics": "listKafkaTopics", "v3_create_topic": "createKafkaTopic", "v3_get_topic": "getKafkaTopic",
+    "v3_delete_topic": "deleteKafkaTopic", "v3_list_partitions": "listKafkaPartitions",
+    "v3_get_partition": "getKafkaPartition", "v3_list_replicas": "listKafkaReplicas",
+    "v3_get_replica": "getKafkaReplica", "v3_list_topic_configs": "listKafkaTopicConfigs",
+    "v3_get_topic_config": "getKafkaTopicConfig",
 }
 
 _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",
@@ -85,15 +114,17 @@ instance's format: `application/vnd.kafka.binary.v2+json` (keys, values and head
 `application/vnd.kafka.json.v2+json` (embedded JSON) as one JSON array, or — extensions — a stream of
 records as `application/x-ndjson` (one JSON record per line) or `text/event-stream` (one `data:` event
 per record, `: keep-alive` comments while idle, an `event: error` with an error body if the stream fails).
-`Accept: */*`, `application/json` or `application/vnd.kafka.v2+json` mean the instance's format; another
-format is 406 (40601).
+`Accept: */*`, `application/json` (what generated clients send), `application/vnd.kafka.v2+json` or none
+mean the instance's format; another format is 406 (40601). One `Record` schema covers both formats.
 
 ## Confluent-compatible semantics
 - `POST /offsets` commits **offset + 1** for every listed record offset (the offset of the last record
   consumed is given, the position after it is stored), as the Confluent REST Proxy does; `GET /offsets`
   returns what is stored (so the value sent + 1) and leaves out partitions with nothing committed, as
   Confluent does. An empty body commits everything consumed so far.
-- `GET /offsets` takes its partitions in a **request body on a GET**, as the Confluent REST Proxy does.
+- `GET /offsets` takes its partitions in a **request body on a GET**, as the Confluent REST Proxy does; as
+  extensions for clients that cannot send one (fetch, generated clients), also as repeated `topic` and
+  `partition` query parameters paired in order, or with neither: the partitions assigned to the instance.
 - The instance id is the `name` the client chose (or the legacy `id`), so clients can build URLs from it;
   a name already used in the group is 409 (40902). Without a name an id is generated.
 - Paths match with or without a trailing slash (no redirect).
@@ -153,40 +184,32 @@ _RECORD_HEADER = {
     "additionalProperties": False,
 }
 
-_RECORD_COMMON = {
-    "topic": {"type": "string"},
-    "partition": {"type": "integer", "minimum": 0},
-    "offset": {"type": "integer", "minimum": 0},
-    "timestamp": {"type": "integer", "description": "Record timestamp, milliseconds since the epoch (extension)"},
-}
-
-_HEADERS_PROP = {"type": "array", "items": {"$ref": "#/components/schemas/RecordHeader"},
-                 "description": "Record headers in order (extension)"}
-
-_BINARY_RECORD = {
+#: One record of ``GET .../records`` in every format: key and value have no fixed type (the format decides).
+_RECORD = {
     "type": "object",
-    "title": "BinaryRecord",
-    "description": "A record of a `binary` instance: key and value in base64.",
-    "required": ["topic", "partition", "offset", "timestamp", "key", "value", "headers"],
-    "properties": {**_RECORD_COMMON, "key": _B64, "value": _B64, "headers": _HEADERS_PROP},
-    "additionalProperties": False,
-}
-
-_JSON_RECORD = {
-    "type": "object",
-    "title": "JsonRecord",
-    "description": "A record of a `json` instance: key and value embedded as JSON. A key or value that is not "
-                   "valid JSON is delivered as null with `<field>_error` and its raw bytes in `<field>_base64`.",
+    "title": "Record",
+    "description": "A consumed record, in the instance's `format` (the response's Content-Type names it). "
+                   "A `binary` instance gives `key` and `value` as base64 strings; a `json` instance gives them "
+                   "as embedded JSON (any JSON value). Either way null is a null key or value. In a `json` "
+                   "instance a key or value that is not valid JSON is null, with `key_error`/`value_error` set "
+                   "and its raw bytes in `key_base64`/`value_base64` (these four fields appear only then).",
     "required": ["topic", "partition", "offset", "timestamp", "key", "value", "headers"],
     "properties": {
-        **_RECORD_COMMON,
-        "key": {"description": "The key as JSON (any JSON value, null for a null key)"},
-        "value": {"description": "The value as JSON (any JSON value, null for a null value)"},
-        "key_error": {"type": "string", "enum": ["not valid JSON"]},
-        "key_base64": {"type": "string", "contentEncoding": "base64"},
-        "value_error": {"type": "string", "enum": ["not valid JSON"]},
-        "value_base64": {"type": "string", "contentEncoding": "base64"},
-        "headers": _HEADERS_PROP,
+        "topic": {"type": "string"},
+        "partition": {"type": "integer", "minimum": 0},
+        "offset": {"type": "integer", "minimum": 0, "format": "int64"},
+        "timestamp": {"type": "integer", "format": "int64",
+                      "description": "Record timestamp, milliseconds since the epoch (extension)"},
+        "key": {"description": "binary: the key in base64; json: the key as embedded JSON (any JSON value); "
+                               "null for a null key"},
+        "value": {"description": "binary: the value in base64; json: the value as embedded JSON (any JSON "
+                                 "value); null for a null value"},
+        "key_error": {"type": "string", "enum": ["not valid JSON"], "description": "json instances only"},
+        "key_base64": {"type": "string", "contentEncoding": "base64", "description": "json instances only"},
+        "value_error": {"type": "string", "enum": ["not valid JSON"], "description": "json instances only"},
+        "value_base64": {"type": "string", "contentEncoding": "base64", "description": "json instances only"},
+        "headers": {"type": "array", "items": {"$ref": "#/components/schemas/RecordHeader"},
+                    "description": "Record headers in order (extension)"},
     },
     "additionalProperties": False,
 }
@@ -258,8 +281,12 @@ _OPERATION_NOTES = {
                      "(give the offset of the last record consumed). Without a body, or with no `offsets`, "
                      "commits the position after everything this instance has returned.",
     "getCommittedOffsets": "The partitions are given in a **request body on a GET**, as the Confluent REST "
-                           "Proxy does. `offset` is what is stored (the committed record offset + 1); "
-                           "partitions with nothing committed are left out, as Confluent does.",
+                           "Proxy does, or (extensions, for clients that cannot send a body on a GET) as "
+                           "repeated `topic` and `partition` query parameters, the n-th of each forming a "
+                           "pair (`?topic=a&partition=0&topic=a&partition=1`; unequal counts are 422, 42206), "
+                           "or not at all: then the partitions assigned to the instance now. Body and query "
+                           "together are 422 (42206). `offset` is what is stored (the committed record "
+                           "offset + 1); partitions with nothing committed are left out, as Confluent does.",
     "getRecords": "Long-poll: returns as soon as records are buffered, or an empty array when `timeout` "
                   "(milliseconds, default the instance's `consumer.request.timeout.ms`, capped by the "
                   "gateway) passes. With `Accept: application/x-ndjson` or `text/event-stream` the response "
@@ -275,18 +302,26 @@ _OPERATION_KEYS = ("tags", "summary", "description", "operationId", "security", 
 def _error_response(status: int) -> dict[str, Any]:
     codes = codes_for(status)
     described = "; ".join(f"{c} {m}" for s, c, m in ERROR_CODES if s == status)
+    name = f"Error{status}" if codes else "ErrorBody"
     response: dict[str, Any] = {
         "description": f"{_REASONS.get(status, 'Error')}: {described}" if described else _REASONS.get(status, "Error"),
-        "content": {V2: {"schema": {
-            "allOf": [{"$ref": "#/components/schemas/ErrorBody"}],
-            "properties": {"error_code": {"enum": codes}},
-        } if codes else {"$ref": "#/components/schemas/ErrorBody"}}},
+        "content": {V2: {"schema": {"$ref": f"#/components/schemas/{name}"}}},
     }
     if status in (429, 503):
         response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
     elif status == 401:
         response["headers"] = {"WWW-Authenticate": {"$ref": "#/components/headers/WWW-Authenticate"}}
     return response
+
+
+def _error_schema(status: int) -> dict[str, Any]:
+    """``ErrorBody`` narrowed to the codes of one HTTP status: a flat object (no ``allOf``), as generators
+    handle best."""
+    schema = copy.deepcopy(_ERROR_BODY)
+    schema["title"] = f"Error{status}"
+    schema["description"] = f"The error body of a {status} answer."
+    schema["properties"]["error_code"]["enum"] = codes_for(status)
+    return schema
 
 
 def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
@@ -299,16 +334,22 @@ def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
 
 
 def _records_200() -> dict[str, Any]:
-    stream = "One record per {unit}; each is a `BinaryRecord` or a `JsonRecord` (the instance's format)."
+    stream = "One `Record` per {unit}, in the instance's format."
+    array = {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}
     return {
         "description": "Records as one JSON array in the instance's format, or (Accept: application/x-ndjson "
-                       "or text/event-stream) a stream of records",
+                       "or text/event-stream) a stream of records. `Accept: application/json` (what generated "
+                       "clients send), `*/*` or no Accept means the instance's format: the answer's "
+                       "Content-Type is then `application/vnd.kafka.binary.v2+json` or "
+                       "`application/vnd.kafka.json.v2+json`.",
         "content": {
-            BINARY: {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/BinaryRecord"}}},
-            JSONFMT: {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/JsonRecord"}}},
+            JSON: {"schema": copy.deepcopy(array)},
+            BINARY: {"schema": copy.deepcopy(array)},
+            JSONFMT: {"schema": copy.deepcopy(array)},
             NDJSON: {"schema": {"type": "string", "description": stream.format(unit="line")}},
             SSE: {"schema": {"type": "string", "description": stream.format(unit="`data:` event") +
-                             " `: keep-alive` comments while idle; `event: error` carries an ErrorBody."}},
+                             " `: keep-alive` comments while idle; `event: error` carries an error body "
+                             "(`error_code`, `message`)."}},
         },
     }
 
@@ -348,7 +389,10 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     """Add to FastAPI's schema what the routes do by hand (in place; returns ``schema``)."""
     _integral_bounds(schema)
     names = app_operations(app)
+    error_statuses: set[int] = {401}
     schema["info"]["description"] = DESCRIPTION + error_table_markdown()
+    schema["info"]["license"] = copy.deepcopy(LICENSE)
+    schema["servers"] = copy.deepcopy(SERVERS)
     schema["tags"] = [
         {"name": "consumers", "description": "Confluent REST Proxy v2 consumer API, with extensions"},
         {"name": "topics", "description": "Confluent REST Proxy v2 topic metadata and partition offsets"},
@@ -362,13 +406,15 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             if op["operationId"] in _OPERATION_NOTES:
                 op["description"] = _OPERATION_NOTES[op["operationId"]]
             consumer = path.startswith(("/consumers/", "/topics"))
-            op["security"] = copy.deepcopy(_SECURITY) if consumer else []
+            authenticated = consumer or path.startswith("/v3/")
+            op["security"] = copy.deepcopy(_SECURITY) if authenticated else []
             if "requestBody" in op:
                 op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"])
             for status, resp in list(op["responses"].items()):
                 code = int(status)
                 if code >= 400:
                     op["responses"][status] = _error_response(code)
+                    error_statuses.add(code)
                 elif consumer and "content" in resp and JSON in resp["content"]:
                     resp["content"] = {V2: resp["content"][JSON]}
                     resp["description"] = "OK"
@@ -403,12 +449,183 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(copy.deepcopy({
-        "ErrorBody": _ERROR_BODY, "RecordHeader": _RECORD_HEADER, "BinaryRecord": _BINARY_RECORD,
-        "JsonRecord": _JSON_RECORD, "Health": _HEALTH, "Ready": _READY, "NotReady": _NOT_READY}))
+        "ErrorBody": _ERROR_BODY, "RecordHeader": _RECORD_HEADER, "Record": _RECORD,
+        "Health": _HEALTH, "Ready": _READY, "NotReady": _NOT_READY, **PRODUCE_SCHEMAS}))
+    schemas.update({f"Error{s}": _error_schema(s) for s in sorted(error_statuses) if codes_for(s)})
+    for unused in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 bodies, replaced by ours
+        schemas.pop(unused, None)
+    if '"#/components/schemas/ErrorBody"' not in orjson.dumps(schema["paths"]).decode():
+        del schemas["ErrorBody"]  # every status has its own ErrorNNN (the same body, narrowed codes)
     components["schemas"] = dict(sorted(schemas.items()))
     components["headers"] = copy.deepcopy(_RESPONSE_HEADERS)
     components["securitySchemes"] = copy.deepcopy(SECURITY_SCHEMES)
-    return schema
+    order = ["openapi", "info", "servers"]
+    ordered = {k: schema[k] for k in order if k in schema} | {k: v for k, v in schema.items() if k not in order}
+    schema.clear()
+    schema.update(ordered)
+    return to_openapi_30(schema)
+
+
+# -- OpenAPI 3.1 -> 3.0.3 ------------------------------------------------------------------------------------
+_SCHEMA_MAPS = ("properties", "patternProperties")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not")
+_DROPPED_31 = frozenset({"$schema", "$id", "$defs", "$comment", "contentMediaType", "patternProperties",
+                         "propertyNames", "unevaluatedProperties", "unevaluatedItems", "dependentRequired",
+                         "dependentSchemas", "if", "then", "else", "prefixItems", "contains", "minContains",
+                         "maxContains"})
+
+
+def _is_null(schema: Any) -> bool:
+    return isinstance(schema, dict) and (schema.get("type") == "null" or schema.get("const", 0) is None
+                                         or schema.get("enum") == [None])
+
+
+def _schema_30(schema: Any, types: dict[str, str]) -> Any:
+    """One JSON Schema 2020-12 (OpenAPI 3.1) schema as an OpenAPI 3.0 schema object: ``nullable: true`` for
+    null alternatives and type lists, ``enum`` for ``const``, boolean exclusive bounds, ``format: byte`` for
+    base64, one ``example``; a ``$ref`` with sibling keywords is wrapped in ``allOf`` (3.0 ignores them).
+    ``nullable`` always has a ``type`` beside it (the referenced schema's for a nullable ``$ref``, given by
+    ``types``); alternatives carry it each, and an untyped schema (any value) needs none."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS:
+            out[key] = {k: _schema_30(v, types) for k, v in value.items()}
+        elif key in _SCHEMA_LISTS:
+            out[key] = [_schema_30(v, types) for v in value]
+        elif key in _SCHEMA_ONE:
+            out[key] = _schema_30(value, types)
+        else:
+            out[key] = value
+    nullable = False
+    declared = out.get("type")
+    if isinstance(declared, list):
+        nullable = "null" in declared
+        rest = [t for t in declared if t != "null"]
+        if len(rest) == 1:
+            out["type"] = rest[0]
+        else:
+            del out["type"]
+            if rest:
+                out["anyOf"] = [{"type": t} for t in rest]
+    elif declared == "null":
+        del out["type"]
+        nullable = True
+        out["enum"] = [None]
+    for combinator in ("anyOf", "oneOf"):
+        alternatives = out.get(combinator)
+        if not isinstance(alternatives, list) or not any(_is_null(a) for a in alternatives):
+            continue
+        nullable = True
+        rest = [a for a in alternatives if not _is_null(a)]
+        if len(rest) == 1:  # X | None: X itself, nullable
+            del out[combinator]
+            only = rest[0]
+            if "$ref" in only:
+                out["allOf"] = [only]
+            else:
+                out = {**only, **out}
+        elif rest:
+            out[combinator] = rest
+        else:
+            del out[combinator]
+    if "const" in out:
+        const = out.pop("const")
+        if const is None:
+            nullable = True
+        out["enum"] = [const]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out.get(bound), bool):
+            out[plain] = out[bound]
+            out[bound] = True
+    if out.get("contentEncoding") == "base64":
+        out.setdefault("format", "byte")
+    out.pop("contentEncoding", None)
+    if "examples" in out:
+        examples = out.pop("examples")
+        if isinstance(examples, list) and examples:
+            out.setdefault("example", examples[0])
+    for key in _DROPPED_31 & out.keys():
+        del out[key]
+    if "$ref" in out and len(out) > 1:
+        ref = out.pop("$ref")
+        out = {"allOf": [{"$ref": ref}], **out}
+    if nullable:
+        _make_nullable(out, types)
+    return out
+
+
+def _make_nullable(out: dict[str, Any], types: dict[str, str]) -> None:
+    if "type" not in out:
+        alternatives = out.get("anyOf") or out.get("oneOf")
+        refs = [a["$ref"] for a in out.get("allOf", ()) if "$ref" in a]
+        if alternatives:
+            for alternative in alternatives:
+                if "type" in alternative:
+                    _make_nullable(alternative, types)
+            return
+        if len(refs) == 1 and refs[0] in types:
+            out["type"] = types[refs[0]]
+        else:
+            return  # an untyped schema already admits null
+    out["nullable"] = True
+    if "enum" in out and None not in out["enum"]:
+        out["enum"] = [*out["enum"], None]
+
+
+def _media_30(content: dict[str, Any], types: dict[str, str], request: bool = False) -> None:
+    for media in content.values():
+        if "schema" not in media:
+            continue
+        schema = _schema_30(media["schema"], types)
+        refs = schema.get("allOf", ())
+        if request and schema.get("nullable") and len(refs) == 1 and "$ref" in refs[0]:
+            schema = refs[0]  # an optional body (FastAPI's `Model | None`): `required: false` says it
+        media["schema"] = schema
+
+
+def _parameter_30(parameter: dict[str, Any], types: dict[str, str]) -> None:
+    if "schema" in parameter:
+        parameter["schema"] = _schema_30(parameter["schema"], types)
+        if parameter["schema"].get("nullable") and parameter.get("in") != "body":
+            del parameter["schema"]["nullable"]  # an optional parameter is absent, never null
+            if parameter["schema"].get("enum"):
+                parameter["schema"]["enum"] = [v for v in parameter["schema"]["enum"] if v is not None]
+
+
+def to_openapi_30(doc: dict[str, Any]) -> dict[str, Any]:
+    """Convert FastAPI's OpenAPI 3.1 document to OpenAPI 3.0.3 (in place; returns ``doc``)."""
+    doc["openapi"] = "3.0.3"
+    for key in ("webhooks", "jsonSchemaDialect"):
+        doc.pop(key, None)
+    doc.get("info", {}).get("license", {}).pop("identifier", None)
+    components = doc.get("components", {})
+    types = {f"#/components/schemas/{name}": schema["type"] for name, schema in components.get("schemas", {}).items()
+             if isinstance(schema.get("type"), str)}
+    for name, schema in components.get("schemas", {}).items():
+        components["schemas"][name] = _schema_30(schema, types)
+    for header in components.get("headers", {}).values():
+        if "schema" in header:
+            header["schema"] = _schema_30(header["schema"], types)
+    for item in doc.get("paths", {}).values():
+        for parameter in item.get("parameters", []):
+            _parameter_30(parameter, types)
+        for method, op in item.items():
+            if method not in ("get", "put", "post", "delete", "patch", "head", "options", "trace"):
+                continue
+            for parameter in op.get("parameters", []):
+                _parameter_30(parameter, types)
+            if "requestBody" in op:
+                _media_30(op["requestBody"].get("content", {}), types, request=True)
+            for response in op.get("responses", {}).values():
+                _media_30(response.get("content", {}), types)
+                for header in response.get("headers", {}).values():
+                    if "schema" in header:
+                        header["schema"] = _schema_30(header["schema"], types)
+    return doc
+
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -27,8 +27,13 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
 ``ProduceRequest``/``ProduceResponse``/``PartitionOffset``):
 
 - an unknown topic is **404/40401** at once. Confluent hands the records to its Java producer, which
-  either auto-creates the topic or fails every record after ``max.block.ms`` (60 s) in a 200 answer; the
-  gateway never auto-creates topics. An unknown partition (path, or a record's ``partition``) is
+  either auto-creates the topic or fails every record after ``max.block.ms`` (60 s) in a 200 answer. With
+  ``GATEWAY_AUTO_CREATE_TOPICS`` (on by default only with the embedded broker of ``make run``) the gateway
+  creates the missing topic itself (CreateTopics with ``GATEWAY_AUTO_CREATE_PARTITIONS`` and
+  ``GATEWAY_AUTO_CREATE_REPLICATION_FACTOR``) and writes; the tenant's topic patterns apply first (403), and
+  names Kafka forbids (other than ``[a-zA-Z0-9._-]{1,249}``, ``.``, ``..``) or starting with ``__`` (internal
+  topics) are never created (404/40401). The producer's own metadata requests never ask the broker to
+  auto-create (Tansu would, with 4 partitions). An unknown partition (path, or a record's ``partition``) is
   **404/40402** before anything is produced (Confluent's older v2 checked the path partition the same
   way; a bad record partition made its Java producer throw, a 500).
 - avro, protobuf and jsonschema content types are **415/41501**: the gateway has no schema registry
@@ -334,13 +339,17 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
     tenant.require_topic(topic)
     body = _parse_body(await request.body(), fmt)
     records, sizes = parse_records(body, fmt, path_partition)
-    if not TOPIC_NAME_RE.fullmatch(topic):
-        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401)
+    if not TOPIC_NAME_RE.fullmatch(topic) or topic in (".", ".."):
+        raise GatewayError(f"topic {topic!r} not found (not a legal Kafka topic name)", status=404, error_code=40401)
     producer = producer_for(request, tenant)
     try:
         partitions = set(await producer.partitions(topic))
     except UnknownTopicError:
-        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+        settings = request.app.state.settings
+        if not settings.auto_create_topics_enabled() or topic.startswith("__"):
+            raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+        partitions = set(await producer.create_topic(topic, settings.auto_create_partitions,
+                                                     settings.auto_create_replication_factor))
     if path_partition is not None:
         if path_partition not in partitions:
             raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,

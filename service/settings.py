@@ -133,6 +133,15 @@ class Settings(BaseSettings):
         60000, gt=0, description="A produced record not acknowledged within this fails (retriable)")
     producer_idempotent: bool = Field(
         True, description="Idempotent producer (producer id + sequences: retries never duplicate)")
+    auto_create_topics: bool | None = Field(
+        None, description="Produce to a missing topic creates it (CreateTopics with auto_create_partitions and "
+        "auto_create_replication_factor) instead of answering 404/40401; the tenant's topic patterns and Kafka's "
+        "topic-name rules still apply. Default: on with the embedded broker (make run), else off")
+    auto_create_partitions: int = Field(
+        1, ge=1, le=100_000, description="Partitions of a topic created by produce (Kafka's num.partitions default)")
+    auto_create_replication_factor: int = Field(
+        -1, ge=-1, le=32767, description="Replication factor of a topic created by produce; -1: the broker's "
+        "default.replication.factor (CreateTopics v4+)")
 
     def session_timeout_ms(self) -> int:
         if self.consumer_session_timeout_ms is not None:
@@ -148,6 +157,11 @@ class Settings(BaseSettings):
         if self.consumer_long_poll_fetch_max_wait_ms is not None:
             return self.consumer_long_poll_fetch_max_wait_ms
         return EMBEDDED_LONG_POLL_FETCH_WAIT_MS if not self.kafka_bootstrap else None
+
+    def auto_create_topics_enabled(self) -> bool:
+        if self.auto_create_topics is not None:
+            return self.auto_create_topics
+        return not self.kafka_bootstrap
 
     def connection_config(self) -> ConnectionConfig:
         ctx = None

@@ -116,6 +116,26 @@ class Producer:
         await self.partition_count(topic)
         return self.client.metadata.partitions(topic)
 
+    async def create_topic(self, topic: str, num_partitions: int, replication_factor: int = -1) -> list[int]:
+        """Create ``topic`` (CreateTopics; one created meanwhile by someone else is fine) for a produce that
+        found it missing, and return its partition numbers once its metadata shows them. Raises
+        BrokerResponseError when the broker refuses (e.g. TOPIC_AUTHORIZATION_FAILED, POLICY_VIOLATION)."""
+        await self.client.create_topics({topic: num_partitions}, replication_factor=replication_factor,
+                                        timeout_ms=self.config.request_timeout_ms)
+        log.info("created topic %r (%d partitions) for a produce request", topic, num_partitions)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        backoff = self.config.retry_backoff_ms / 1000
+        while True:  # a new topic's leaders can take a moment to appear in metadata
+            try:
+                return await self.partitions(topic)
+            except (UnknownTopicError, BrokerResponseError) as exc:
+                retry = isinstance(exc, UnknownTopicError) or exc.retriable
+                if not retry or loop.time() + backoff > deadline:
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.config.retry_backoff_max_ms / 1000)
+
     async def send_many(self, topic: str, records: Sequence[Any]) -> list[ProduceResult]:
         """Produce ``records`` (``OutgoingRecord`` or ``(key, value, headers, partition, timestamp)``
         tuples) to ``topic``; returns one result per record, in order, once every record was acknowledged

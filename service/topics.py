@@ -6,7 +6,7 @@ one Metadata request per ``ttl``; a topic missing from the cache is looked up at
 appears) and then joins the cached listing. Concurrent callers share one broker request per key.
 Topic configs come from DescribeConfigs (cached likewise); offsets are always read live.
 
-Offsets are taken the way the consumer engine takes end offsets (``service.consumer.consumer.probe_fetch``):
+Offsets are taken the way the consumer engine takes end offsets (``service.fetch.oneshot.probe_fetch``):
 the high watermark and the last stable offset come from a Fetch response, which every broker computes
 correctly, while Tansu's ListOffsets(latest) miscounts multi-record batches and answers 0 under
 read_committed. The beginning offset is ListOffsets(earliest), as Confluent's REST Proxy reports it.
@@ -24,7 +24,8 @@ from typing import Any, Generic, TypeVar
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
-from service.consumer.consumer import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, probe_fetch
+from service.consumer.consumer import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.gateway import GatewayError
 from service.protocol import error_codes as EC
@@ -195,14 +196,14 @@ class TtlCache(Generic[K, V]):
                 return entry[1]
         task = self._loading.get(key)
         if task is None:
-            task = asyncio.ensure_future(self._load(key, load, keep))
+            task = asyncio.ensure_future(self._load(key, load, keep, self._generation))
             self._loading[key] = task
             task.add_done_callback(lambda t: self._loaded(key, t))
             self.loads += 1
         return await asyncio.shield(task)
 
-    async def _load(self, key: K, load: Callable[[], Awaitable[V]], keep: Callable[[V], bool] | None) -> V:
-        generation = self._generation
+    async def _load(self, key: K, load: Callable[[], Awaitable[V]], keep: Callable[[V], bool] | None,
+                    generation: int) -> V:
         value = await load()
         if generation == self._generation and (keep is None or keep(value)):
             self.put(key, value)

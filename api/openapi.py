@@ -82,6 +82,13 @@ OPERATION_IDS = {
     "v3_get_partition": "getKafkaPartition", "v3_list_replicas": "listKafkaReplicas",
     "v3_get_replica": "getKafkaReplica", "v3_list_topic_configs": "listKafkaTopicConfigs",
     "v3_get_topic_config": "getKafkaTopicConfig",
+    # v3 (api/v3/groups.py)
+    "v3_list_consumer_groups": "listKafkaConsumerGroups", "v3_get_consumer_group": "getKafkaConsumerGroup",
+    "v3_list_consumers": "listKafkaConsumers", "v3_get_consumer": "getKafkaConsumer",
+    "v3_list_consumer_assignments": "listKafkaConsumerAssignment",
+    "v3_get_consumer_assignment": "getKafkaConsumerAssignment",
+    "v3_list_consumer_lags": "listKafkaConsumerLags", "v3_get_consumer_lag": "getKafkaConsumerLag",
+    "v3_get_consumer_group_lag_summary": "getKafkaConsumerGroupLagSummary",
 }
 
 _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",

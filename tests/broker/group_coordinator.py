@@ -37,6 +37,8 @@ Kafka semantics reproduced:
   (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, ILLEGAL_GENERATION) and a group completing a rebalance
   answers REBALANCE_IN_PROGRESS. A group that does not exist answers ILLEGAL_GENERATION (v9+:
   GROUP_ID_NOT_FOUND). Offsets keep their metadata and leader epoch.
+* **ListGroups** lists the groups a broker coordinates with protocol type and state (v4+), also
+  the groups made by manual commits (Empty, protocol type ""); a state filter (v4+) picks states.
 * **OffsetFetch** answers -1 (leader epoch -1, metadata "") for unknown partitions; a null topic list
   means every committed partition. :meth:`GroupCoordinatorState.unstable_offsets` makes the next
   RequireStable fetches answer UNSTABLE_OFFSET_COMMIT, as pending transactional offsets do in Kafka.
@@ -629,6 +631,14 @@ class GroupCoordinatorState:
             else:
                 out.append((t, [(p, stored.get((t, p)), 0) for p in parts]))
         return 0, out
+
+    def list_groups(self, node_id: int, states: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group ``node_id`` coordinates, as Kafka's ListGroups
+        answers them: groups made by a manual commit are listed too (protocol type ""), and a state filter
+        matches state names case-insensitively (empty: every state)."""
+        wanted = {s.lower() for s in states}
+        return [(g.group_id, g.protocol_type or "", g.phase.value) for g in self.groups.values()
+                if self.coordinator_for(g.group_id) == node_id and (not wanted or g.phase.value.lower() in wanted)]
 
     def describe(self, node_id: int, group_id: str) -> tuple[int, Group | None]:
         code = self.check(node_id, group_id, allow_empty_id=True)

@@ -1,6 +1,6 @@
 """Group coordinator APIs: FindCoordinator (10) v0-6, JoinGroup (11) v0-9, SyncGroup (14) v0-5,
-Heartbeat (12) v0-4, LeaveGroup (13) v0-5, OffsetCommit (8) v2-9, OffsetFetch (9) v1-9 and
-DescribeGroups (15) v0-5.
+Heartbeat (12) v0-4, LeaveGroup (13) v0-5, OffsetCommit (8) v2-9, OffsetFetch (9) v1-9,
+DescribeGroups (15) v0-5 and ListGroups (16) v0-5.
 
 The group logic lives in :mod:`tests.broker.group_coordinator`; these handlers only translate each
 request version to it and back:
@@ -46,6 +46,7 @@ FetchTopics = M.struct("OffsetFetchResponse", "OffsetFetchResponseTopics")
 FetchPartitions = M.struct("OffsetFetchResponse", "OffsetFetchResponsePartitions")
 DescribedGroup = M.struct("DescribeGroupsResponse", "DescribedGroup")
 DescribedMember = M.struct("DescribeGroupsResponse", "DescribedGroupMember")
+ListedGroup = M.struct("ListGroupsResponse", "ListedGroup")
 
 COORDINATOR_NOT_AVAILABLE = 15
 
@@ -282,6 +283,24 @@ async def describe_groups_error(ctx: RequestContext, req: Any, code: int, depth:
     return resp
 
 
+# -- ListGroups ----------------------------------------------------------------------------------------
+async def list_groups(ctx: RequestContext, req: Any) -> Any:
+    """The groups this broker coordinates; v5's type filter knows only "classic" (every group here)."""
+    states = list(req.states_filter or []) if ctx.version >= 4 else []
+    types = {t.lower() for t in (req.types_filter or [])} if ctx.version >= 5 else set()
+    listed = [] if types and "classic" not in types else group_coordinator(ctx.cluster).list_groups(
+        ctx.broker.node_id, states)
+    return M.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=[
+        ListedGroup(group_id=gid, protocol_type=ptype, group_state=state, group_type="classic")
+        for gid, ptype, state in listed])
+
+
+async def list_groups_error(ctx: RequestContext, req: Any, code: int, depth: int | None) -> Any:
+    resp = M.ListGroupsResponse(error_code=0, groups=[])
+    set_error_codes(resp, code, depth)
+    return resp
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(M.ApiKey.FIND_COORDINATOR, find_coordinator, error_response=find_coordinator_error)
     registry.register(M.ApiKey.JOIN_GROUP, join_group, error_response=join_group_error)
@@ -291,3 +310,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(M.ApiKey.OFFSET_COMMIT, offset_commit, error_response=offset_commit_error)
     registry.register(M.ApiKey.OFFSET_FETCH, offset_fetch, error_response=offset_fetch_error)
     registry.register(M.ApiKey.DESCRIBE_GROUPS, describe_groups, error_response=describe_groups_error)
+    registry.register(M.ApiKey.LIST_GROUPS, list_groups, error_response=list_groups_error)

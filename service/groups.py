@@ -9,8 +9,9 @@ The views and the lag arithmetic are pure (unit-tested without sockets); :class:
 - **FindCoordinator** (batched from v4) then **DescribeGroups** at each coordinator: state, protocol (the
   partition assignor), members with client id, host and assignment (decoded with the consumer protocol).
   A group the broker answers as ``Dead`` with no protocol type does not exist (Kafka describes unknown
-  groups that way). Where the broker leaves a member's assignment or client id empty (Tansu) and the
-  member lives in this process, the member's own view is used.
+  groups that way); nor does an ``Empty`` one without protocol type, members or committed offsets (Tansu
+  describes unknown groups that way). Where the broker leaves a member's assignment or client id empty
+  (Tansu) and the member lives in this process, the member's own view is used.
 - **OffsetFetch** (all partitions) gives the committed offsets; the log end offset of each partition is
   its last stable offset, taken from a Fetch response (:func:`service.topics.read_offsets`): Confluent
   reads ``ListOffsets(latest, read_committed)``, which Tansu answers wrongly.
@@ -183,6 +184,12 @@ def group_view(described: Any, coordinator: int, local: Mapping[str, LocalMember
     )
 
 
+def may_be_unknown(group: GroupView) -> bool:
+    """An empty simple group without members: a group that only holds committed offsets, or (Tansu, which
+    describes unknown groups so) no group at all; its committed offsets decide."""
+    return group.is_simple and group.state == "EMPTY" and not group.members
+
+
 def committed_offsets(resp: Any, group_id: str, version: int) -> dict[TopicPartition, int]:
     """Committed offsets (partitions with an offset >= 0) of an OffsetFetchResponse for all partitions."""
     if version >= 8:
@@ -296,6 +303,13 @@ class GroupAdmin:
             if attempt == RETRIES - 1:
                 raise BrokerResponseError(last_code, f"DescribeGroups {retry!r} (retries exhausted)")
             await asyncio.sleep(RETRY_BACKOFF_S)
+        # An empty simple group exists only while it holds committed offsets (Kafka describes an unknown
+        # group as Dead, which group_view drops; Tansu describes it as Empty).
+        unsure = [v for v in views.values() if v is not None and may_be_unknown(v)]
+        offsets = await asyncio.gather(*(self.committed(v) for v in unsure))
+        for v, committed in zip(unsure, offsets, strict=True):
+            if not committed:
+                views[v.group_id] = None
         out = [views.get(g) for g in dict.fromkeys(group_ids)]
         return [v for v in out if v is not None]
 

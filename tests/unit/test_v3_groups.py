@@ -27,6 +27,7 @@ from service.groups import (
     lag_summary,
     listed_consumer_groups,
     local_view,
+    may_be_unknown,
     member_assignment,
 )
 from service.protocol import error_codes as EC
@@ -308,3 +309,11 @@ def test_local_view_of_a_tenants_instances() -> None:
                                   inst("g2", None, [_tp("t", 3)]), inst("g3", "m3", [], closed=True)], "cid")
     assert groups == {"g1", "g2"}
     assert members == {"g1": {"m1": LocalMember("cid", (_tp("t", 0), _tp("t", 1)))}}
+
+
+def test_only_empty_simple_groups_without_members_need_their_offsets_to_exist() -> None:
+    empty_simple = group_view(_described([], state="Empty", ptype="", proto=""), 0)
+    assert empty_simple is not None and may_be_unknown(empty_simple)
+    for d in (_described([], state="Empty"), _described([_member("m")], state="Stable", ptype="", proto="")):
+        view = group_view(d, 0)
+        assert view is not None and not may_be_unknown(view)

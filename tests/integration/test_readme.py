@@ -1,0 +1,179 @@
+"""The README's "Quick start" and "Using it" shell blocks, run verbatim with bash against a gateway started
+the way ``make run`` starts it (the ``consumer-gateway`` entry point, no settings: embedded Tansu broker,
+defaults), so the README cannot drift from what the gateway does.
+
+Only two things differ from a user pasting the blocks: the ``make run`` / ``make test`` lines are not run
+(the gateway is already started, on a free port), and the ``BASE=`` line names that port. ``curl`` is a
+wrapper on ``PATH`` that adds a newline after each response body and reports each request's status on
+stderr, so the test sees every step's HTTP status; the blocks run under ``set -euo pipefail``.
+Checked: every command succeeds, every request answers 2xx, the consume steps print the produced records,
+and every expected output the README shows (``# → ...`` comments; ``...`` elides) is in the output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.gateway_proc import GatewayProcess
+
+pytestmark = pytest.mark.integration
+README = REPO / "README.md"
+SECTIONS = ("Quick start", "Using it")
+BASE_LINE = "BASE=http://127.0.0.1:8080"
+NOT_RUN = ("make run", "make test")  # the gateway is started by the fixture; the suite is what runs this
+FENCE = re.compile(r"^```(?:sh|bash|shell)\n(.*?)^```", re.S | re.M)
+HTTP_LINE = re.compile(r"^<<HTTP (\d{3}) (\S+) (\S+)>>$", re.M)
+
+
+def section(text: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"README.md has no '## {title}' section"
+    return m.group(1)
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The shell code blocks of the README's quick start and "Using it" sections, in order."""
+    blocks = []
+    for title in SECTIONS:
+        found = FENCE.findall(section(text, title))
+        assert found, f"no shell block in '## {title}'"
+        blocks += found
+    return blocks
+
+
+def script_lines(blocks: list[str], port: int) -> list[str]:
+    lines: list[str] = []
+    skipped = []
+    for block in blocks:
+        for line in block.splitlines():
+            command = line.split("#", 1)[0].strip()
+            if command in NOT_RUN:
+                skipped.append(command)
+                continue
+            if command == BASE_LINE:
+                line = f"BASE=http://127.0.0.1:{port}"
+            lines.append(line)
+    assert skipped == list(NOT_RUN), f"the quick start should show {NOT_RUN}: found {skipped}"
+    assert f"BASE=http://127.0.0.1:{port}" in lines, f"no '{BASE_LINE}' line"
+    return lines
+
+
+def expected_outputs(blocks: list[str]) -> list[list[str]]:
+    """The ``# → ...`` comments (continued on ``#    `` lines), each split into the fragments between
+    ``...`` elisions."""
+    out: list[str] = []
+    for block in blocks:
+        for line in block.splitlines():
+            if "# → " in line:
+                out.append(line.split("# → ", 1)[1].strip())
+            elif line.startswith("#    ") and out:
+                out[-1] += line[1:].strip()
+    return [[f for f in e.split("...") if f] for e in out]
+
+
+def make_run_recipe() -> list[str]:
+    text = (REPO / "Makefile").read_text()
+    m = re.search(r"^run:.*\n((?:\t.*\n)+)", text, re.M)
+    assert m, "Makefile has no run target"
+    return [line.strip() for line in m.group(1).splitlines()]
+
+
+class MakeRunGateway(GatewayProcess):
+    """The gateway as ``make run`` starts it: the ``consumer-gateway`` script of this venv with no
+    ``GATEWAY_*`` settings (so the embedded Tansu broker and every default) but the port."""
+
+    def __init__(self, log_file: Path) -> None:
+        super().__init__("", log_file=log_file, base_env={})
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        self.env["GATEWAY_PORT"] = str(self.port)
+
+    def launch(self) -> None:
+        exe = Path(sys.executable).parent / "consumer-gateway"
+        assert exe.exists(), f"{exe}: the project is not installed in this venv"
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self.proc = subprocess.Popen([str(exe)], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def make_run(tmp_path: Path) -> Iterator[GatewayProcess]:
+    # `make run` is exactly the entry point with the Makefile's environment: nothing else
+    assert make_run_recipe() == ["exec $(VENV)/bin/consumer-gateway"], make_run_recipe()
+    with MakeRunGateway(tmp_path / "gateway.log") as g:
+        yield g
+
+
+def curl_wrapper(directory: Path) -> Path:
+    """A ``curl`` that prints a newline after each body and ``<<HTTP status method url>>`` on stderr."""
+    real = shutil.which("curl")
+    assert real, "curl is needed (make system-deps)"
+    wrapper = directory / "curl"
+    wrapper.write_text(f"#!/bin/sh\nexec {real} -w '\\n%{{stderr}}<<HTTP %{{http_code}} %{{method}} "
+                       f"%{{url_effective}}>>\\n' \"$@\"\n")
+    wrapper.chmod(0o755)
+    return directory
+
+
+def json_values(stdout: str) -> list[Any]:
+    out = []
+    for line in stdout.splitlines():
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            pass
+    return out
+
+
+def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: GatewayProcess, tmp_path: Path) -> None:
+    text = README.read_text()
+    blocks = shell_blocks(text)
+    script = "set -euo pipefail\n" + "\n".join(script_lines(blocks, make_run.port)) + "\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["PATH"] = f"{curl_wrapper(tmp_path)}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    report = f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == 0, report
+
+    # every request answered 2xx, and the flow's steps all ran
+    requests = HTTP_LINE.findall(done.stderr)
+    assert requests and all(s.startswith("2") for s, _, _ in requests), report
+    steps = [(m, re.sub(r"^http://127\.0\.0\.1:\d+", "", u)) for _, m, u in requests]
+    for step in [("GET", "/v3/clusters"), ("POST", "/topics/orders"), ("POST", "/consumers/my-group"),
+                 ("POST", "/consumers/my-group/instances/c1/subscription"),
+                 ("GET", "/consumers/my-group/instances/c1/records?timeout=10000"),
+                 ("POST", "/consumers/my-group/instances/c1/offsets"), ("GET", "/consumers/my-group/instances/c1/offsets"),
+                 ("DELETE", "/consumers/my-group/instances/c1")]:
+        assert step in steps, (step, report)
+    assert any(m == "POST" and u.startswith("/v3/clusters/") and u.endswith("/topics") for m, u in steps), report
+
+    # the consume steps (poll, stream) print every produced record
+    values = json_values(done.stdout)
+    produced = [v for v in values if isinstance(v, dict) and "offsets" in v and "key_schema_id" in v]
+    assert len(produced) == 1, report
+    sent = {(o["partition"], o["offset"]) for o in produced[0]["offsets"]}
+    assert len(sent) == 2 and all(o["error_code"] is None for o in produced[0]["offsets"]), report
+    polled = [r for v in values if isinstance(v, list) for r in v if isinstance(r, dict) and "topic" in r]
+    streamed = [v for v in values if isinstance(v, dict) and v.get("topic") == "orders"]
+    assert polled, f"the long poll printed no records\n{report}"
+    consumed = {(r["partition"], r["offset"]): r["value"] for r in polled + streamed if r["topic"] == "orders"}
+    assert sent <= set(consumed), report
+    assert sorted(consumed.values()) == ["aGVsbG8=", "d29ybGQ="], report
+
+    # what the README says each command prints is what it printed
+    position = 0
+    for fragments in expected_outputs(blocks):
+        for fragment in fragments:
+            fragment = fragment.replace("127.0.0.1:8080", f"127.0.0.1:{make_run.port}")
+            found = done.stdout.find(fragment, position)
+            assert found >= 0, f"README's expected output {fragment!r} not printed (in order)\n{report}"
+            position = found + len(fragment)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError
 from service.fetch.fetcher import FetchConfig, Fetcher
+from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.group.assignors import get_assignor
 from service.group.coordinator import (
@@ -55,83 +55,15 @@ ListTopic = M.struct("ListOffsetsRequest", "ListOffsetsTopic")
 ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
 
 
+# A poll that has records also waits for a fetch outstanding since before it started if that fetch's
+# broker-side wait ends within this (Tansu answers only then; see Fetcher.gather_until).
+GATHER_DUE_S = 0.025
+
 POSITIONS_SAFETY_WAKE_S = 600.0  # an idle positions task looks again this often, woken or not
 
 
 class ConsumerClosedError(KafkaError):
     retriable = False
-
-
-# Per client: brokers that answered a v13+ Fetch with the all-zero topic id (their ids cannot be trusted).
-_NAMES_ONLY: weakref.WeakKeyDictionary[KafkaClient, set[int]] = weakref.WeakKeyDictionary()
-
-
-async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartition, int], *, max_bytes: int,
-                      isolation: int, max_wait_ms: int = 5, leader_epochs: bool = False, lease: bool = False,
-                      request_max_bytes: int = 0x7FFFFFFF, session: Any = None) -> dict[TopicPartition, Any]:
-    """A one-off Fetch (max wait 5 ms; sessionless unless ``session`` is given) of ``offsets`` from broker
-    ``node``; partition responses by partition. Their high watermark and last stable offset are right on every broker (Tansu's
-    ListOffsets(latest) is not), so end offsets are read from here (also by service/topics.py, and the
-    offset-range reads of service/fetch/ranges.py fetch records with it: ``leader_epochs`` sends the
-    partitions' current leader epochs, ``lease`` takes an exclusive connection so the fetch never waits
-    behind, or holds up, other requests; ``max_bytes`` is per partition, ``request_max_bytes`` for the whole
-    answer).
-
-    The version is the main fetcher's choice (:func:`service.fetch.session.choose_version`): Fetch v13+
-    names topics by id, so a topic whose id the metadata does not know (the all-zero uuid) is fetched at
-    v12 by name. A broker that answers v13+ with zero topic ids (the session handler then turns
-    ``names_only``, as in the main fetcher) is asked again at once by name, and is remembered for this client
-    so later probes name topics from the start.
-
-    ``session``: a :class:`~service.fetch.session.FetchSessionHandler` of ``node`` to fetch through (KIP-227;
-    the offset-range reads keep one per partition reader); the request is then full or incremental as the
-    session says, an incremental answer may leave out a partition with nothing new, and a session the
-    broker refused (unknown id, wrong epoch) is asked again at once with a full request. A send that fails
-    leaves the session ready for a full request (``handle_error``) and raises."""
-    from service.fetch.session import (
-        ZERO_UUID,
-        FetchPartitionData,
-        FetchSessionHandler,
-        choose_version,
-        to_fetch_request,
-    )
-
-    md = client.metadata
-    by_name = node in _NAMES_ONLY.get(client, ())
-    refused = 0
-    while True:
-        handler = session if session is not None else FetchSessionHandler(node)
-        b = handler.builder()
-        for tp, off in offsets.items():
-            b.add(FetchPartitionData(
-                topic=tp.topic, topic_id=ZERO_UUID if by_name else md.topic_id(tp.topic), partition=tp.partition,
-                fetch_offset=off, partition_max_bytes=max_bytes,
-                current_leader_epoch=md.leader_epoch(tp.topic, tp.partition) if leader_epochs else -1))
-        data = b.build()
-        async with contextlib.AsyncExitStack() as stack:
-            if lease:
-                conn = await (await stack.enter_async_context(client.lease(node))).get()
-            else:
-                conn = await client.connection(node).get()
-            version = choose_version(conn.version_for(M.ApiKey.FETCH), data)
-            # max wait 5 ms / min bytes 1: Tansu answers a max_wait=0, min_bytes=0 fetch with no partitions
-            req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=1,
-                                   max_bytes=request_max_bytes, isolation_level=isolation)
-            try:
-                resp = await conn.send(req, version)
-            except BaseException as exc:
-                if session is not None:
-                    handler.handle_error(exc)
-                raise
-        ok = handler.handle_response(resp, version)
-        if not ok and handler.names_only and not by_name:
-            _NAMES_ONLY.setdefault(client, set()).add(node)  # zero topic ids in a v13+ answer: ask by name
-            by_name = True
-            continue
-        if not ok and session is not None and refused < 2:
-            refused += 1  # the broker refused the session (evicted, wrong epoch): the next request is full
-            continue
-        return {TopicPartition(*tp): p for tp, p in handler.response_partitions(resp, version).items()}
 
 
 @dataclass(frozen=True)
@@ -160,6 +92,9 @@ class ConsumerConfig:
     client_rack: str = ""
     metadata_max_age_ms: int = 300000  # how often a pattern subscription looks for new topics
     fetch_idle_pause_ms: int = 30000  # stop prefetching after this long without a poll (0: never)
+    # Once a poll has records to hand out, it gathers for at most this long while fetches that may bring
+    # records of other assigned partitions are outstanding (see poll_batches); 0: return at once.
+    poll_linger_ms: float = 0.0
 
     @property
     def isolation(self) -> int:
@@ -643,11 +578,24 @@ class Consumer:
         return lo if lo < end else None
 
     # -- poll -----------------------------------------------------------------------------------------
-    async def poll_batches(self, max_records: int = 500, max_bytes: int | None = None,
-                           timeout: float = 1.0) -> list[tuple[TopicPartition, list[Record]]]:
-        """Records as per-partition chunks as soon as any are buffered, or [] after ``timeout`` seconds.
+    async def poll_batches(self, max_records: int = 500, max_bytes: int | None = None, timeout: float = 1.0, *,
+                           min_bytes: int | None = None,
+                           linger: float | None = None) -> list[tuple[TopicPartition, list[Record]]]:
+        """Records as per-partition chunks, or [] after ``timeout`` seconds.
 
-        The hot path of the gateway: no per-record objects are created here.
+        A poll returns what is waiting across the whole assignment, up to ``max_records`` / ``max_bytes``:
+        once records are buffered it gathers for at most ``linger`` seconds (default: the config's
+        ``poll_linger_ms``), and only while a fetch that may bring records of another assigned partition
+        (one with nothing buffered) is outstanding; it never lingers once ``max_records`` records or
+        ``max_bytes`` bytes (as fetched) are buffered, nor past ``timeout``. ``linger=0`` returns as soon as
+        anything is buffered.
+
+        ``min_bytes`` (Confluent's ``fetch.min.bytes`` of an instance): return only once the buffered keys
+        and values add up to more than ``min_bytes`` bytes (or ``max_records`` / ``max_bytes`` is reached),
+        else what is buffered when ``timeout`` ends; no linger then.
+
+        The hot path of the gateway: no per-record objects are created here, and no per-record work is
+        done unless ``max_bytes`` or ``min_bytes`` asks for byte counts.
         """
         self._ensure_started()
         if self._fatal is not None:
@@ -657,18 +605,19 @@ class Consumer:
         self.stats.polls += 1
         started = time.monotonic()
         deadline = started + max(0.0, timeout)
+        gather = self.config.poll_linger_ms / 1000 if linger is None else max(0.0, linger)
         fetcher = self.fetcher
         fetcher.demand()
         try:
-            return await self._poll_batches(started, deadline, max_records, max_bytes)
+            return await self._poll_batches(started, deadline, max_records, max_bytes, min_bytes, gather)
         finally:
             fetcher.demand_done()
 
-    async def _poll_batches(self, started: float, deadline: float, max_records: int,
-                            max_bytes: int | None) -> list[tuple[TopicPartition, list[Record]]]:
+    async def _poll_batches(self, started: float, deadline: float, max_records: int, max_bytes: int | None,
+                            min_bytes: int | None, linger: float) -> list[tuple[TopicPartition, list[Record]]]:
         coord = self.coordinator if self.subs.is_group_managed else None
         if coord is None:
-            return await self._poll_loop(started, deadline, max_records, max_bytes)
+            return await self._poll_loop(started, deadline, max_records, max_bytes, min_bytes, linger)
         coord.start()  # idempotent: also after a subscribe that failed half-way
         coord.poll_started()
         try:
@@ -677,36 +626,67 @@ class Consumer:
                 err = coord.last_error
                 if not coord.stable and err is not None and not err.retriable:
                     raise err  # e.g. the broker rejects our credentials: say so instead of returning []
-            return await self._poll_loop(started, deadline, max_records, max_bytes)
+            return await self._poll_loop(started, deadline, max_records, max_bytes, min_bytes, linger)
         finally:
             coord.poll_finished()
 
-    async def _poll_loop(self, started: float, deadline: float, max_records: int,
-                         max_bytes: int | None) -> list[tuple[TopicPartition, list[Record]]]:
+    async def _poll_loop(self, started: float, deadline: float, max_records: int, max_bytes: int | None,
+                         min_bytes: int | None, linger: float) -> list[tuple[TopicPartition, list[Record]]]:
         fetcher = self.fetcher
-        while True:
-            if fetcher.errors:
-                err = fetcher.take_error()
-                if err is not None:
-                    self._positions_wake.set()
-                    raise err
-            if self._fatal is not None:
-                raise self._fatal
-            chunks = fetcher.drain(max_records, max_bytes)
-            if chunks:
-                self.stats.records += sum(len(c) for _, c in chunks)
-                self._consumed.set()
-                self.stats.poll_wait_seconds += time.monotonic() - started
-                return chunks
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.stats.poll_wait_seconds += time.monotonic() - started
-                return []
-            fetcher.data_event.clear()
-            if fetcher.has_data() or fetcher.errors:
-                continue
-            if await wait_event(fetcher.data_event, remaining):
-                self.stats.wakeups += 1
+        # Records are taken from the buffer only at the very end (after any wait), so a poll cancelled
+        # while it waits or gathers (the gateway's drain, a client that left) loses nothing.
+        gather_until: float | None = None  # until when to gather (linger mode), once records were seen
+        data_seen = 0.0
+        sizes: dict[int, tuple[Any, int]] = {}  # buffered_payload's cache (min_bytes mode)
+        seen_done = -1
+        try:
+            while True:
+                if fetcher.errors:
+                    err = fetcher.take_error()
+                    if err is not None:
+                        self._positions_wake.set()
+                        raise err
+                if self._fatal is not None:
+                    raise self._fatal
+                now = time.monotonic()
+                wait_until = deadline
+                if fetcher.buffered_records:
+                    if fetcher.buffered_records >= max_records or (
+                            max_bytes is not None and fetcher.buffered_bytes >= max_bytes):
+                        take = True  # a full poll's worth is buffered
+                    elif min_bytes is not None:
+                        take = fetcher.buffered_payload(sizes) > min_bytes
+                    elif linger <= 0:
+                        take = True
+                    else:
+                        if gather_until is None:
+                            data_seen = now
+                            fetcher.gathering += 1
+                        if fetcher.fetches_done != seen_done or gather_until is None:
+                            # (again whenever a fetch ended: stop as soon as none that matters is outstanding)
+                            seen_done = fetcher.fetches_done
+                            until = fetcher.gather_until(started, data_seen, linger, max(linger, GATHER_DUE_S))
+                            gather_until = now if until is None else min(deadline, until)
+                        take = now >= gather_until
+                        wait_until = gather_until
+                    if take or now >= deadline:
+                        chunks = fetcher.drain(max_records, max_bytes)
+                        if chunks:
+                            self.stats.records += sum(len(c) for _, c in chunks)
+                            self._consumed.set()
+                            self.stats.poll_wait_seconds += time.monotonic() - started
+                            return chunks
+                        # only paused partitions hold records: wait for others (or a resume)
+                        wait_until = deadline
+                if now >= deadline:
+                    self.stats.poll_wait_seconds += now - started
+                    return []
+                fetcher.data_event.clear()
+                if await wait_event(fetcher.data_event, wait_until - now):
+                    self.stats.wakeups += 1
+        finally:
+            if gather_until is not None:
+                fetcher.gathering -= 1
 
     async def poll(self, max_records: int = 500, max_bytes: int | None = None,
                    timeout: float = 1.0) -> list[ConsumerRecord]:
@@ -865,6 +845,7 @@ class Consumer:
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self.subs.resume([TopicPartition(*tp) for tp in partitions])
         self.fetcher.wake()
+        self.fetcher.data_event.set()  # a waiting poll looks again: resumed partitions may hold records
 
     def paused(self) -> set[TopicPartition]:
         return self.subs.paused()

@@ -31,13 +31,7 @@ from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.fetch.read_committed import READ_COMMITTED, TxnTracker, filter_batches
-from service.fetch.session import (
-    FetchPartitionData,
-    FetchSessionHandler,
-    FetchSessionStateError,
-    choose_version,
-    to_fetch_request,
-)
+from service.fetch.session import FetchPartitionData, FetchSessionHandler, choose_version, to_fetch_request
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
@@ -54,6 +48,10 @@ log = logging.getLogger(__name__)
 
 # Partition-level Fetch errors about topic identity (Java's FetchCollector requests a metadata update).
 _TOPIC_ID_CODES = frozenset({EC.UNKNOWN_TOPIC_ID, EC.INCONSISTENT_TOPIC_ID, EC.FETCH_SESSION_TOPIC_ID_ERROR})
+
+
+# A fetch whose broker-side wait ends at T is usually answered within this after T.
+DUE_MARGIN_S = 0.003
 
 
 class RecordTooLargeError(KafkaError):
@@ -127,12 +125,20 @@ class Fetcher:
         self.sessions: dict[int, FetchSessionHandler] = {}
         self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
         self.buffered_bytes = 0
+        self.buffered_records = 0  # records in the buffer not yet handed out (paused partitions included)
         self.budget: Any = None  # optional process-wide prefetch budget (service.gateway.Budget)
         self.data_event = LightEvent()
         self.errors: dict[TopicPartition, Exception] = {}
         self.trackers: dict[TopicPartition, TxnTracker] = {}
         self._wake = LightEvent()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
+        # per in-flight fetch: what it asks for, when it was sent, when its broker-side wait ends
+        self._in_flight_info: dict[int, tuple[list[TopicPartition], float, float]] = {}
+        #: fetches ended so far (a poll that gathers notices one ending by this changing)
+        self.fetches_done = 0
+        #: polls gathering records (Consumer.poll_batches' linger): while any is, the end of every fetch
+        #: also sets data_event, so they stop lingering as soon as no fetch is outstanding
+        self.gathering = 0
         self._task: asyncio.Task[None] | None = None
         # Called with any unexpected exception of a round or a fetch (the consumer logs and counts it)
         self.on_error: Callable[[Exception], None] | None = None
@@ -197,12 +203,13 @@ class Fetcher:
         for tp in targets:
             q = self.buffer.pop(tp, None)
             if q:
-                self._account(-(sum(cf.size for cf in q)))
+                self._account(-(sum(cf.size for cf in q)), -sum(len(cf.records) - cf.index for cf in q))
             self.errors.pop(tp, None)
         self.wake()
 
-    def _account(self, delta: int) -> None:
+    def _account(self, delta: int, records: int = 0) -> None:
         self.buffered_bytes += delta
+        self.buffered_records += records
         if self.budget is not None:
             self.budget.add(delta)
 
@@ -223,7 +230,7 @@ class Fetcher:
                 pos = st.position if st is not None else None
                 if pos is None or pos != cf.fetch_offset:
                     q.popleft()  # stale: revoked or the position moved (seek) while it was buffered
-                    self._account(-(cf.size))
+                    self._account(-(cf.size), cf.index - len(cf.records))
                     continue
                 if st is not None and st.paused:
                     break
@@ -248,6 +255,7 @@ class Fetcher:
                 chunk = recs if (i == 0 and j == len(recs)) else recs[i:j]
                 out.append((tp, chunk))
                 left -= j - i
+                self.buffered_records -= j - i
                 cf.index = j
                 if j >= len(recs):
                     q.popleft()
@@ -267,6 +275,42 @@ class Fetcher:
 
     def has_data(self) -> bool:
         return any(self.buffer.values())
+
+    def gather_until(self, poll_started: float, data_seen: float, linger: float, due_window: float) -> float | None:
+        """Until when a poll that saw records at ``data_seen`` should wait for more (None: no need).
+
+        Only fetches in flight that ask for a partition with nothing buffered count (their answer may bring
+        records to hand out together with the buffered ones). Each counts until ``data_seen + linger``; one
+        outstanding since before the poll started (it may carry records produced before the request) whose
+        broker-side wait ends within ``due_window`` of ``data_seen`` counts until that end (plus a little):
+        a broker that answers a parked fetch only when its wait ends (Tansu) holds such records until then."""
+        buf = self.buffer
+        until: float | None = None
+        for tps, sent, due in self._in_flight_info.values():
+            if all(buf.get(tp) for tp in tps):
+                continue
+            t = data_seen + linger
+            if sent <= poll_started and due <= data_seen + due_window:
+                t = max(t, due + DUE_MARGIN_S)
+            if until is None or t > until:
+                until = t
+        return until
+
+    def buffered_payload(self, cache: dict[int, tuple[CompletedFetch, int]]) -> int:
+        """Key + value bytes of the buffered records not yet handed out. ``cache`` (kept by the caller for
+        one poll, during which nothing is drained) holds each buffered fetch's share, so every record is
+        measured once per poll."""
+        total = 0
+        for q in self.buffer.values():
+            for cf in q:
+                hit = cache.get(id(cf))
+                if hit is None or hit[0] is not cf:
+                    n = 0
+                    for r in cf.records[cf.index:]:
+                        n += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+                    hit = cache[id(cf)] = (cf, n)
+                total += hit[1]
+        return total
 
     # -- the loop ---------------------------------------------------------------------------------------
     def _failed(self, exc: Exception) -> None:
@@ -382,6 +426,8 @@ class Fetcher:
         for node, tps in self._fetchable_by_leader().items():
             if node in self._in_flight:
                 continue
+            now = time.monotonic()
+            self._in_flight_info[node] = (tps, now, now + self.max_wait_ms() / 1000)
             self._in_flight[node] = asyncio.create_task(self._fetch(node, tps), name=f"fetch-{node}")
 
     async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
@@ -394,6 +440,10 @@ class Fetcher:
             await asyncio.sleep(0.1)
         finally:
             self._in_flight.pop(node, None)
+            self._in_flight_info.pop(node, None)
+            self.fetches_done += 1
+            if self.gathering:
+                self.data_event.set()
             self._wake.set()
 
     async def _fetch_inner(self, node: int, tps: list[TopicPartition]) -> None:
@@ -430,42 +480,33 @@ class Fetcher:
             ))
         # The connection's negotiated version decides before building: below Fetch v7 (ApiVersions
         # renegotiated after a reconnect to a broker that now supports less) the session is dropped and
-        # the request is a full, sessionless one.
-        max_version = conn.version_for(M.ApiKey.FETCH)
-        data = builder.build(max_version=max_version)
+        # the request is a full, sessionless one. The handler's request() pairs the build with
+        # handle_error: whatever fails before the answer (building the message included) ends the flight.
         max_wait_ms = self.max_wait_ms()
-        try:
-            version = choose_version(max_version, data)
-            req = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=cfg.min_bytes,
-                                   max_bytes=cfg.max_bytes, isolation_level=cfg.isolation_level,
-                                   rack_id=cfg.rack_id)
-        except KafkaError as exc:
-            handler.handle_error(exc)
-            raise
-        except Exception as exc:  # a bug: never leave the handler with a fetch "in flight" that was not sent
-            handler.handle_error(exc)
-            log.error("fetch: cannot build a Fetch request for node %s: %r", node, exc)
-            return
-        positions = {tp: d.fetch_offset for tp, d in data.session_partitions.items()}
         sent_before = conn.bytes_sent
         try:
-            resp = await conn.send(req, version, timeout=conn.config.request_timeout + max_wait_ms / 1000)
-        except (KafkaError, asyncio.CancelledError) as exc:
-            with contextlib.suppress(FetchSessionStateError):
-                handler.handle_error(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+            with handler.request(builder, max_version=conn.version_for(M.ApiKey.FETCH), max_wait_ms=max_wait_ms,
+                                 min_bytes=cfg.min_bytes, max_bytes=cfg.max_bytes,
+                                 isolation_level=cfg.isolation_level, rack_id=cfg.rack_id) as fx:
+                data, version = fx.data, fx.version
+                try:
+                    resp = await conn.send(fx.message, version,
+                                           timeout=conn.config.request_timeout + max_wait_ms / 1000)
+                finally:
+                    handler.add_request_bytes(conn.bytes_sent - sent_before)
+                    self.stats.request_bytes += conn.bytes_sent - sent_before
+                ok = handler.handle_response(resp, version)
+        except KafkaError as exc:
+            log.debug("fetch: node %s: %s", node, exc)
             self.client.invalidate()
             return
-        finally:
-            handler.add_request_bytes(conn.bytes_sent - sent_before)
-            self.stats.request_bytes += conn.bytes_sent - sent_before
+        positions = {tp: d.fetch_offset for tp, d in data.session_partitions.items()}
         self.stats.fetches += 1
         if data.is_full:
             self.stats.full_fetches += 1
         else:
             self.stats.incremental_fetches += 1
-        if not handler.handle_response(resp, version):
+        if not ok:
             self.stats.session_errors += 1
             log.info("fetch session with node %s: %s", node, handler.last_problem)
             if version >= 7 and resp.error_code == EC.FETCH_SESSION_TOPIC_ID_ERROR:
@@ -477,9 +518,10 @@ class Fetcher:
         for i, (tp, part) in enumerate(parts.items()):
             self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
             if i < last and part.records:
-                # Decoding a partition's records is CPU work (a few ms per MB): let waiting polls take
-                # what was just buffered before the next one. _handle_partition re-checks each
-                # partition's assignment and position, so what changed meanwhile is ignored safely.
+                # Decoding a partition's records is CPU work (a few ms per MB): let other tasks (HTTP
+                # requests, heartbeats, a poll that has gathered enough) run before the next one.
+                # _handle_partition re-checks each partition's assignment and position, so what changed
+                # meanwhile is ignored safely.
                 await asyncio.sleep(0)
 
     def _handle_partition(self, tp: TopicPartition, part: Any, fetch_offset: int | None) -> None:
@@ -537,7 +579,7 @@ class Fetcher:
                 subs.advance(tp, res.next_offset)
             return
         self.buffer.setdefault(tp, deque()).append(cf)
-        self._account(size)
+        self._account(size, len(res.records))
         self.stats.records += len(res.records)
         self.stats.bytes += size
         self.last_data = time.monotonic()

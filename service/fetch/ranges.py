@@ -53,6 +53,7 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
+from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
 from service.fetch.session import FetchSessionHandler
 from service.gateway import GatewayError
@@ -239,10 +240,8 @@ async def _leader(client: KafkaClient, tp: TopicPartition, refresh: bool) -> int
 async def _fetch(client: KafkaClient, node: int, tp: TopicPartition, offset: int, isolation: int,
                  max_bytes: int, max_wait_ms: int = FETCH_WAIT_MS) -> Any:
     """One Fetch of ``tp`` from ``offset`` on a leased connection, through one of the client's range
-    sessions; the partition response. (:func:`service.consumer.consumer.probe_fetch`: the main fetcher's
+    sessions; the partition response. (:func:`service.fetch.oneshot.probe_fetch`: the main fetcher's
     version choice, v12 by name for topics without ids and for brokers that answer zero topic ids.)"""
-    from service.consumer.consumer import probe_fetch
-
     sessions = range_sessions(client)
     loop = asyncio.get_running_loop()
     rs = sessions.take(node, tp, loop.time())

@@ -16,15 +16,22 @@ sequence of session ids and epochs it would see from the Java client:
 * ``(id, n > 0)``: incremental request within session ``id``.
 * ``(id, -1)``: closes session ``id`` without creating another (used on shutdown).
 
+Every fetch, the main fetcher's and the one-shot ones (:mod:`service.fetch.oneshot`), goes through
+:meth:`FetchSessionHandler.request`: it builds the request data, picks the version, makes the message and
+holds the fetch "in flight" only within its ``with`` block, so a failure anywhere between building and the
+response (a message that cannot be built, a connection that fails, a cancelled send) ends the flight with
+:meth:`FetchSessionHandler.handle_error` and the session's next fetch goes out as usual.
+
 A broker that never creates sessions (Tansu answers session id 0 every time) keeps the handler at
 :data:`INITIAL`: every request is a full one, and no extra requests are made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -50,6 +57,7 @@ __all__ = [
     "FetchSessionHandler",
     "FetchSessionStateError",
     "FetchSessionStats",
+    "PreparedFetch",
     "TopicIdPartition",
     "TopicPartition",
     "choose_version",
@@ -208,6 +216,16 @@ class FetchSessionStats:
         self.request_bytes += n
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedFetch:
+    """One request of :meth:`FetchSessionHandler.request`: the built session data, the Fetch version it goes
+    out at and the message to send."""
+
+    data: FetchRequestData
+    version: int
+    message: Any
+
+
 class FetchRequestBuilder:
     """Collects the partitions wanted in one fetch round; single use."""
 
@@ -318,6 +336,35 @@ class FetchSessionHandler:
     # -- building -------------------------------------------------------------------------------
     def builder(self) -> FetchRequestBuilder:
         return FetchRequestBuilder(self)
+
+    @contextlib.contextmanager
+    def request(self, builder: FetchRequestBuilder, *, max_version: int, max_wait_ms: int, min_bytes: int,
+                max_bytes: int = 0x7FFFFFFF, isolation_level: int = 0,
+                rack_id: str = "") -> Iterator[PreparedFetch]:
+        """Build ``builder`` (see :meth:`FetchRequestBuilder.build`), choose the version
+        (:func:`choose_version`) and make the message (:func:`to_fetch_request`); the block sends it and
+        hands the answer to :meth:`handle_response`.
+
+        The fetch is in flight from the build to the end of the block. Whatever raises in between (the
+        message cannot be made, the connection or the send fails, the task is cancelled) ends the flight
+        with :meth:`handle_error` before it propagates, and a block left without a response does the
+        same, so the handler never stays "in flight" (which would refuse the session's later fetches). A
+        build refused because another fetch is in flight leaves that other fetch alone."""
+        if builder._handler is not self:
+            raise ValueError("the builder belongs to another session handler")
+        was_in_flight = self._in_flight
+        try:
+            data = builder.build(max_version=max_version)
+            version = choose_version(max_version, data)
+            message = to_fetch_request(data, version=version, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                       max_bytes=max_bytes, isolation_level=isolation_level, rack_id=rack_id)
+            yield PreparedFetch(data, version, message)
+        except BaseException as exc:
+            if self._in_flight and not was_in_flight:
+                self.handle_error(exc)
+            raise
+        if self._in_flight:
+            self.handle_error(None)  # the block ended without handle_response: as if the answer was lost
 
     def _build(self, wanted: dict[TopicPartition, FetchPartitionData],
                topic_names: dict[uuid.UUID, str], max_version: int | None = None) -> FetchRequestData:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from service.client.client import KafkaClient
-from service.consumer.consumer import probe_fetch
+from service.fetch.oneshot import probe_fetch
 from service.fetch.ranges import RangeSessions, range_sessions, read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.fetch.session import ZERO_UUID

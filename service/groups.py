@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 CONSUMER_PROTOCOL = "consumer"
 RETRIES = 5  # attempts for retriable coordinator errors (loading, moved, not available)
 RETRY_BACKOFF_S = 0.1
+LOG_END_CONCURRENCY = 32  # partitions whose end offset is read at once (each: 2 ListOffsets + 1 Fetch)
 
 _FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
 
@@ -382,7 +383,13 @@ class GroupAdmin:
             async def read(client: KafkaClient, tp: TopicPartition) -> int:
                 return (await read_offsets(client, tp)).last_stable_offset
 
-        results = await asyncio.gather(*(read(self.client, tp) for tp in tps), return_exceptions=True)
+        limit = asyncio.Semaphore(LOG_END_CONCURRENCY)
+
+        async def bounded(tp: TopicPartition) -> int:
+            async with limit:
+                return int(await read(self.client, tp))
+
+        results = await asyncio.gather(*(bounded(tp) for tp in tps), return_exceptions=True)
         out: dict[TopicPartition, int] = {}
         for tp, r in zip(tps, results, strict=True):
             if isinstance(r, BrokerResponseError) and r.code == EC.UNKNOWN_TOPIC_OR_PARTITION:

@@ -35,6 +35,7 @@ from service.groups import (
     GroupView,
     LagNotFound,
     LagSummary,
+    LocalMember,
     MemberView,
     PartitionLag,
     lag_summary,
@@ -130,9 +131,19 @@ class ConsumerGroupLagSummaryData(Resource):
 
 # -- helpers -------------------------------------------------------------------------------------------------
 def admin(request: Request, tenant: Tenant) -> GroupAdmin:
+    """The tenant's GroupAdmin; this process's instances of the tenant describe their own membership (looked
+    at only for the groups a request names, or all of them for the list)."""
     rt = runtime(request, tenant)
-    groups, members = local_view(list(rt.instances.values()), rt.client.config.client_id)
-    return GroupAdmin(rt.client, local_members=lambda g: members.get(g, {}), local_groups=lambda: groups)
+    client_id = rt.client.config.client_id
+
+    def members(group: str) -> dict[str, LocalMember]:
+        own = [inst for (g, _), inst in list(rt.instances.items()) if g == group]
+        return local_view(own, client_id)[1].get(group, {})
+
+    def groups() -> set[str]:
+        return local_view(list(rt.instances.values()), client_id)[0]
+
+    return GroupAdmin(rt.client, local_members=members, local_groups=groups)
 
 
 def group_json(request: Request, cid: str, g: GroupView) -> dict[str, Any]:

@@ -10,6 +10,7 @@ exactly Confluent's fields); the integration tests run it on every endpoint's an
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -317,3 +318,31 @@ def test_only_empty_simple_groups_without_members_need_their_offsets_to_exist() 
     for d in (_described([], state="Empty"), _described([_member("m")], state="Stable", ptype="", proto="")):
         view = group_view(d, 0)
         assert view is not None and not may_be_unknown(view)
+
+
+async def test_log_end_offsets_skip_deleted_partitions_and_bound_concurrency() -> None:
+    from service.groups import LOG_END_CONCURRENCY, GroupAdmin
+
+    running = peak = 0
+
+    async def read(client: Any, tp: TopicPartition) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+        if tp.topic == "gone":
+            raise BrokerResponseError(EC.UNKNOWN_TOPIC_OR_PARTITION, "end offset")
+        return 100 + tp.partition
+
+    adm = GroupAdmin(SimpleNamespace(), read_log_end=read)  # type: ignore[arg-type]
+    tps = [_tp("t", p) for p in range(LOG_END_CONCURRENCY * 3)] + [_tp("gone", 0)]
+    ends = await adm.log_end_offsets(tps)
+    assert ends == {_tp("t", p): 100 + p for p in range(LOG_END_CONCURRENCY * 3)}
+    assert 1 < peak <= LOG_END_CONCURRENCY
+
+    async def failing(client: Any, tp: TopicPartition) -> int:
+        raise BrokerResponseError(EC.NOT_LEADER_OR_FOLLOWER, "end offset")
+
+    with pytest.raises(BrokerResponseError):
+        await GroupAdmin(SimpleNamespace(), read_log_end=failing).log_end_offsets([_tp("t", 0)])  # type: ignore[arg-type]

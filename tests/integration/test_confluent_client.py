@@ -8,13 +8,16 @@
   ``slugify`` from ``python-slugify`` without declaring it): builds instance URLs from its own name,
   handles 409 on create by deleting and re-creating the instance, seeks with POST .../positions/ (with a
   trailing slash) and consumes in the json format.
+- ``kafka-bridge-client`` 0.7.1 (PyPI; aiohttp; Strimzi's bridge by default, Confluent's v2 with
+  ``proxy="confluent"``): create, subscribe, poll, commit (expects Confluent's 200) and delete.
 
-The clients are synchronous (requests), so they run in a worker thread.
+The first two clients are synchronous (requests), so they run in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -204,3 +207,40 @@ async def test_pymapr_kafkarest_produce_and_consume(pymapr: ModuleType, kclient:
     assert [(r["offset"], r["key"], r["value"]) for r in got] == [
         (0, None, {"n": 1}), (1, "k2", ["two", 2]), (2, None, "three")]
     await instances_gone(http, group, name)
+
+
+# -- kafka-bridge-client (Confluent mode) --------------------------------------------------------------------
+async def test_kafka_bridge_client_confluent_mode(tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess,
+                                                  http: httpx.AsyncClient, topic_name: str) -> None:
+    """``kafka-bridge-client`` 0.7 (PyPI; aiohttp) with ``proxy="confluent"``: entering its context deletes a
+    leftover instance (a 404 is expected), creates a named binary instance (needs 200) and subscribes (204);
+    ``poll_records`` GETs records (200, sending a ``{}`` body on the GET); ``commit`` posts the last offset of
+    each partition and needs Confluent's 200 (it raises on our former 204); leaving deletes the instance
+    (204). Every other status raises in the client."""
+    from kafka_bridge_client import KafkaBridgeConsumer
+
+    t = topic_name
+    await kclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"one"), (b"k", b"two"), (None, b"three")])
+    group, name = f"kbc-{t}", f"kbc-{uuid.uuid4().hex[:8]}"
+    consumer = KafkaBridgeConsumer(t, bootstrap_server=gw.url, group_id=group, auto_offset_reset="earliest",
+                                   enable_auto_commit=False, consumer_name=name, sleep_interval_seconds=0,
+                                   proxy="confluent")
+    got: list[dict[str, Any]] = []
+    async with consumer:
+        deadline = time.monotonic() + 30
+        while len(got) < 3:
+            assert time.monotonic() < deadline, got
+            got += await consumer.poll_records(max_bytes=1_000_000, timeout=1000)
+        await consumer.commit()
+    assert [base64.b64decode(r["value"]) for r in got] == [b"one", b"two", b"three"]
+    await instances_gone(http, group, name)
+    # the commit reached the broker: the next offset to read is after the last record
+    r = await http.post(f"/consumers/{group}", json={"name": "check", "format": "binary"}, headers={"Content-Type": V2})
+    assert r.status_code == 200, r.text
+    check = f"/consumers/{group}/instances/check"
+    r = await http.request("GET", f"{check}/offsets", json={"partitions": [{"topic": t, "partition": 0}]},
+                           headers={"Content-Type": V2})
+    assert r.status_code == 200 and r.json()["offsets"] == [
+        {"topic": t, "partition": 0, "offset": 3, "metadata": ""}], r.text
+    await http.delete(check)

@@ -10,8 +10,8 @@ The views and the lag arithmetic are pure (unit-tested without sockets); :class:
   partition assignor), members with client id, host and assignment (decoded with the consumer protocol).
   A group the broker answers as ``Dead`` with no protocol type does not exist (Kafka describes unknown
   groups that way); nor does an ``Empty`` one without protocol type, members or committed offsets (Tansu
-  describes unknown groups that way). Where the broker leaves a member's assignment or client id empty
-  (Tansu) and the member lives in this process, the member's own view is used.
+  describes unknown groups that way). Where the broker leaves a member's assignment, client id or the
+  group's protocol empty (Tansu) and the member lives in this process, the member's own view is used.
 - **OffsetFetch** (all partitions) gives the committed offsets; the log end offset of each partition is
   its last stable offset, taken from a Fetch response (:func:`service.topics.read_offsets`): Confluent
   reads ``ListOffsets(latest, read_committed)``, which Tansu answers wrongly.
@@ -128,6 +128,7 @@ class LocalMember:
 
     client_id: str
     assignment: tuple[TopicPartition, ...]
+    protocol: str = ""  # the group protocol (assignor) the member joined with
 
 
 def confluent_state(kafka_state: str) -> str:
@@ -164,6 +165,7 @@ def group_view(described: Any, coordinator: int, local: Mapping[str, LocalMember
     if described.group_state == "Dead" and not described.protocol_type:
         return None
     members = []
+    assignor = described.protocol_data or ""
     for m in described.members:
         assignment = member_assignment(described.protocol_type, m.member_assignment)
         client_id = m.client_id or ""
@@ -172,13 +174,14 @@ def group_view(described: Any, coordinator: int, local: Mapping[str, LocalMember
             if assignment is None:
                 assignment = own.assignment
             client_id = client_id or own.client_id
+            assignor = assignor or own.protocol
         parts = tuple(tp for tp in assignment or () if allows_topic is None or allows_topic(tp.topic))
         members.append(MemberView(m.member_id, getattr(m, "group_instance_id", None), client_id,
                                   m.client_host or "", parts))
     return GroupView(
         group_id=described.group_id,
         is_simple=not described.protocol_type,
-        partition_assignor=described.protocol_data or "",
+        partition_assignor=assignor,
         state=confluent_state(described.group_state),
         coordinator=coordinator,
         members=tuple(sorted(members, key=lambda m: m.consumer_id)),
@@ -430,5 +433,6 @@ def local_view(instances: Iterable[Any], client_id: str) -> tuple[set[str], dict
             assignment = tuple(sorted(consumer.assignment()))
         except KafkaError:  # pragma: no cover - a closing consumer
             assignment = ()
-        members.setdefault(inst.group, {})[member_id] = LocalMember(client_id, assignment)
+        protocol = getattr(member, "protocol_name", None) or ""
+        members.setdefault(inst.group, {})[member_id] = LocalMember(client_id, assignment, protocol)
     return groups, members

@@ -234,11 +234,13 @@ def test_group_view_fills_what_the_broker_left_empty_from_own_members() -> None:
     """Tansu answers members without client id and assignment: this process's own members fill them in;
     a broker's answer wins where it has one, and strangers stay empty."""
     d = _described([_member("own"), _member("stranger"),
-                    _member("full", encode_assignment({"t": [5]}), "broker-said")])
-    local = {"own": LocalMember("gw-client", (TopicPartition("t", 1),)),
+                    _member("full", encode_assignment({"t": [5]}), "broker-said")], proto="")
+    local = {"own": LocalMember("gw-client", (TopicPartition("t", 1),), "cooperative-sticky"),
              "full": LocalMember("gw-client", (TopicPartition("t", 9),))}
     g = group_view(d, 0, local)
-    assert g is not None
+    assert g is not None and g.partition_assignor == "cooperative-sticky"
+    named = group_view(_described([_member("own")], proto="range"), 0, local)
+    assert named is not None and named.partition_assignor == "range"  # the broker's answer wins
     assert {m.consumer_id: (m.client_id, m.assignment) for m in g.members} == {
         "own": ("gw-client", (TopicPartition("t", 1),)), "stranger": ("", ()),
         "full": ("broker-said", (TopicPartition("t", 5),))}
@@ -302,14 +304,14 @@ def test_lag_summary_takes_the_first_largest_and_ignores_negative_lag() -> None:
 
 def test_local_view_of_a_tenants_instances() -> None:
     def inst(group: str, member_id: str | None, parts: list[TopicPartition], closed: bool = False) -> SimpleNamespace:
-        member = None if member_id is None else SimpleNamespace(member_id=member_id)
+        member = None if member_id is None else SimpleNamespace(member_id=member_id, protocol_name="range")
         consumer = SimpleNamespace(member=member, assignment=lambda: list(parts))
         return SimpleNamespace(group=group, closed=closed, consumer=consumer)
 
     groups, members = local_view([inst("g1", "m1", [_tp("t", 1), _tp("t", 0)]), inst("g1", "", []),
                                   inst("g2", None, [_tp("t", 3)]), inst("g3", "m3", [], closed=True)], "cid")
     assert groups == {"g1", "g2"}
-    assert members == {"g1": {"m1": LocalMember("cid", (_tp("t", 0), _tp("t", 1)))}}
+    assert members == {"g1": {"m1": LocalMember("cid", (_tp("t", 0), _tp("t", 1)), "range")}}
 
 
 def test_only_empty_simple_groups_without_members_need_their_offsets_to_exist() -> None:

@@ -287,7 +287,13 @@ class GroupAdmin:
         views: dict[str, GroupView | None] = {}
         pending = list(dict.fromkeys(group_ids))
         for attempt in range(RETRIES):
-            coordinators = await self.find_coordinators(pending)
+            try:
+                coordinators = await self.find_coordinators(pending)
+            except BrokerResponseError as exc:
+                if exc.code not in _COORDINATOR_RETRY or attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                continue
             by_node: dict[int, list[str]] = {}
             for g in pending:
                 by_node.setdefault(coordinators[g], []).append(g)

@@ -235,16 +235,23 @@ async def test_refusals_and_missing_things(env: Env) -> None:
 
 
 async def test_coordinator_errors_are_retried(env: Env) -> None:
-    """DescribeGroups answering COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR (a group moving) is asked
-    again; ListGroups goes to every broker."""
+    """DescribeGroups answering COORDINATOR_LOAD_IN_PROGRESS and FindCoordinator answering
+    COORDINATOR_NOT_AVAILABLE are asked again; ListGroups goes to every broker; Kafka's refusal is 403."""
     mark = env.cluster.log.mark()
     env.cluster.error(ApiKey.DESCRIBE_GROUPS, 14, count=1)  # COORDINATOR_LOAD_IN_PROGRESS
     group = await env.get("consumer-groups", "ga-active")
     assert group["state"] == "STABLE"
     assert len(env.cluster.requests(ApiKey.DESCRIBE_GROUPS, since=mark)) == 2
     mark = env.cluster.log.mark()
+    env.cluster.error(ApiKey.FIND_COORDINATOR, 15, count=1)  # COORDINATOR_NOT_AVAILABLE
+    assert (await env.get("consumer-groups", "ga-active"))["state"] == "STABLE"
+    assert len(env.cluster.requests(ApiKey.FIND_COORDINATOR, since=mark)) == 2
+    mark = env.cluster.log.mark()
     await env.get("consumer-groups")
     assert sorted(e.node_id for e in env.cluster.requests(ApiKey.LIST_GROUPS, since=mark)) == [0, 1]
+    env.cluster.error(ApiKey.DESCRIBE_GROUPS, 30, count=1)  # GROUP_AUTHORIZATION_FAILED: Kafka's refusal
+    r = await env.http.get(env.url("consumer-groups", "ga-active"), headers=AUTH)
+    assert r.status_code == 403 and r.json()["error_code"] == 40301, r.text
 
 
 async def test_group_admin_lists_only_consumer_groups_of_every_broker(env: Env) -> None:

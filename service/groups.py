@@ -246,6 +246,7 @@ def lag_summary(lags: Iterable[PartitionLag]) -> LagSummary | None:
 
 
 # -- broker I/O ---------------------------------------------------------------------------------------------
+GROUP_ID_NOT_FOUND = EC.BY_NAME["GROUP_ID_NOT_FOUND"]
 _COORDINATOR_RETRY = frozenset({EC.NOT_COORDINATOR, EC.COORDINATOR_NOT_AVAILABLE, EC.COORDINATOR_LOAD_IN_PROGRESS})
 
 
@@ -281,9 +282,11 @@ class GroupAdmin:
             found.update(ids)
         return sorted(g for g in found if allowed(g))
 
-    async def describe(self, group_ids: Sequence[str],
-                       allows_topic: Callable[[str], bool] | None = None) -> list[GroupView]:
-        """Views of the groups that exist, in the order asked."""
+    async def describe(self, group_ids: Sequence[str], allows_topic: Callable[[str], bool] | None = None,
+                       *, skip_unauthorized: bool = False) -> list[GroupView]:
+        """Views of the groups that exist, in the order asked. A group the broker refuses to describe
+        (GROUP_AUTHORIZATION_FAILED) raises, or is left out with ``skip_unauthorized`` (as Confluent's list
+        leaves it out)."""
         views: dict[str, GroupView | None] = {}
         pending = list(dict.fromkeys(group_ids))
         for attempt in range(RETRIES):
@@ -305,6 +308,10 @@ class GroupAdmin:
                     if d.error_code in _COORDINATOR_RETRY:
                         retry.append(d.group_id)
                         last_code = d.error_code
+                        continue
+                    if d.error_code == GROUP_ID_NOT_FOUND or (
+                            skip_unauthorized and d.error_code == EC.GROUP_AUTHORIZATION_FAILED):
+                        views[d.group_id] = None
                         continue
                     views[d.group_id] = group_view(d, node, self._local_members(d.group_id), allows_topic)
             if not retry:

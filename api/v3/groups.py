@@ -229,7 +229,8 @@ async def v3_list_consumer_groups(request: Request, cluster_id: ClusterId,
                                   tenant: Tenant = Depends(current_tenant)) -> Response:
     cid = await require_cluster(request, tenant, cluster_id)
     adm = admin(request, tenant)
-    views = await adm.describe(await adm.list_group_ids(tenant.allows_group), tenant.allows_topic)
+    views = await adm.describe(await adm.list_group_ids(tenant.allows_group), tenant.allows_topic,
+                               skip_unauthorized=True)
     return v3_json(resource_list("KafkaConsumerGroupList", v3_url(request, "clusters", cid, GROUPS),
                                  [group_json(request, cid, g) for g in views]))
 

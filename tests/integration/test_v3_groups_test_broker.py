@@ -252,6 +252,8 @@ async def test_coordinator_errors_are_retried(env: Env) -> None:
     env.cluster.error(ApiKey.DESCRIBE_GROUPS, 30, count=1)  # GROUP_AUTHORIZATION_FAILED: Kafka's refusal
     r = await env.http.get(env.url("consumer-groups", "ga-active"), headers=AUTH)
     assert r.status_code == 403 and r.json()["error_code"] == 40301, r.text
+    env.cluster.error(ApiKey.DESCRIBE_GROUPS, 30, count=1)  # the list leaves such a group out, as Confluent's
+    assert (await env.get("consumer-groups"))["data"] == []
 
 
 async def test_group_admin_lists_only_consumer_groups_of_every_broker(env: Env) -> None:

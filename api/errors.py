@@ -54,6 +54,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (422, 42204, 'unknown or invalid consumer configuration key'),
     (422, 42206, 'invalid request field'),
     (422, 42207, 'invalid offset, partition or timestamp value'),
+    (422, 42208, 'v3 produce: empty body, or a record whose key/value needs a schema registry (AVRO, PROTOBUF, '
+                 'JSONSCHEMA or no type; the gateway has none)'),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (500, 50001, 'internal error (details logged, never returned)'),
     (500, 50002, 'Kafka error'),

@@ -89,6 +89,7 @@ OPERATION_IDS = {
     "v3_get_consumer_assignment": "getKafkaConsumerAssignment",
     "v3_list_consumer_lags": "listKafkaConsumerLags", "v3_get_consumer_lag": "getKafkaConsumerLag",
     "v3_get_consumer_group_lag_summary": "getKafkaConsumerGroupLagSummary",
+    "v3_produce_record": "produceRecord",  # api/v3/produce.py
 }
 
 _INSTANCE_OPS = ("deleteConsumer", "subscribe", "getSubscription", "unsubscribe", "assignPartitions",

@@ -63,9 +63,11 @@ from pydantic import BaseModel, Field
 
 from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
+from api.produce_common import LONG_DIGITS as _LONG_DIGITS
+from api.produce_common import failure_code as _rest_code
+from api.produce_common import json_bytes as _json_bytes
 from service.gateway import GatewayError
 from service.producer import (
-    ProduceFailure,
     Producer,
     ProducerConfig,
     RecordMetadata,
@@ -86,10 +88,7 @@ _BODY_KEYS = frozenset({"records", "key_schema", "value_schema", "key_schema_id"
 _RECORD_KEYS = frozenset({"key", "value", "partition", "headers", "timestamp"})
 _KEY_VALUE = frozenset({"key", "value"})
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
-_LONG_DIGITS = re.compile(rb"\d{19}")  # a number orjson might turn into a float (beyond 64 bits)
 INT64_MAX = 2**63 - 1
-_AUTHZ_CODES = frozenset({29, 30, 31, 53})  # TOPIC/GROUP/CLUSTER/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-_AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
 
 
 # -- OpenAPI description (validation itself is plain code below, never a model per record) -------------------
@@ -216,15 +215,6 @@ def _b64(v: Any, i: int, field: str) -> bytes | None:
         raise _invalid(f"records[{i}].{field} is not valid base64 (RFC 4648, with padding)") from None
 
 
-def _json_bytes(v: Any) -> bytes | None:
-    if v is None:
-        return None
-    try:
-        return orjson.dumps(v)
-    except TypeError:  # an integer beyond 64 bits
-        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def _headers(v: Any, i: int) -> list[tuple[str, bytes | None]]:
     if v is None:
         return []
@@ -302,14 +292,6 @@ def _parse_record(r: Any, i: int, binary: bool, path_partition: int | None) -> t
     headers = _headers(r.get("headers"), i) if "headers" in r else _NO_HEADERS
     ts = _int_field(r.get("timestamp"), i, "timestamp", INT64_MAX) if "timestamp" in r else None
     return key, value, headers, partition, ts
-
-
-def _rest_code(f: ProduceFailure) -> int:
-    if f.code in _AUTHZ_CODES:
-        return 40301
-    if f.code in _AUTHN_CODES:
-        return 40101
-    return 50003 if f.retriable else 50002
 
 
 def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:

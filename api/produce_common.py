@@ -1,0 +1,62 @@
+"""What the v2 and v3 produce endpoints share: JSON data as stored bytes, exact big integers, and the
+error code of a record the producer could not deliver.
+
+- :func:`json_bytes`: a JSON value as the bytes stored in Kafka (compact JSON text, UTF-8; integers
+  beyond 64 bits exactly);
+- :data:`LONG_DIGITS` / :func:`loads_exact`: JSON text parsed with orjson, falling back to the standard
+  library when a number might not fit 64 bits (orjson would turn it into a float);
+- :func:`failure_code`: the REST error code of a :class:`~service.producer.ProduceFailure` (Confluent's
+  codes: 40301 authorization, 40101 authentication, 50003 retriable Kafka error, 50002 other).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+
+from service.producer import ProduceFailure, Producer, UnknownTopicError
+
+LONG_DIGITS = re.compile(rb"\d{19}")  # a number orjson might turn into a float (beyond 64 bits)
+_AUTHZ_CODES = frozenset({29, 30, 31, 53})  # TOPIC/GROUP/CLUSTER/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+_AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
+
+
+def json_bytes(v: Any) -> bytes | None:
+    """``v`` as compact JSON text (UTF-8); None (a null key or value) for a JSON null."""
+    if v is None:
+        return None
+    try:
+        return orjson.dumps(v)
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def loads_exact(raw: bytes) -> Any:
+    """Parse JSON text (raises ``orjson.JSONDecodeError``); integers beyond 64 bits stay exact."""
+    value = orjson.loads(raw)
+    if LONG_DIGITS.search(raw):
+        value = json.loads(raw)
+    return value
+
+
+def failure_code(f: ProduceFailure) -> int:
+    if f.code in _AUTHZ_CODES:
+        return 40301
+    if f.code in _AUTHN_CODES:
+        return 40101
+    return 50003 if f.retriable else 50002
+
+
+async def partitions_or_create(settings: Any, producer: Producer, topic: str) -> set[int]:
+    """The partitions of ``topic``; a missing one is created when ``GATEWAY_AUTO_CREATE_TOPICS`` is on
+    (never a name starting with ``__``: internal topics). Raises UnknownTopicError otherwise."""
+    try:
+        return set(await producer.partitions(topic))
+    except UnknownTopicError:
+        if not settings.auto_create_topics_enabled() or topic.startswith("__"):
+            raise
+        return set(await producer.create_topic(topic, settings.auto_create_partitions,
+                                               settings.auto_create_replication_factor))

@@ -156,6 +156,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "max_poll_interval_ms": settings.consumer_max_poll_interval_ms,
             "fetch_max_wait_ms": settings.consumer_fetch_max_wait_ms,
             "fetch_active_max_wait_ms": settings.long_poll_fetch_wait_ms(),
+            "poll_linger_ms": settings.poll_linger_ms,
             "client_rack": "",
         },
     )

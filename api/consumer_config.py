@@ -176,6 +176,25 @@ def property_schemas() -> dict[str, dict[str, Any]]:
     return out
 
 
+#: The wait of a records request without ``timeout`` on an instance without ``consumer.request.timeout.ms``
+#: (Confluent's default of that config).
+DEFAULT_POLL_TIMEOUT_MS = 1000
+
+
+def poll_timeout_ms(timeout: int | None, request_timeout_ms: int | None) -> int:
+    """How long one records request may wait (ms), before the gateway's cap (``GATEWAY_MAX_POLL_TIMEOUT_MS``).
+
+    ``timeout``: the request's query parameter; ``request_timeout_ms``: the instance's
+    ``consumer.request.timeout.ms``, None when the client did not set it. Set, it has Confluent's meaning
+    (kafka-rest's read task): the wait of a request without a timeout or with ``timeout <= 0``, and the
+    cap of any other. Unset, a request waits its ``timeout`` (0: answer at once), else 1000 ms."""
+    if request_timeout_ms is None:
+        return DEFAULT_POLL_TIMEOUT_MS if timeout is None else timeout
+    if timeout is None or timeout <= 0:
+        return request_timeout_ms
+    return min(timeout, request_timeout_ms)
+
+
 _logged: set[str] = set()
 
 

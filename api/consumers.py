@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant, peer_is_trusted_proxy
-from api.consumer_config import ConfigError, parse_properties, property_schemas
+from api.consumer_config import ConfigError, parse_properties, poll_timeout_ms, property_schemas
 from api.errors import documented_errors
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
@@ -334,8 +334,8 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
                                                              body.auto_offset_reset or "latest")
     opts = InstanceOptions(
         format=body.format, auto_offset_reset=reset, auto_commit=True if auto is None else bool(auto),
-        fetch_min_bytes=int(body.fetch_min_bytes) if body.fetch_min_bytes is not None else 1,
-        request_timeout_ms=int(body.consumer_request_timeout_ms) if body.consumer_request_timeout_ms is not None else 1000,
+        fetch_min_bytes=int(body.fetch_min_bytes) if body.fetch_min_bytes is not None else None,
+        request_timeout_ms=int(body.consumer_request_timeout_ms) if body.consumer_request_timeout_ms is not None else None,
         isolation_level=body.isolation_level or "read_uncommitted",
         group_instance_id=body.group_instance_id,
         session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
@@ -569,7 +569,7 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
     """One poll of ``GET .../records`` rendered as the instance's JSON array: the body of the route and
     of its lean twin (api/fastpath.py), which differ only in how they get here."""
     gw = gateway(request)
-    wait = min(gw.max_poll_timeout, (timeout if timeout is not None else inst.options.request_timeout_ms) / 1000)
+    wait = min(gw.max_poll_timeout, poll_timeout_ms(timeout, inst.options.request_timeout_ms) / 1000)
     limit = max_records or inst.options.max_poll_records or 500
     max_bytes = max_bytes or inst.options.max_bytes
     render = render_binary if inst.options.format == "binary" else render_json
@@ -579,7 +579,9 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
     try:
         async with inst.lock, tenant.poll_slot():
             # [] at once when the gateway drains (SIGTERM), also for a poll already waiting
-            chunks = await gw.poll(inst, limit, max_bytes, wait)
+            # one request returns what is waiting across the assignment (the gateway's poll linger), or
+            # with fetch.min.bytes set, once more than that many bytes are buffered (Confluent's rule)
+            chunks = await gw.poll(inst, limit, max_bytes, wait, min_bytes=inst.options.fetch_min_bytes)
     finally:
         inst.active_requests -= 1
         inst.touch()
@@ -628,7 +630,7 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 break
             started = time.monotonic()
             async with inst.lock:
-                chunks = await gw.poll(inst, limit, max_bytes, 1.0)
+                chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
             inst.touch()
             if not chunks:
                 if media == SSE:

@@ -126,8 +126,11 @@ class InstanceOptions:
     format: str = "binary"  # binary | json
     auto_offset_reset: str = "latest"
     auto_commit: bool = True
-    fetch_min_bytes: int = 1
-    request_timeout_ms: int = 1000  # default poll timeout when the client gives none (Confluent's)
+    # Confluent's instance configs, None when the client did not set them (api/consumer_config.py:
+    # poll_timeout_ms; Consumer.poll_batches' min_bytes): a records request returns once more than
+    # fetch_min_bytes bytes are buffered; request_timeout_ms is the default and the cap of its timeout
+    fetch_min_bytes: int | None = None
+    request_timeout_ms: int | None = None
     isolation_level: str = "read_uncommitted"
     group_instance_id: str | None = None
     session_timeout_ms: int | None = None
@@ -275,8 +278,8 @@ class Gateway:
                 task.cancel(msg="gateway draining")
         self._pollers.clear()
 
-    async def poll(self, inst: ConsumerInstance, max_records: int, max_bytes: int | None,
-                   timeout: float) -> list[tuple[Any, list[Any]]]:
+    async def poll(self, inst: ConsumerInstance, max_records: int, max_bytes: int | None, timeout: float, *,
+                   min_bytes: int | None = None, linger: float | None = None) -> list[tuple[Any, list[Any]]]:
         """``inst.consumer.poll_batches``, but [] at once when the gateway starts draining meanwhile.
 
         The waiting task itself is cancelled by :meth:`start_draining` (no extra task per poll): a poll is
@@ -287,7 +290,8 @@ class Gateway:
         assert task is not None
         self._pollers.add(task)
         try:
-            return await inst.consumer.poll_batches(max_records, max_bytes, timeout)
+            return await inst.consumer.poll_batches(max_records, max_bytes, timeout, min_bytes=min_bytes,
+                                                    linger=linger)
         except asyncio.CancelledError:
             if task in self._drain_cancelled and task.cancelling() == 1:
                 task.uncancel()  # only our wake-up: not the client's disconnect nor the server's deadline
@@ -412,7 +416,6 @@ class Gateway:
             auto_offset_reset=options.auto_offset_reset,
             enable_auto_commit=options.auto_commit,
             isolation_level=options.isolation_level,
-            fetch_min_bytes=options.fetch_min_bytes,
             prefetch_max_bytes=self.prefetch_bytes,
             **defaults,
         )

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
         "polling (within the last second). For brokers that answer a parked fetch only when its wait ends "
         "(Tansu): bounds produce-to-HTTP latency. Default: 10 on the embedded Tansu broker, else the same as "
         "consumer_fetch_max_wait_ms (off)")
+    poll_linger_ms: float = Field(
+        5.0, ge=0, le=1000, description="Once a records request has records to return, it gathers for at most "
+        "this long while fetches that may bring records of other assigned partitions are outstanding, so one "
+        "request returns what is waiting across the assignment (never once max_records / max_bytes are "
+        "buffered, never past the request's timeout); 0: return as soon as anything is buffered. Streams "
+        "do not linger")
     topic_metadata_ttl_s: float = Field(
         1.0, ge=0, description="GET /topics and topic/partition descriptions are answered from Metadata and "
         "DescribeConfigs responses at most this old (a topic not in the cache is looked up at once)")

@@ -79,8 +79,9 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         try:
             rt = members_gw.tenant("members", bootstrap=cluster.bootstrap_servers,
                                    connection=ConnectionConfig(client_id=MEMBER_CLIENT))
-            opts = InstanceOptions(auto_offset_reset="earliest", auto_commit=False)
-            insts = [await members_gw.create_instance(rt, "ga-active", opts, f"c{i}") for i in range(2)]
+            opts = [InstanceOptions(auto_offset_reset="earliest", auto_commit=False, group_instance_id=static)
+                    for static in ("static-c0", None)]  # one static member, one dynamic
+            insts = [await members_gw.create_instance(rt, "ga-active", o, f"c{i}") for i, o in enumerate(opts)]
             for inst in insts:
                 await inst.consumer.subscribe(["t", "x"])
             await gc.wait_until(lambda: _settled(gc, insts), timeout=20)
@@ -102,6 +103,11 @@ def _settled(gc: Any, insts: list[ConsumerInstance]) -> bool:
 
 def _owners(insts: list[ConsumerInstance]) -> dict[TopicPartition, str]:
     return {tp: i.consumer.member.member_id for i in insts for tp in i.consumer.assignment()}  # type: ignore[union-attr]
+
+
+def _static_ids(insts: list[ConsumerInstance]) -> dict[str, str | None]:
+    """member id → group.instance.id"""
+    return {i.consumer.member.member_id: i.options.group_instance_id for i in insts}  # type: ignore[union-attr]
 
 
 async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env) -> None:
@@ -145,8 +151,8 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
             "kind": "KafkaConsumer",
             "metadata": {"self": f"{base}/consumer-groups/ga-active/consumers/{mid}",
                          "resource_name": f"crn:///kafka={env.cid}/consumer-group=ga-active/consumer={mid}"},
-            "cluster_id": env.cid, "consumer_group_id": "ga-active", "consumer_id": mid, "instance_id": None,
-            "client_id": MEMBER_CLIENT,
+            "cluster_id": env.cid, "consumer_group_id": "ga-active", "consumer_id": mid,
+            "instance_id": _static_ids(env.members)[mid], "client_id": MEMBER_CLIENT,
             "assignments": {"related": f"{base}/consumer-groups/ga-active/consumers/{mid}/assignments"}}
         assert await env.get("consumer-groups", "ga-active", "consumers", mid) == c
         assignments = await env.get("consumer-groups", "ga-active", "consumers", mid, "assignments")
@@ -161,6 +167,7 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
             check_shape(one, "KafkaConsumerAssignment")
             assert one == a
     assert sorted(tp for tp in owners if tp.topic == "t") == [TopicPartition("t", p) for p in range(4)]
+    assert sorted(c["instance_id"] or "" for c in consumers["data"]) == ["", "static-c0"]
     # the broker saw the members' own client id and address
     assert {m.client_host for m in gc.group("ga-active").members.values()} == {"/127.0.0.1"}
 
@@ -179,7 +186,8 @@ async def test_lags_and_summary_follow_confluent(env: Env) -> None:
     assert got == [("t", 2, 0, 30, 30, owners[TopicPartition("t", 2)]),
                    ("t", 0, 5, 10, 5, owners[TopicPartition("t", 0)]),
                    ("t", 1, 20, 20, 0, owners[TopicPartition("t", 1)])]
-    assert all(x["client_id"] == MEMBER_CLIENT and x["instance_id"] is None for x in lags["data"])
+    static = _static_ids(env.members)
+    assert all(x["client_id"] == MEMBER_CLIENT and x["instance_id"] == static[x["consumer_id"]] for x in lags["data"])
     first = lags["data"][0]
     assert first["metadata"] == {
         "self": f"{base}/consumer-groups/ga-active/lags/t/partitions/2",
@@ -199,7 +207,7 @@ async def test_lags_and_summary_follow_confluent(env: Env) -> None:
         "metadata": {"self": f"{base}/consumer-groups/ga-active/lag-summary",
                      "resource_name": f"crn:///kafka={env.cid}/consumer-group=ga-active/lag-summary"},
         "cluster_id": env.cid, "consumer_group_id": "ga-active", "max_lag_consumer_id": top,
-        "max_lag_instance_id": None, "max_lag_client_id": MEMBER_CLIENT, "max_lag_topic_name": "t",
+        "max_lag_instance_id": static[top], "max_lag_client_id": MEMBER_CLIENT, "max_lag_topic_name": "t",
         "max_lag_partition_id": 2, "max_lag": 30, "total_lag": 35,
         "max_lag_consumer": {"related": f"{base}/consumer-groups/ga-active/consumers/{top}"},
         "max_lag_partition": {"related": f"{base}/topics/t/partitions/2"}}

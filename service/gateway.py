@@ -232,6 +232,7 @@ class Gateway:
         self.draining = False
         self._pollers: set[asyncio.Task[Any]] = set()  # requests waiting in a poll (woken by draining)
         self._drain_cancelled: set[asyncio.Task[Any]] = set()
+        self._drain_listeners: set[Callable[[], None]] = set()  # see on_drain
 
     # -- tenants -------------------------------------------------------------------------------------
     def register_tenant(self, tenant_id: str, client: KafkaClient) -> TenantRuntime:
@@ -277,6 +278,18 @@ class Gateway:
                 self._drain_cancelled.add(task)
                 task.cancel(msg="gateway draining")
         self._pollers.clear()
+        for listener in list(self._drain_listeners):
+            with contextlib.suppress(Exception):
+                listener()
+
+    def on_drain(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` when draining starts (at once if it has: e.g. a v3 produce stream stops reading
+        records); returns the function that removes it."""
+        if self.draining:
+            listener()
+            return lambda: None
+        self._drain_listeners.add(listener)
+        return lambda: self._drain_listeners.discard(listener)
 
     async def poll(self, inst: ConsumerInstance, max_records: int, max_bytes: int | None, timeout: float, *,
                    min_bytes: int | None = None, linger: float | None = None) -> list[tuple[Any, list[Any]]]:

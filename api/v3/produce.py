@@ -62,7 +62,7 @@ from api.produce import TOPIC_NAME_RE, producer_for
 from api.produce_common import failure_code, json_bytes, loads_exact, partitions_or_create
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
-from service.gateway import GatewayError
+from service.gateway import GatewayError, ShuttingDown
 from service.producer import Producer, RecordMetadata, UnknownTopicError
 from service.tenants import Tenant
 
@@ -410,7 +410,8 @@ class ProducePipeline:
     """
 
     def __init__(self, receive: AsyncIterator[bytes], produce: Callable[[list[V3Record]], Awaitable[bytes]],
-                 max_record_bytes: int) -> None:
+                 max_record_bytes: int,
+                 on_drain: Callable[[Callable[[], None]], Callable[[], None]] | None = None) -> None:
         self._chunks = receive
         self._produce = produce
         self._splitter = JsonObjectSplitter(max_record_bytes)
@@ -420,9 +421,22 @@ class ProducePipeline:
         self._inflight: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._first: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._on_drain = on_drain  # Gateway.on_drain: at SIGTERM the stream stops reading records
+        self._unregister: Callable[[], None] | None = None
+        self._reading = False
+        self._drained = False
 
     def start(self) -> None:
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="v3-produce-reader")
+        if self._on_drain is not None:
+            self._unregister = self._on_drain(self._drain)
+
+    def _drain(self) -> None:
+        """The gateway shuts down: stop reading records; those read are still produced and answered, then
+        the stream ends with a 50301 result."""
+        self._drained = True
+        if self._reading and self._reader is not None and not self._reader.done():
+            self._reader.cancel(msg="gateway draining")
 
     async def first(self) -> bool:
         """Wait until the first result unit exists (True) or the body ended without any (False)."""
@@ -436,6 +450,8 @@ class ProducePipeline:
             yield await unit.future
 
     async def close(self) -> None:
+        if self._unregister is not None:
+            self._unregister()
         for task in (self._reader, self._inflight):
             if task is not None and not task.done():
                 task.cancel()
@@ -490,14 +506,32 @@ class ProducePipeline:
             self._pump()
 
     async def _read(self) -> None:
+        failed = cut = False
+        self._reading = True
         try:
-            await self._read_records()
+            if self._drained:
+                cut = True
+            else:
+                await self._read_records()
         except ClientDisconnect:
             pass
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._drained or task is None or task.cancelling() != 1:
+                raise  # close(): nobody reads the results any more
+            task.uncancel()  # only the drain's wake-up
+            cut = True
         except Exception:
             log.exception("reading a v3 produce stream failed")
+            failed = True
+        finally:
+            self._reading = False
+        if failed:
             await self._error(50001, "internal error; the gateway logged the details")
-        await self._put(_END)  # not when cancelled (close): nobody reads the queue then
+        if cut:
+            await self._error(50301, "the gateway is shutting down: records after the last result were not read "
+                                     "(nor produced); send them again (to another replica)")
+        await self._put(_END)
 
     async def _read_records(self) -> None:
         splitter = self._splitter
@@ -695,10 +729,15 @@ async def v3_produce_record(request: Request, cluster_id: str, topic_name: str,
                            error_code=41501)
     tenant.require_topic(topic_name)
     cluster = await require_cluster(request, tenant, cluster_id)
+    gateway = request.app.state.gateway
+    if gateway.draining:
+        raise ShuttingDown("the gateway is shutting down; send the records to another replica",
+                           headers={"Retry-After": "1"})
     # The body limit applies per record here (ObserveMiddleware stops counting the whole body)
     request.state.body_limit_per_record = True
     producing = _Producing(request, tenant, producer_for(request, tenant), cluster, topic_name)
-    pipeline = ProducePipeline(request.stream(), producing, request.app.state.settings.max_body_bytes)
+    pipeline = ProducePipeline(request.stream(), producing, request.app.state.settings.max_body_bytes,
+                               gateway.on_drain)
     pipeline.start()
     try:
         started = await pipeline.first()

@@ -452,3 +452,36 @@ async def test_long_stream_beyond_the_body_limit_works_and_a_huge_record_ends_it
     assert float(line.split()[-1]) >= n
     got = await asyncio.to_thread(read_back, tansu.bootstrap, topic_name, 1, n)
     assert len(got) == n
+
+
+async def test_sigterm_ends_an_open_stream_after_answering_what_was_read(tansu: EmbeddedBroker, kclient: KafkaClient,
+                                                                        cluster: str, topic_name: str,
+                                                                        tmp_path: Path) -> None:
+    """At SIGTERM a stream stops reading records: those read are produced and answered, then one 50301 result
+    ends it, and the gateway exits without waiting for the client to close its request."""
+    await kclient.create_topics({topic_name: 1})
+    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_SHUTDOWN_DRAIN_S": "30", "GATEWAY_SHUTDOWN_TIMEOUT_S": "30"},
+                       log_file=tmp_path / "gw.log")
+    g.start()
+    try:
+        c = await ChunkedClient.open(g.url, records_path(cluster, topic_name), JSON_CT)
+        try:
+            for i in range(5):
+                await c.send(orjson.dumps({"value": {"type": "STRING", "data": f"r{i}"}}))
+                res = await asyncio.wait_for(c.result(), 20)
+                assert res is not None and res["error_code"] == 200 and res["offset"] == i
+            assert g.proc is not None
+            started = time.monotonic()
+            g.proc.terminate()
+            last = await asyncio.wait_for(c.result(), 20)
+            assert last is not None and last["error_code"] == 50301, last
+            assert await asyncio.wait_for(c.result(), 20) is None  # the response ended
+            assert await asyncio.to_thread(g.proc.wait, 20) == 0
+            assert time.monotonic() - started < 15  # not the 30 s drain window
+        finally:
+            await c.close()
+    finally:
+        g.stop()
+    got = await asyncio.to_thread(read_back, tansu.bootstrap, topic_name, 1, 5)
+    assert [m.value() for m in got] == [b"r0", b"r1", b"r2", b"r3", b"r4"]
+    assert "Traceback" not in (tmp_path / "gw.log").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 import pytest
@@ -195,7 +195,9 @@ class FakeProducer:
 
 
 async def chunks_from(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    """The queued chunks (``queue.join()`` returns once the reader took them all and waits for more)."""
     while (c := await queue.get()) is not None:
+        queue.task_done()
         yield c
 
 
@@ -249,4 +251,47 @@ async def test_pipeline_empty_body_and_garbage_first() -> None:
     assert await p.first() is True
     out = [orjson.loads(c) async for c in p.results()]
     assert [o["error_code"] for o in out] == [40001]
+    await p.close()
+
+
+async def test_pipeline_drain_stops_reading_answers_what_was_read_and_ends_with_50301() -> None:
+    fake = FakeProducer()
+    listeners: list[Callable[[], None]] = []
+
+    def on_drain(listener: Callable[[], None]) -> Callable[[], None]:
+        listeners.append(listener)
+        return lambda: listeners.remove(listener)
+
+    body: asyncio.Queue[bytes | None] = asyncio.Queue()
+    p = ProducePipeline(chunks_from(body), fake, 1 << 20, on_drain)
+    p.start()
+    body.put_nowait(rec(0))
+    assert await p.first()
+    await fake.called.wait()
+    body.put_nowait(rec(1))  # read while batch [0] is with the producer: still produced after the drain
+    await body.join()
+    listeners[0]()  # SIGTERM; the reader waits for the next chunk
+    body.put_nowait(rec(2))  # not read any more
+    fake.release.put_nowait(None)
+    fake.release.put_nowait(None)
+    out = [orjson.loads(line) async for chunk in p.results() for line in chunk.split(b"\r\n") if line]
+    assert [o.get("v", o["error_code"]) for o in out] == [0, 1, 50301]
+    await p.close()
+    assert listeners == []
+
+
+async def test_pipeline_started_while_draining_reads_nothing() -> None:
+    body: asyncio.Queue[bytes | None] = asyncio.Queue()
+    body.put_nowait(rec(0))
+
+    def draining(listener: Callable[[], None]) -> Callable[[], None]:
+        listener()
+        return lambda: None
+
+    fake = FakeProducer()
+    p = ProducePipeline(chunks_from(body), fake, 1 << 20, draining)
+    p.start()
+    assert await p.first()
+    assert [orjson.loads(c)["error_code"] async for c in p.results()] == [50301]
+    assert fake.batches == []
     await p.close()

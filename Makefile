@@ -29,6 +29,7 @@ run: $(RUN_STAMP)
 	exec $(VENV)/bin/consumer-gateway
 
 test: $(TEST_STAMP) system-deps
+	sh tools/install-node-deps.sh
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 

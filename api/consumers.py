@@ -186,14 +186,16 @@ class CreateConsumerResponse(BaseModel):
 
 
 class Subscription(BaseModel):
-    # exactly one of a non-empty topics list and a pattern (checked in subscribe(); stated for the contract)
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
-        {"required": ["topics"], "properties": {"topics": {"type": "array", "minItems": 1},
-                                                "topic_pattern": {"type": "null"}}},
-        {"required": ["topic_pattern"], "properties": {"topic_pattern": {"type": "string"}, "topics": {"type": "null"}}},
-    ]})
+    """Plain optional fields; the either/or rule is checked in subscribe() and stated in the description
+    (combinators with null alternatives break client generators)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "description": "Give `topics` or `topic_pattern` (null is the same as absent). With both, `topics` "
+                       "wins; an empty `topics` list unsubscribes (as the Confluent REST Proxy does). With "
+                       "neither the answer is 422 (42206)."})
     topics: list[Annotated[str, Field(min_length=1, max_length=249)]] | None = None
-    topic_pattern: str | None = Field(None, json_schema_extra={"format": "regex"})
+    topic_pattern: str | None = Field(None, json_schema_extra={"format": "regex"},
+                                      description="a regular expression (RE2 syntax) over topic names")
 
 
 class SubscriptionTopics(BaseModel):
@@ -220,11 +222,11 @@ class PartitionTimestamp(PartitionRef):
 
 
 class Positions(BaseModel):
-    # offsets and/or timestamps, at least one non-empty (checked in seek(); stated for the contract)
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"required": ["offsets"], "properties": {"offsets": {"type": "array", "minItems": 1}}},
-        {"required": ["timestamps"], "properties": {"timestamps": {"type": "array", "minItems": 1}}},
-    ]})
+    """Offsets and/or timestamps, at least one non-empty: checked in seek() and stated in the description."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "description": "Give a non-empty `offsets` and/or `timestamps` list (null is the same as absent); "
+                       "otherwise the answer is 422 (42206)."})
     offsets: list[PartitionOffset] | None = None
     timestamps: list[PartitionTimestamp] | None = None
 
@@ -506,13 +508,34 @@ async def commit(request: Request, group: str, instance_id: str, body: CommitOff
     return Response(b"[]", status_code=200, media_type=V2)
 
 
+QueryTopics = Annotated[list[Annotated[str, Field(min_length=1, max_length=249)]] | None, Query(
+    description="body-free form: a topic, repeated; the n-th `topic` pairs with the n-th `partition`")]
+QueryPartitions = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None, Query(
+    description="body-free form: a partition, repeated; the n-th `partition` pairs with the n-th `topic`")]
+
+
 @router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,
-            summary="Last committed offsets of the given partitions (request body on GET, as Confluent); "
-            "partitions never committed are left out")
-async def committed(request: Request, group: str, instance_id: str, body: Partitions,
+            summary="Last committed offsets of the given partitions (request body on GET, as Confluent, or "
+            "query parameters, or none: the assigned partitions); partitions never committed are left out")
+async def committed(request: Request, group: str, instance_id: str, body: Partitions | None = Body(None),
+                    topic: QueryTopics = None, partition: QueryPartitions = None,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
-    got = await inst.consumer.committed(tps(body.partitions))
+    if body is not None and (topic or partition):
+        raise GatewayError("give the partitions in the request body or as query parameters, not both",
+                           status=422, error_code=42206)
+    if body is not None:
+        parts = tps(body.partitions)
+    elif topic or partition:
+        if len(topic or ()) != len(partition or ()):
+            raise GatewayError("give as many 'partition' as 'topic' query parameters (the n-th of each pair up)",
+                               status=422, error_code=42206)
+        parts = [TopicPartition(t, p) for t, p in zip(topic or (), partition or (), strict=True)]
+    else:  # no body, no query: the partitions assigned to this instance now
+        parts = list(inst.consumer.assignment())
+    if not parts:
+        return v2({"offsets": []})
+    got = await inst.consumer.committed(parts)
     # Partitions without a committed offset are left out, as Confluent's v2 consumer does.
     return v2({"offsets": [
         {"topic": tp.topic, "partition": tp.partition, "offset": om.offset, "metadata": om.metadata or ""}

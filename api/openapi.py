@@ -54,6 +54,14 @@ SERVERS = [
      "variables": {"scheme": {"enum": ["http", "https"], "default": "http"},
                    "host": {"default": "127.0.0.1:8080", "description": "host[:port][/path prefix]"}}},
 ]
+TAGS = {
+    "consumers": "Confluent REST Proxy v2 consumer API, with extensions",
+    "topics": "Confluent REST Proxy v2 topic metadata and partition offsets",
+    "produce": "Confluent REST Proxy v2 produce API (binary and json formats)",
+    "v3": "Confluent REST Proxy v3 subset: clusters, topics, partitions, topic configs, consumer groups and "
+          "their lag, produce",
+    "ops": "Health, readiness and Prometheus metrics (no credentials)",
+}
 LICENSE = {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"}
 
 _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
@@ -115,15 +123,15 @@ broker acknowledged, through one idempotent producer per tenant).
 Idle instances expire (410, error code 41001) after the gateway's idle timeout; every request renews one.
 
 ## Media types
-Request bodies are JSON sent as `application/vnd.kafka.v2+json` or `application/json` (any
-`application/vnd.kafka.*+json` is accepted too); anything else is 415 (41501). Responses with a body are
+Request bodies are JSON sent as `application/vnd.kafka.v2+json` (the media type listed for them here),
+`application/json` or any other `application/vnd.kafka.*+json`; anything else is 415 (41501). Responses with a body are
 `application/vnd.kafka.v2+json`, except `GET /records`, whose type follows the `Accept` header and the
 instance's format: `application/vnd.kafka.binary.v2+json` (keys, values and header values in base64) or
 `application/vnd.kafka.json.v2+json` (embedded JSON) as one JSON array, or — extensions — a stream of
 records as `application/x-ndjson` (one JSON record per line) or `text/event-stream` (one `data:` event
 per record, `: keep-alive` comments while idle, an `event: error` with an error body if the stream fails).
 `Accept: */*`, `application/json` (what generated clients send), `application/vnd.kafka.v2+json` or none
-mean the instance's format; another format is 406 (40601). One `Record` schema covers both formats.
+mean the instance's format; another format is 406 (40601). One `ConsumerRecord` schema covers both formats.
 
 ## Confluent-compatible semantics
 - `POST /offsets` commits **offset + 1** for every listed record offset (the offset of the last record
@@ -195,7 +203,7 @@ _RECORD_HEADER = {
 #: One record of ``GET .../records`` in every format: key and value have no fixed type (the format decides).
 _RECORD = {
     "type": "object",
-    "title": "Record",
+    "title": "ConsumerRecord",
     "description": "A consumed record, in the instance's `format` (the response's Content-Type names it). "
                    "A `binary` instance gives `key` and `value` as base64 strings; a `json` instance gives them "
                    "as embedded JSON (any JSON value). Either way null is a null key or value. In a `json` "
@@ -333,17 +341,18 @@ def _error_schema(status: int) -> dict[str, Any]:
 
 
 def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
-    """The accepted request media types: the Confluent one first, then plain JSON, same schema. A body
-    declared with other media types (produce: the embedded formats) is kept as declared."""
+    """A JSON request body is listed as Confluent's media type only: the gateway also takes it as
+    ``application/json`` (the API description says so), but a second media type with the same schema
+    makes generators emit a union of the model with itself (and breaks openapi-python-client on required
+    bodies). A body declared with other media types (produce: the embedded formats) is kept as declared."""
     if JSON not in content:
         return content
-    schema = content.get(JSON, {}).get("schema", {})
-    return {V2: {"schema": copy.deepcopy(schema)}, JSON: {"schema": schema}}
+    return {V2: content[JSON]}
 
 
 def _records_200() -> dict[str, Any]:
-    stream = "One `Record` per {unit}, in the instance's format."
-    array = {"type": "array", "items": {"$ref": "#/components/schemas/Record"}}
+    stream = "One `ConsumerRecord` per {unit}, in the instance's format."
+    array = {"type": "array", "items": {"$ref": "#/components/schemas/ConsumerRecord"}}
     return {
         "description": "Records as one JSON array in the instance's format, or (Accept: application/x-ndjson "
                        "or text/event-stream) a stream of records. `Accept: application/json` (what generated "
@@ -401,12 +410,9 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     schema["info"]["description"] = DESCRIPTION + error_table_markdown()
     schema["info"]["license"] = copy.deepcopy(LICENSE)
     schema["servers"] = copy.deepcopy(SERVERS)
-    schema["tags"] = [
-        {"name": "consumers", "description": "Confluent REST Proxy v2 consumer API, with extensions"},
-        {"name": "topics", "description": "Confluent REST Proxy v2 topic metadata and partition offsets"},
-        {"name": "produce", "description": "Confluent REST Proxy v2 produce API (binary and json formats)"},
-        {"name": "ops", "description": "Health, readiness and Prometheus metrics (no credentials)"},
-    ]
+    used = {t for item in schema["paths"].values() for op in item.values() for t in op.get("tags", ())}
+    schema["tags"] = [{"name": t, "description": d} for t, d in TAGS.items()] + [
+        {"name": t, "description": t} for t in sorted(used - TAGS.keys())]
     for path, item in schema["paths"].items():
         for method, op in item.items():
             name = names.get((path, method), op.get("operationId", ""))
@@ -424,7 +430,8 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
                     op["responses"][status] = _error_response(code)
                     error_statuses.add(code)
                 elif consumer and "content" in resp and JSON in resp["content"]:
-                    resp["content"] = {V2: resp["content"][JSON]}
+                    # the route's own V2 answer (a commit's `[]`) over FastAPI's default JSON one
+                    resp["content"] = {V2: resp["content"].get(V2) or resp["content"][JSON]}
                     resp["description"] = "OK"
             op["responses"] = dict(sorted(op["responses"].items()))
             order = [k for k in _OPERATION_KEYS if k in op] + [k for k in op if k not in _OPERATION_KEYS]
@@ -457,7 +464,7 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.update(copy.deepcopy({
-        "ErrorBody": _ERROR_BODY, "RecordHeader": _RECORD_HEADER, "Record": _RECORD,
+        "ErrorBody": _ERROR_BODY, "RecordHeader": _RECORD_HEADER, "ConsumerRecord": _RECORD,
         "Health": _HEALTH, "Ready": _READY, "NotReady": _NOT_READY, **PRODUCE_SCHEMAS}))
     schemas.update({f"Error{s}": _error_schema(s) for s in sorted(error_statuses) if codes_for(s)})
     for unused in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 bodies, replaced by ours

@@ -107,45 +107,60 @@ class ProduceResponse(BaseModel):
     value_schema_id: int | None = None
 
 
-def _body_schema(value_schema: dict[str, Any], partition_route: bool) -> dict[str, Any]:
-    record: dict[str, Any] = {
+def _body_schema(fmt: str, key_value: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The request body of one embedded format, as named schemas (generated clients get a model each)."""
+    name = fmt.capitalize()
+    record = {
         "type": "object",
+        "title": f"{name}ProduceRecord",
         "additionalProperties": False,
         "properties": {
-            "key": value_schema,
-            "value": value_schema,
-            "headers": {"type": "array", "description": "extension: record headers (values base64)", "items": {
-                "type": "object", "required": ["key"], "additionalProperties": False, "properties": {
-                    "key": {"type": "string"}, "value": {"type": ["string", "null"], "format": "byte",
-                                                        "description": "base64; absent: null"}}}},
-            "timestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX,
+            "key": {**key_value, "description": f"the key: {key_value['description']}"},
+            "value": {**key_value, "description": f"the value: {key_value['description']}"},
+            "partition": {
+                "type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1,
+                "description": "POST /topics/{topic}: default by key (murmur2, as the Java client), else a sticky "
+                               "partition. POST /topics/{topic}/partitions/{partition}: ignored, the path's "
+                               "partition wins (as in Confluent)"},
+            "headers": {"type": "array", "description": "extension: record headers (values base64)",
+                        "items": {"$ref": "#/components/schemas/ProduceRecordHeader"}},
+            "timestamp": {"type": "integer", "minimum": 0, "maximum": INT64_MAX, "format": "int64",
                           "description": "extension: record timestamp in ms (default: now)"},
         },
     }
-    record["properties"]["partition"] = {
-        "type": ["integer", "null"], "minimum": 0, "maximum": 2**31 - 1,
-        "description": "ignored: the path's partition wins (as in Confluent)" if partition_route else
-        "default: by key (murmur2, as the Java client), else a sticky partition"}
-    return {
+    body = {
         "type": "object",
+        "title": f"{name}ProduceRequest",
+        "description": f"Records to produce, sent as `{BINARY if fmt == 'binary' else JSONFMT}`.",
         "required": ["records"],
         "additionalProperties": False,
         "properties": {
-            "records": {"type": "array", "minItems": 1, "items": record},
+            "records": {"type": "array", "minItems": 1, "items": {"$ref": f"#/components/schemas/{name}ProduceRecord"}},
             "key_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
             "value_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
             "key_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
             "value_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
         },
     }
+    return {f"{name}ProduceRequest": body, f"{name}ProduceRecord": record}
 
 
-def _openapi(partition_route: bool) -> dict[str, Any]:
-    b64 = {"type": ["string", "null"], "format": "byte", "description": "base64"}
-    anyjson: dict[str, Any] = {"description": "any JSON value (stored as its JSON text; null: no key/value)"}
+#: The produce bodies' schemas, added to the contract's components by :mod:`api.openapi`.
+PRODUCE_SCHEMAS: dict[str, dict[str, Any]] = {
+    **_body_schema("binary", {"type": ["string", "null"], "format": "byte",
+                              "description": "base64 (RFC 4648, with padding); null: none"}),
+    **_body_schema("json", {"description": "any JSON value, stored as its JSON text; null: none"}),
+    "ProduceRecordHeader": {
+        "type": "object", "title": "ProduceRecordHeader", "required": ["key"], "additionalProperties": False,
+        "properties": {"key": {"type": "string"},
+                       "value": {"type": ["string", "null"], "format": "byte", "description": "base64; absent: null"}}},
+}
+
+
+def _openapi() -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {
-        BINARY: {"schema": _body_schema(b64, partition_route)},
-        JSONFMT: {"schema": _body_schema(anyjson, partition_route)},
+        BINARY: {"schema": {"$ref": "#/components/schemas/BinaryProduceRequest"}},
+        JSONFMT: {"schema": {"$ref": "#/components/schemas/JsonProduceRequest"}},
     }}}
 
 
@@ -354,14 +369,14 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
 
 
 @router.post("/topics/{topic}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,
-             openapi_extra=_openapi(partition_route=False),
+             openapi_extra=_openapi(),
              summary="Produce records to a topic (partition by key, or per record)")
 async def produce_to_topic(request: Request, topic: str, tenant: Tenant = Depends(current_tenant)) -> Response:
     return await produce(request, tenant, topic, None)
 
 
 @router.post("/topics/{topic}/partitions/{partition}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,
-             openapi_extra=_openapi(partition_route=True), summary="Produce records to one partition of a topic")
+             openapi_extra=_openapi(), summary="Produce records to one partition of a topic")
 async def produce_to_partition(request: Request, topic: str, partition: int,
                                tenant: Tenant = Depends(current_tenant)) -> Response:
     if partition < 0:

@@ -144,8 +144,8 @@ RANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
                          "or the schema metadata (Arrow) and in X-* headers",
           "headers": _OFFSET_HEADERS,
           "content": {
-              BINARY: {"schema": _page_schema("BinaryRecord")},
-              JSONFMT: {"schema": _page_schema("JsonRecord")},
+              BINARY: {"schema": _page_schema("ConsumerRecord")},
+              JSONFMT: {"schema": _page_schema("ConsumerRecord")},
               ARROW: {"schema": {"type": "string", "format": "binary", "description":
                                  "Arrow IPC stream: topic (dictionary<int32, string>), partition (int32), offset "
                                  "(int64), timestamp (timestamp[ms]), key (binary), value (binary), headers "

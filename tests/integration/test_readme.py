@@ -7,7 +7,8 @@ Only two things differ from a user pasting the blocks: the ``make run`` / ``make
 wrapper on ``PATH`` that adds a newline after each response body and reports each request's status on
 stderr, so the test sees every step's HTTP status; the blocks run under ``set -euo pipefail``.
 Checked: every command succeeds, every request answers 2xx, the consume steps print the produced records,
-and every expected output the README shows (``# → ...`` comments; ``...`` elides) is in the output.
+and every expected output the README shows (``# → ...`` comments; ``...`` elides) is in the output; and
+the README's word that ``make run``'s gateway creates a missing topic on produce.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -168,6 +170,13 @@ def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: Gat
     consumed = {(r["partition"], r["offset"]): r["value"] for r in polled + streamed if r["topic"] == "orders"}
     assert sent <= set(consumed), report
     assert sorted(consumed.values()) == ["aGVsbG8=", "d29ybGQ="], report
+
+    # and, as the README says after the block, make run's gateway creates a missing topic on produce
+    r = httpx.post(f"{make_run.url}/topics/readme-new-topic", json={"records": [{"value": "eA=="}]},
+                   headers={"Content-Type": "application/vnd.kafka.binary.v2+json"}, timeout=30)
+    assert r.status_code == 200 and r.json()["offsets"][0]["error_code"] is None, r.text
+    r = httpx.get(f"{make_run.url}/topics/readme-new-topic", timeout=30)
+    assert r.status_code == 200 and len(r.json()["partitions"]) == 1, r.text  # GATEWAY_AUTO_CREATE_PARTITIONS
 
     # what the README says each command prints is what it printed
     position = 0

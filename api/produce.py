@@ -66,6 +66,7 @@ from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
+from api.produce_common import partitions_or_create
 from service.gateway import GatewayError
 from service.producer import (
     Producer,
@@ -340,13 +341,9 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
         raise GatewayError(f"topic {topic!r} not found (not a legal Kafka topic name)", status=404, error_code=40401)
     producer = producer_for(request, tenant)
     try:
-        partitions = set(await producer.partitions(topic))
+        partitions = await partitions_or_create(request.app.state.settings, producer, topic)
     except UnknownTopicError:
-        settings = request.app.state.settings
-        if not settings.auto_create_topics_enabled() or topic.startswith("__"):
-            raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
-        partitions = set(await producer.create_topic(topic, settings.auto_create_partitions,
-                                                     settings.auto_create_replication_factor))
+        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
     if path_partition is not None:
         if path_partition not in partitions:
             raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,

@@ -67,9 +67,10 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def gw_small(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """No tenants file (metrics readable), a 64 KiB body limit."""
+    """No tenants file (metrics readable), a 64 KiB body limit, topics created on first produce."""
     d = tmp_path_factory.mktemp("v3small")
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_MAX_BODY_BYTES": "65536"}, log_file=d / "gw.log") as g:
+    env = {"GATEWAY_MAX_BODY_BYTES": "65536", "GATEWAY_AUTO_CREATE_TOPICS": "true", "GATEWAY_AUTO_CREATE_PARTITIONS": "2"}
+    with GatewayProcess(tansu.bootstrap, env=env, log_file=d / "gw.log") as g:
         yield g
 
 
@@ -415,11 +416,16 @@ async def test_tenant_isolation(gw: GatewayProcess, tansu: EmbeddedBroker, http:
 async def test_contract_names_the_operation_and_the_result_shape() -> None:
     from api.openapi import app_schema
 
-    op = app_schema()["paths"]["/v3/clusters/{cluster_id}/topics/{topic_name}/records"]["post"]
+    schema = app_schema()
+
+    def resolve(s: dict[str, Any]) -> dict[str, Any]:
+        return schema["components"]["schemas"][s["$ref"].rsplit("/", 1)[1]] if "$ref" in s else s
+
+    op = schema["paths"]["/v3/clusters/{cluster_id}/topics/{topic_name}/records"]["post"]
     assert op["operationId"] == "produceRecord"
-    body = op["requestBody"]["content"]["application/json"]["schema"]
+    body = resolve(next(iter(op["requestBody"]["content"].values()))["schema"])  # JSON (the media type: openapi.py)
     assert {"partition_id", "headers", "key", "value", "timestamp"} <= set(body["properties"])
-    result = op["responses"]["200"]["content"]["application/json"]["schema"]
+    result = resolve(op["responses"]["200"]["content"]["application/json"]["schema"])
     assert set(CONFLUENT_PRODUCE_RESPONSE["properties"]) <= set(result["properties"])
 
 
@@ -485,3 +491,18 @@ async def test_sigterm_ends_an_open_stream_after_answering_what_was_read(tansu: 
     got = await asyncio.to_thread(read_back, tansu.bootstrap, topic_name, 1, 5)
     assert [m.value() for m in got] == [b"r0", b"r1", b"r2", b"r3", b"r4"]
     assert "Traceback" not in (tmp_path / "gw.log").read_text()
+
+
+async def test_auto_create_applies_as_in_v2(gw_small: GatewayProcess, kclient: KafkaClient, cluster: str,
+                                           topic_name: str) -> None:
+    """With GATEWAY_AUTO_CREATE_TOPICS the first record creates the topic (as v2 produce does); internal names
+    never are."""
+    body = b'{"value":{"type":"STRING","data":"x"},"partition_id":1}{"value":{"type":"STRING","data":"y"}}'
+    async with httpx.AsyncClient(base_url=gw_small.url, timeout=30) as http:
+        out = results_of(await http.post(records_path(cluster, topic_name), content=body, headers=JSON_CT))
+        assert (out[0]["error_code"], out[0]["partition_id"]) == (200, 1)
+        assert out[1]["error_code"] == 200
+        out = results_of(await http.post(records_path(cluster, "__v3_" + topic_name), content=body, headers=JSON_CT))
+        assert [r["error_code"] for r in out] == [40401, 40401]
+    await kclient.refresh_metadata([topic_name])
+    assert kclient.metadata.partitions(topic_name) == [0, 1]

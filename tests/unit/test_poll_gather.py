@@ -56,6 +56,12 @@ def counts(chunks: list[tuple[TopicPartition, list[Any]]]) -> dict[TopicPartitio
     return out
 
 
+def check_count(consumer: Consumer) -> None:
+    """The fetcher's running count of buffered records agrees with its buffer."""
+    f = consumer.fetcher
+    assert f.buffered_records == sum(len(cf.records) - cf.index for q in f.buffer.values() for cf in q)
+
+
 def buffered_event(consumer: Consumer, n: int) -> asyncio.Event:
     """Set once the consumer's fetcher holds at least ``n`` records."""
     ev = asyncio.Event()
@@ -87,6 +93,7 @@ async def test_one_poll_returns_the_records_waiting_on_every_broker() -> None:
         got = await consumer.poll(timeout=10)
         assert where(got) == {("t", p): 2 for p in range(6)}
         assert time.monotonic() - started < 1.0  # it stopped gathering once no fetch was outstanding
+        check_count(consumer)
 
 
 async def test_one_poll_returns_every_partition_of_one_fetch_response() -> None:
@@ -126,6 +133,7 @@ async def test_no_linger_once_max_records_are_buffered() -> None:
         started = time.monotonic()
         got = await consumer.poll(max_records=5, timeout=10)
         assert where(got) == {("t", p0): 5}
+        check_count(consumer)
         assert time.monotonic() - started < 2.0  # not the 5 s linger
         # linger=0 (what streams use) returns at once as well
         fill(cluster, "t", p0, 1)
@@ -148,6 +156,7 @@ async def test_fetch_min_bytes_waits_for_more_than_that_many_bytes() -> None:
         fill(cluster, "t", 0, 1, size=10)  # 30 bytes > 20
         got = await asyncio.wait_for(task, 5)
         assert counts(got) == {TP("t", 0): 3}
+        check_count(consumer)
 
 
 async def test_fetch_min_bytes_returns_what_is_buffered_at_the_timeout() -> None:
@@ -164,6 +173,7 @@ async def test_fetch_min_bytes_returns_what_is_buffered_at_the_timeout() -> None
         got = await consumer.poll_batches(max_records=3, timeout=5, min_bytes=1000)
         assert counts(got) == {TP("t", 0): 3}
         assert time.monotonic() - started < 2.0
+        check_count(consumer)
 
 
 # -- Confluent's consumer.request.timeout.ms ------------------------------------------------------------
@@ -178,3 +188,17 @@ async def test_fetch_min_bytes_returns_what_is_buffered_at_the_timeout() -> None
 ])
 def test_poll_timeout_follows_confluent(timeout: int | None, configured: int | None, expected: int) -> None:
     assert poll_timeout_ms(timeout, configured) == expected
+
+
+async def test_the_buffered_record_count_follows_partial_polls_and_seeks() -> None:
+    async with TestCluster(1, topics={"t": 1}) as cluster, consumer_for(cluster, poll_linger_ms=0) as consumer:
+        fill(cluster, "t", 0, 6)
+        six = buffered_event(consumer, 6)
+        await consumer.assign([TP("t", 0)])
+        await asyncio.wait_for(six.wait(), 5)
+        assert counts(await consumer.poll_batches(max_records=2, timeout=1)) == {TP("t", 0): 2}
+        assert consumer.fetcher.buffered_records == 4
+        check_count(consumer)
+        consumer.seek(TP("t", 0), 0)  # drops what is buffered
+        assert consumer.fetcher.buffered_records == 0
+        check_count(consumer)

@@ -637,7 +637,7 @@ class Consumer:
         # while it waits or gathers (the gateway's drain, a client that left) loses nothing.
         gather_until: float | None = None  # until when to gather (linger mode), once records were seen
         data_seen = 0.0
-        sizes: dict[int, tuple[Any, int]] = {}  # buffered_payload's cache (min_bytes mode)
+        sizes: dict[int, tuple[Any, int]] | None = None  # buffered_payload's cache (min_bytes mode)
         seen_done = -1
         try:
             while True:
@@ -655,6 +655,8 @@ class Consumer:
                             max_bytes is not None and fetcher.buffered_bytes >= max_bytes):
                         take = True  # a full poll's worth is buffered
                     elif min_bytes is not None:
+                        if sizes is None:
+                            sizes = {}
                         take = fetcher.buffered_payload(sizes) > min_bytes
                     elif linger <= 0:
                         take = True

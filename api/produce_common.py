@@ -3,8 +3,8 @@ error code of a record the producer could not deliver.
 
 - :func:`json_bytes`: a JSON value as the bytes stored in Kafka (compact JSON text, UTF-8; integers
   beyond 64 bits exactly);
-- :data:`LONG_DIGITS` / :func:`loads_exact`: JSON text parsed with orjson, falling back to the standard
-  library when a number might not fit 64 bits (orjson would turn it into a float);
+- :data:`LONG_DIGITS`: a number that might not fit 64 bits (orjson would read it as a float): such JSON
+  text is parsed again with the standard library;
 - :func:`failure_code`: the REST error code of a :class:`~service.producer.ProduceFailure` (Confluent's
   codes: 40301 authorization, 40101 authentication, 50003 retriable Kafka error, 50002 other).
 """
@@ -32,14 +32,6 @@ def json_bytes(v: Any) -> bytes | None:
         return orjson.dumps(v)
     except TypeError:  # an integer beyond 64 bits
         return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def loads_exact(raw: bytes) -> Any:
-    """Parse JSON text (raises ``orjson.JSONDecodeError``); integers beyond 64 bits stay exact."""
-    value = orjson.loads(raw)
-    if LONG_DIGITS.search(raw):
-        value = json.loads(raw)
-    return value
 
 
 def failure_code(f: ProduceFailure) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
+import json
 import logging
 import re
 import time
@@ -59,7 +60,7 @@ from api.auth import current_tenant
 from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
 from api.produce import TOPIC_NAME_RE, producer_for
-from api.produce_common import failure_code, json_bytes, loads_exact, partitions_or_create
+from api.produce_common import LONG_DIGITS, failure_code, json_bytes, partitions_or_create
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
 from service.gateway import GatewayError, ShuttingDown
@@ -111,6 +112,13 @@ _IN_STRING = re.compile(rb'["\\]')
 _IN_OBJECT = re.compile(rb'[{}"]')
 
 
+def _is_object(text: bytes) -> bool:
+    try:
+        return type(orjson.loads(text)) is dict
+    except orjson.JSONDecodeError:
+        return False
+
+
 class JsonObjectSplitter:
     """Cuts a byte stream of concatenated JSON objects (or one JSON array of objects) into the bytes of
     each object, without parsing them: only braces outside strings are counted, so a broken object is
@@ -154,6 +162,20 @@ class JsonObjectSplitter:
                 c = buf[pos]
                 if self._closed:
                     raise SplitError(40001, f"malformed JSON: text after the closing ']' at byte {pos}")
+                if c == 0x7B and not self._array:
+                    # Fast path: a line that is one whole JSON object (a raw newline is never inside a JSON
+                    # string, so a line that parses as an object is exactly one record)
+                    nl = buf.find(b"\n", pos)
+                    if nl > 0:
+                        line = bytes(buf[pos:nl]).rstrip()
+                        if line[-1:] == b"}" and _is_object(line):
+                            if len(line) > self.max_object_bytes:
+                                raise self._too_large()
+                            self._array = False
+                            out.append(line)
+                            self.objects += 1
+                            pos = nl + 1
+                            continue
                 if c == 0x7B:  # {
                     if self._array is None:
                         self._array = False
@@ -270,14 +292,39 @@ def format_timestamp(ms: int) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac:03d}" if frac else "") + "Z"
 
 
-def _data(v: Any, field: str) -> tuple[bytes | None, str | None]:
-    """A key or value object: (the bytes to store, its type), (None, None) when absent."""
+_TS_CACHE: dict[int, bytes] = {}  # records of one chunk share their timestamp
+
+
+def _timestamp_bytes(ms: int) -> bytes:
+    text = _TS_CACHE.get(ms)
+    if text is None:
+        if len(_TS_CACHE) >= 4096:
+            _TS_CACHE.clear()
+        text = _TS_CACHE[ms] = format_timestamp(ms).encode()
+    return text
+
+
+def _has_float(v: Any) -> bool:
+    t = type(v)
+    if t is float:
+        return True
+    if t is dict:
+        return any(_has_float(x) for x in v.values())
+    if t is list:
+        return any(_has_float(x) for x in v)
+    return False
+
+
+def _data(v: Any, field: str, raw: bytes) -> tuple[bytes | None, str | None]:
+    """A key or value object: (the bytes to store, its type), (None, None) when absent. ``raw`` is the
+    record's JSON text (JSON data with an integer beyond 64 bits, which orjson reads as a float, is taken
+    from it exactly)."""
     if v is None:
         return None, None
     if type(v) is not dict:
         raise RecordError(42206, f"{field} must be an object {{\"type\", \"data\"}} or null")
-    unknown = [k for k in v if k not in _DATA_KEYS]
-    if unknown:
+    if not v.keys() <= _DATA_KEYS:
+        unknown = [k for k in v if k not in _DATA_KEYS]
         raise RecordError(42206, f"{field}: unknown field(s) {', '.join(repr(k) for k in unknown)}")
     t = v.get("type")
     if t is None:
@@ -294,6 +341,8 @@ def _data(v: Any, field: str) -> tuple[bytes | None, str | None]:
     if data is None:
         return None, t
     if t == "JSON":
+        if _has_float(data) and LONG_DIGITS.search(raw):
+            data = json.loads(raw)[field]["data"]
         return json_bytes(data), t
     if type(data) is not str:
         what = "a base64 string" if t == "BINARY" else "a string"
@@ -333,13 +382,13 @@ def _headers(v: Any) -> tuple[tuple[str, bytes | None], ...]:
 def parse_record(raw: bytes, now_ms: int) -> V3Record:
     """One ``ProduceRequest`` object (its JSON text) as a record, or a :class:`RecordError`."""
     try:
-        r = loads_exact(raw)
+        r = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise RecordError(40001, f"malformed JSON: {exc}") from None
     if type(r) is not dict:
         raise RecordError(42206, "a record must be a JSON object")
-    unknown = [k for k in r if k not in _RECORD_KEYS]
-    if unknown:
+    if not r.keys() <= _RECORD_KEYS:
+        unknown = [k for k in r if k not in _RECORD_KEYS]
         raise RecordError(42206, f"unknown field(s) {', '.join(repr(k) for k in unknown)}; a record has "
                                  "partition_id, headers, key, value and timestamp")
     partition = r.get("partition_id")
@@ -350,8 +399,8 @@ def parse_record(raw: bytes, now_ms: int) -> V3Record:
             raise RecordError(42207, "partition_id must be an integer (or null)")
         if partition < 0:
             raise RecordError(40402, f"partition {partition} not found")
-    key, key_type = _data(r.get("key"), "key")
-    value, value_type = _data(r.get("value"), "value")
+    key, key_type = _data(r.get("key"), "key", raw)
+    value, value_type = _data(r.get("value"), "value", raw)
     ts = r.get("timestamp")
     return V3Record(key, value, _headers(r.get("headers")), partition,
                     now_ms if ts is None else parse_timestamp(ts), key_type, value_type)
@@ -370,7 +419,7 @@ def _data_result(name: bytes, t: str | None, data: bytes | None) -> bytes:
 def success_result(prefix: bytes, rec: V3Record, md: RecordMetadata) -> bytes:
     """``prefix`` is ``{"error_code":200,"cluster_id":...,"topic_name":...`` (see :func:`result_prefix`)."""
     return (prefix + b',"partition_id":%d,"offset":%d,"timestamp":"%s"' % (
-        md.partition, md.offset, format_timestamp(rec.timestamp).encode())
+        md.partition, md.offset, _timestamp_bytes(rec.timestamp))
         + _data_result(b"key", rec.key_type, rec.key) + _data_result(b"value", rec.value_type, rec.value)
         + b"}" + SEPARATOR)
 

@@ -45,6 +45,19 @@ def test_concatenated_objects_split_whole_and_byte_by_byte(sep: bytes) -> None:
     assert split_all([body[i:i + 1] for i in range(len(body))]) == OBJECTS  # every chunk boundary, escapes too
 
 
+def test_lines_and_other_layouts_mix() -> None:
+    """One object per line takes the fast path; several per line, pretty-printed objects and broken ones the
+    scanner; both give the same objects."""
+    pretty = b'{\n  "value": {\n    "type": "STRING",\n    "data": "}\\n{"\n  }\n}'
+    body = b'{"a":1}\n{"b":2} {"c":3}\n' + pretty + b'\r\n{"d": tru}\n{"e":"\\""}\n'
+    want = [b'{"a":1}', b'{"b":2}', b'{"c":3}', pretty, b'{"d": tru}', b'{"e":"\\""}']
+    assert split_all([body]) == want
+    assert split_all([body[i:i + 7] for i in range(0, len(body), 7)]) == want
+    s = JsonObjectSplitter(10)
+    assert s.feed(b'{"a":1}\n{"long":"xxxxxxxx"}\n') == [b'{"a":1}']
+    assert s.error is not None and s.error.code == 41301
+
+
 def test_one_array_of_records() -> None:
     body = b"[" + b" ,\n".join(OBJECTS) + b"]\n"
     assert split_all([body]) == OBJECTS

@@ -27,14 +27,23 @@ configured"); 40401 topic not found (Confluent: 40401 after its producer's metad
 not found; 40301/40101/50002/50003 as v2 produce for records the broker did not acknowledge.
 
 Whole-request errors (an HTTP status, before any result): 401/403 as every route (a topic outside the
-tenant's patterns is 403/40301), 404/404 an unknown cluster id (as the other v3 routes), 415/41501 a non-JSON content type,
-422/42208 an empty body (Confluent: "Request body is empty"). Text that cannot be split into JSON objects
-(garbage between objects, an unterminated object at the end, a record larger than the body limit) ends
-the stream with one error result (40001, 41301).
+tenant's patterns is 403/40301), 404/404 an unknown cluster id (as the other v3 routes), 415/41501 a
+non-JSON content type, 422/42208 an empty body (Confluent: "Request body is empty"), 503/50301 while the
+gateway shuts down. Text that cannot be split into JSON objects (garbage between objects, an unterminated
+object at the end, a record larger than the body limit) ends the stream with one error result (40001,
+41301); so does a shutdown (SIGTERM): the records read so far are produced and answered, then 50301 —
+a record without a result was not produced.
+
+Order: at most one batch of a stream is with the producer at a time (the next collects what arrives
+meanwhile), so the records of a stream are stored in stream order per partition, and a result is written
+only once the broker acknowledged its record. A missing topic is created as in v2 when
+``GATEWAY_AUTO_CREATE_TOPICS`` is on (:func:`api.produce_common.partitions_or_create`).
 
 Body limit: ``GATEWAY_MAX_BODY_BYTES`` applies **per record** here (not to the whole stream), so a
 long-lived stream works; a single record beyond it ends the stream with 41301. A request with a
-``Content-Length`` above the limit is refused at once (413) by the middleware, as everywhere.
+``Content-Length`` above the limit is refused at once (413) by the middleware, as everywhere. A client
+must read its results while it sends (as Confluent's): one that does not stops being read once about
+``MAX_UNITS`` results wait (TCP backpressure).
 """
 
 from __future__ import annotations

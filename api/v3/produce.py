@@ -518,6 +518,7 @@ class ProducePipeline:
 
     # -- reading -----------------------------------------------------------------------------------------------
     async def _put(self, unit: _Unit | None) -> None:
+        self._pump()  # never wait for the writer while a batch could be started
         await self._units.put(unit)
         if not self._first.done():
             self._first.set_result(unit is not _END)
@@ -539,7 +540,6 @@ class ProducePipeline:
             assert unit.records is not None
             unit.records.append(rec)
             unit.nbytes += rec.size
-        self._pump()
 
     def _pump(self) -> None:
         if self._inflight is not None or not self._waiting:
@@ -604,6 +604,7 @@ class ProducePipeline:
                     await self._error(exc.code, exc.message)
                 else:
                     await self._record(rec)
+            self._pump()  # after the whole chunk: its records go to the producer together
             if splitter.error is not None:
                 break
         try:

@@ -25,7 +25,9 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
+from tests.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_produce_vs_test_broker import ProduceGate
 
 pytestmark = pytest.mark.integration
 KEY_A, KEY_B = "v3-produce-key-a-1234", "v3-produce-key-b-5678"
@@ -506,3 +508,39 @@ async def test_auto_create_applies_as_in_v2(gw_small: GatewayProcess, kclient: K
         assert [r["error_code"] for r in out] == [40401, 40401]
     await kclient.refresh_metadata([topic_name])
     assert kclient.metadata.partitions(topic_name) == [0, 1]
+
+
+# -- broker refusals, over the protocol-level test broker ------------------------------------------------------
+async def test_kafka_errors_are_per_record_results(tmp_path: Path) -> None:
+    """A record the broker refuses gets its Kafka error code (50002, 40301; the HTTP status stays 200, unlike
+    v2's 403, since the answer is a stream), the records around it are stored."""
+    gate = ProduceGate()
+    async with TestCluster(topics={"t": 2}, registry=gate.registry) as tc:
+        g = GatewayProcess(tc.bootstrap_servers, log_file=tmp_path / "gw.log")
+        await asyncio.to_thread(g.start)
+        client = KafkaClient(tc.bootstrap_servers)
+        try:
+            await client.refresh_metadata()
+            cid = client.metadata.cluster_id or "tenant-default"
+            path = records_path(cid, "t")
+
+            def rec(v: str) -> bytes:
+                return orjson.dumps({"value": {"type": "STRING", "data": v}, "partition_id": 0})
+
+            async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+                assert [r["error_code"] for r in results_of(await http.post(path, content=rec("a"),
+                                                                             headers=JSON_CT))] == [200]
+                for code, want in ((87, 50002), (29, 40301)):
+                    gate.plan = [code]
+                    out = results_of(await http.post(path, content=rec("refused") + rec("refused"),
+                                                     headers=JSON_CT))
+                    assert [r["error_code"] for r in out] == [want, want], out
+                    assert f"({code})" in out[0]["message"]
+                    assert_confluent_shape(out[0])
+                gate.plan = [6]  # NOT_LEADER_OR_FOLLOWER is retried: stored once
+                assert [r["error_code"] for r in results_of(await http.post(path, content=rec("b"),
+                                                                             headers=JSON_CT))] == [200]
+            assert [r.value for r in tc.partition_log("t", 0).records()] == [b"a", b"b"]
+        finally:
+            await client.close()
+            await asyncio.to_thread(g.stop)

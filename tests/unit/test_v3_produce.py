@@ -308,3 +308,17 @@ async def test_pipeline_started_while_draining_reads_nothing() -> None:
     assert [orjson.loads(c)["error_code"] async for c in p.results()] == [50301]
     assert fake.batches == []
     await p.close()
+
+
+async def test_records_of_one_chunk_go_to_the_producer_together() -> None:
+    fake = FakeProducer()
+    body: asyncio.Queue[bytes | None] = asyncio.Queue()
+    p = ProducePipeline(chunks_from(body), fake, 1 << 20)
+    p.start()
+    body.put_nowait(rec(0) + b"\n" + rec(1) + rec(2))
+    body.put_nowait(None)
+    fake.release.put_nowait(None)
+    out = [orjson.loads(line) async for chunk in p.results() for line in chunk.split(b"\r\n") if line]
+    assert [o["v"] for o in out] == [0, 1, 2]
+    assert [[r.value for r in b] for b in fake.batches] == [[b"0", b"1", b"2"]]
+    await p.close()

@@ -2,8 +2,10 @@
 
 A consumer is a few asyncio tasks — group membership (join/sync/heartbeat), the fetcher, and
 auto-commit — over a :class:`KafkaClient` that may be shared with many other consumers. ``poll``
-waits on the prefetch buffer (true long-poll): it returns as soon as records are buffered, or after
-its timeout. The first poll after ``subscribe`` waits for the group assignment within its timeout.
+waits on the prefetch buffer (true long-poll): once records are buffered it gathers what fetches still
+outstanding bring for the rest of the assignment (a short, bounded linger; see ``poll_batches``) and
+returns, or returns [] after its timeout. The first poll after ``subscribe`` waits for the group
+assignment within its timeout.
 """
 
 from __future__ import annotations

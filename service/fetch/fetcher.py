@@ -13,6 +13,11 @@ a poll rarely finds the buffer empty; each partition's buffered fetches form a c
 offset is the previous one's next offset) that polls consume in order. An owner that stops polling gets
 the Java consumer's behaviour (KAFKA-17182): a leader with any partition still buffered is not fetched
 from until the buffer is drained, so an idle consumer holding records costs the broker nothing.
+
+Gathering: the fetcher keeps, for each fetch in flight, its partitions, when it was sent and when its
+broker-side wait ends, plus running counts of the buffered records and bytes, so a poll decides in
+constant time whether a full poll's worth is buffered and, when a fetch ends (:attr:`Fetcher.fetches_done`;
+``data_event`` is set then while a poll gathers), until when more may come (:meth:`Fetcher.gather_until`).
 """
 
 from __future__ import annotations

@@ -191,8 +191,8 @@ class Subscription(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "description": "Give `topics` or `topic_pattern` (null is the same as absent). With both, `topics` "
-                       "wins; an empty `topics` list unsubscribes (as the Confluent REST Proxy does). With "
-                       "neither the answer is 422 (42206)."})
+                       "wins; an empty `topics` list unsubscribes; with neither nothing changes (all as the "
+                       "Confluent REST Proxy does)."})
     topics: list[Annotated[str, Field(min_length=1, max_length=249)]] | None = None
     topic_pattern: str | None = Field(None, json_schema_extra={"format": "regex"},
                                       description="a regular expression (RE2 syntax) over topic names")
@@ -222,11 +222,11 @@ class PartitionTimestamp(PartitionRef):
 
 
 class Positions(BaseModel):
-    """Offsets and/or timestamps, at least one non-empty: checked in seek() and stated in the description."""
+    """Offsets and/or timestamps (null or absent: none), as Confluent's ConsumerSeekRequest."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "description": "Give a non-empty `offsets` and/or `timestamps` list (null is the same as absent); "
-                       "otherwise the answer is 422 (42206)."})
+        "description": "`offsets` and/or `timestamps` (null is the same as absent); with neither nothing "
+                       "changes, as in the Confluent REST Proxy."})
     offsets: list[PartitionOffset] | None = None
     timestamps: list[PartitionTimestamp] | None = None
 
@@ -375,7 +375,7 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
     # As Confluent's v2 consumer (KafkaConsumerState.subscribe): a topics list wins over a pattern, and
     # an empty list unsubscribes (Java's subscribe(empty) = unsubscribe()).
     if body.topics is None and body.topic_pattern is None:
-        raise GatewayError("give a 'topics' list or a 'topic_pattern'", status=422, error_code=42206)
+        return Response(status_code=204)  # nothing to subscribe to: a no-op, as in Confluent's v2 consumer
     if body.topics is not None:
         if not body.topics:
             await inst.consumer.unsubscribe()
@@ -449,8 +449,6 @@ def _require_assigned(inst: ConsumerInstance, parts: list[TopicPartition]) -> No
 async def seek(request: Request, group: str, instance_id: str, body: Positions,
                tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
-    if not body.offsets and not body.timestamps:
-        raise GatewayError("give 'offsets' and/or 'timestamps'", status=422, error_code=42206)
     offs = body.offsets or []
     stamps = body.timestamps or []
     _require_assigned(inst, tps(offs) + tps(stamps))  # type: ignore[arg-type]
@@ -509,9 +507,26 @@ async def commit(request: Request, group: str, instance_id: str, body: CommitOff
 
 
 QueryTopics = Annotated[list[Annotated[str, Field(min_length=1, max_length=249)]] | None, Query(
-    description="body-free form: a topic, repeated; the n-th `topic` pairs with the n-th `partition`")]
+    description="body-free form: topics, repeated (`?topic=a&topic=b`); see the operation's description")]
 QueryPartitions = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None, Query(
-    description="body-free form: a partition, repeated; the n-th `partition` pairs with the n-th `topic`")]
+    description="body-free form: partition numbers, repeated (`?partition=0&partition=1`); see the operation's "
+                "description")]
+
+
+def committed_partitions(body: list[TopicPartition] | None, topics: list[str] | None, numbers: list[int] | None,
+                         assigned: list[TopicPartition]) -> list[TopicPartition]:
+    """The partitions ``GET .../offsets`` reports on: those of the body (Confluent's form) and, for clients
+    that cannot send a body on a GET, of the query: every ``topic`` with every ``partition`` when both are
+    given, else the assigned partitions of the given topics (or with the given numbers); with neither a body
+    nor a query, the assigned partitions."""
+    out = list(body or ())
+    if topics and numbers:
+        out += [TopicPartition(t, n) for t in topics for n in numbers]
+    elif topics or numbers:
+        out += [tp for tp in assigned if tp.topic in (topics or ()) or tp.partition in (numbers or ())]
+    elif body is None:
+        out = list(assigned)
+    return list(dict.fromkeys(out))
 
 
 @router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,
@@ -521,18 +536,8 @@ async def committed(request: Request, group: str, instance_id: str, body: Partit
                     topic: QueryTopics = None, partition: QueryPartitions = None,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
-    if body is not None and (topic or partition):
-        raise GatewayError("give the partitions in the request body or as query parameters, not both",
-                           status=422, error_code=42206)
-    if body is not None:
-        parts = tps(body.partitions)
-    elif topic or partition:
-        if len(topic or ()) != len(partition or ()):
-            raise GatewayError("give as many 'partition' as 'topic' query parameters (the n-th of each pair up)",
-                               status=422, error_code=42206)
-        parts = [TopicPartition(t, p) for t, p in zip(topic or (), partition or (), strict=True)]
-    else:  # no body, no query: the partitions assigned to this instance now
-        parts = list(inst.consumer.assignment())
+    parts = committed_partitions(tps(body.partitions) if body is not None else None, topic, partition,
+                                 list(inst.consumer.assignment()))
     if not parts:
         return v2({"offsets": []})
     got = await inst.consumer.committed(parts)

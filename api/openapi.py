@@ -139,8 +139,9 @@ mean the instance's format; another format is 406 (40601). One `ConsumerRecord` 
   returns what is stored (so the value sent + 1) and leaves out partitions with nothing committed, as
   Confluent does. An empty body commits everything consumed so far.
 - `GET /offsets` takes its partitions in a **request body on a GET**, as the Confluent REST Proxy does; as
-  extensions for clients that cannot send one (fetch, generated clients), also as repeated `topic` and
-  `partition` query parameters paired in order, or with neither: the partitions assigned to the instance.
+  extensions for clients that cannot send one (fetch, generated clients), also as `topic` and `partition`
+  query parameters (every topic with every partition), or with neither: the partitions assigned to the
+  instance.
 - The instance id is the `name` the client chose (or the legacy `id`), so clients can build URLs from it;
   a name already used in the group is 409 (40902). Without a name an id is generated.
 - Paths match with or without a trailing slash (no redirect).
@@ -286,8 +287,8 @@ _OPERATION_NOTES = {
                       "Other Kafka consumer properties are honoured, ignored or refused (42204) as the API "
                       "description explains.",
     "subscribe": "Give `topics` or `topic_pattern` (a regular expression; new matching topics are picked up). "
-                 "With both, `topics` wins, and an empty `topics` list unsubscribes, as in the Confluent REST "
-                 "Proxy. Switching between topics, a pattern and manual assignment without unsubscribing "
+                 "With both, `topics` wins, an empty `topics` list unsubscribes, and with neither nothing "
+                 "changes, as in the Confluent REST Proxy. Switching between topics, a pattern and manual assignment without unsubscribing "
                  "first is 409 (40903).",
     "assignPartitions": "Manual assignment without group management; exclusive with a subscription "
                         "(409, 40903). Unknown topics are 404 (40401), unknown partitions 404 (40402).",
@@ -297,11 +298,13 @@ _OPERATION_NOTES = {
                      "(give the offset of the last record consumed). Without a body, or with no `offsets`, "
                      "commits the position after everything this instance has returned.",
     "getCommittedOffsets": "The partitions are given in a **request body on a GET**, as the Confluent REST "
-                           "Proxy does, or (extensions, for clients that cannot send a body on a GET) as "
-                           "repeated `topic` and `partition` query parameters, the n-th of each forming a "
-                           "pair (`?topic=a&partition=0&topic=a&partition=1`; unequal counts are 422, 42206), "
-                           "or not at all: then the partitions assigned to the instance now. Body and query "
-                           "together are 422 (42206). `offset` is what is stored (the committed record "
+                           "Proxy does. As extensions, for clients that cannot send a body on a GET (fetch, "
+                           "generated clients), also by query parameters: `topic` and `partition` both given "
+                           "mean every listed topic with every listed partition "
+                           "(`?topic=a&partition=0&partition=1`: a-0 and a-1); only `topic` (or only "
+                           "`partition`) means the instance's assigned partitions of those topics (with those "
+                           "numbers); neither a body nor a query means the assigned partitions. A body and a "
+                           "query together ask for both. `offset` is what is stored (the committed record "
                            "offset + 1); partitions with nothing committed are left out, as Confluent does.",
     "getRecords": "Long-poll: returns as soon as records are buffered, or an empty array when `timeout` "
                   "(milliseconds, default the instance's `consumer.request.timeout.ms`, capped by the "
@@ -595,9 +598,8 @@ def _media_30(content: dict[str, Any], types: dict[str, str], request: bool = Fa
         if "schema" not in media:
             continue
         schema = _schema_30(media["schema"], types)
-        refs = schema.get("allOf", ())
-        if request and schema.get("nullable") and len(refs) == 1 and "$ref" in refs[0]:
-            schema = refs[0]  # an optional body (FastAPI's `Model | None`): `required: false` says it
+        if request and schema.get("nullable"):
+            schema.pop("title", None)  # FastAPI's "Body": generators would name a model after it
         media["schema"] = schema
 
 

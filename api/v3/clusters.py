@@ -336,7 +336,7 @@ async def v3_list_topics(request: Request, cluster_id: ClusterId,
 
 @router.post("/v3/clusters/{cluster_id}/topics", status_code=201, response_model=KafkaTopic,
              responses={200: {"model": KafkaTopic, "description": "validate_only: the topic would be created"},
-                        **_errors(400, 401, 403, 422, 429, 500, 503)},
+                        **_errors(400, 401, 403, 404, 422, 429, 500, 503)},
              operation_id="createKafkaTopic", summary="Create a topic",
              description="201 with the topic and a `Location` header; with `validate_only: true` 200 and nothing "
                          "created. A topic that exists, an invalid name, partitions count, replication factor "

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -172,3 +173,41 @@ async def test_openapi_generator_python_client(clients: Path, gw: GatewayProcess
     answer, application/json, which means the instance's format."""
     await _flow([sys.executable, str(FLOWS / "flow_ogpy.py")], _python_env(clients / "ogpy"), gw, kclient,
                 topic_name)
+
+
+async def test_committed_offsets_forms(gw: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
+    """``GET .../offsets``: the partitions in a body (Confluent), as ``topic`` x ``partition`` query
+    parameters, a filter of the assignment (only topics or only partitions), or the assignment."""
+    await kclient.create_topics({topic_name: 3})
+    group = f"g-forms-{topic_name}"
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/vnd.kafka.v2+json"}
+    async with httpx.AsyncClient(base_url=gw.url, headers=headers, timeout=30) as http:
+        r = await http.post(f"/consumers/{group}", json={"name": "forms"})
+        assert r.status_code == 200, r.text
+        base = f"/consumers/{group}/instances/forms"
+        r = await http.get(f"{base}/offsets")  # nothing assigned yet: nothing to report
+        assert r.status_code == 200 and r.json() == {"offsets": []}, r.text
+        parts = [{"topic": topic_name, "partition": p} for p in (0, 1)]
+        assert (await http.post(f"{base}/assignments", json={"partitions": parts})).status_code == 204
+        r = await http.post(f"{base}/offsets", json={"offsets": [{**parts[0], "offset": 4}, {**parts[1], "offset": 9}]})
+        assert r.status_code == 200 and r.json() == [], r.text
+        p0, p1 = {**parts[0], "offset": 5, "metadata": ""}, {**parts[1], "offset": 10, "metadata": ""}
+
+        async def committed(query: str = "", body: Any = None) -> list[dict[str, Any]]:
+            r = await http.request("GET", f"{base}/offsets{query}", json=body)
+            assert r.status_code == 200, r.text
+            return sorted(r.json()["offsets"], key=lambda o: o["partition"])
+
+        assert await committed(body={"partitions": parts}) == [p0, p1]  # Confluent's body on a GET
+        assert await committed(body={"partitions": parts[1:]}) == [p1]
+        assert await committed() == [p0, p1]  # the assigned partitions
+        # every topic with every partition; partition 2 (not assigned, nothing committed) is left out
+        assert await committed(f"?topic={topic_name}&partition=2&partition=1&partition=0") == [p0, p1]
+        assert await committed(f"?topic={topic_name}&partition=1") == [p1]
+        assert await committed(f"?topic={topic_name}") == [p0, p1]  # its assigned partitions
+        assert await committed("?partition=0") == [p0]  # the assigned partitions numbered 0
+        assert await committed("?topic=other-topic") == []
+        assert await committed(f"?topic={topic_name}&partition=0", {"partitions": parts[1:]}) == [p0, p1]
+        r = await http.get(f"{base}/offsets?topic={topic_name}&partition=-1")
+        assert r.status_code == 422, r.text
+        assert (await http.delete(base)).status_code == 204

@@ -67,6 +67,7 @@ from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
 from api.produce_common import partitions_or_create
+from api.topics import catalog
 from service.gateway import GatewayError
 from service.producer import (
     Producer,
@@ -341,7 +342,8 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
         raise GatewayError(f"topic {topic!r} not found (not a legal Kafka topic name)", status=404, error_code=40401)
     producer = producer_for(request, tenant)
     try:
-        partitions = await partitions_or_create(request.app.state.settings, producer, topic)
+        partitions = await partitions_or_create(request.app.state.settings, producer, topic,
+                                                catalog(request, tenant))
     except UnknownTopicError:
         raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
     if path_partition is not None:

@@ -42,13 +42,19 @@ def failure_code(f: ProduceFailure) -> int:
     return 50003 if f.retriable else 50002
 
 
-async def partitions_or_create(settings: Any, producer: Producer, topic: str) -> set[int]:
+async def partitions_or_create(settings: Any, producer: Producer, topic: str, catalog: Any = None) -> set[int]:
     """The partitions of ``topic``; a missing one is created when ``GATEWAY_AUTO_CREATE_TOPICS`` is on
-    (never a name starting with ``__``: internal topics). Raises UnknownTopicError otherwise."""
+    (never a name starting with ``__``: internal topics). Raises UnknownTopicError otherwise.
+
+    ``catalog``: the tenant's :class:`~service.topics.TopicCatalog` (or None), which forgets what it
+    cached about the topic once it was created, so ``GET /topics`` lists it at once."""
     try:
         return set(await producer.partitions(topic))
     except UnknownTopicError:
         if not settings.auto_create_topics_enabled() or topic.startswith("__"):
             raise
-        return set(await producer.create_topic(topic, settings.auto_create_partitions,
-                                               settings.auto_create_replication_factor))
+        created = set(await producer.create_topic(topic, settings.auto_create_partitions,
+                                                  settings.auto_create_replication_factor))
+        if catalog is not None:
+            catalog.forget(topic)
+        return created

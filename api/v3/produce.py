@@ -70,6 +70,7 @@ from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
 from api.produce import TOPIC_NAME_RE, producer_for
 from api.produce_common import LONG_DIGITS, failure_code, json_bytes, partitions_or_create
+from api.topics import catalog
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
 from service.gateway import GatewayError, ShuttingDown
@@ -652,7 +653,8 @@ class _Producing:
         try:
             if not TOPIC_NAME_RE.fullmatch(topic) or topic in (".", ".."):
                 raise UnknownTopicError(topic)
-            partitions = await partitions_or_create(self.request.app.state.settings, self.producer, topic)
+            partitions = await partitions_or_create(self.request.app.state.settings, self.producer, topic,
+                                                    catalog(self.request, self.tenant))
         except UnknownTopicError:
             return error_result(40401, f"topic {topic!r} not found") * len(records)
         except KafkaError as exc:

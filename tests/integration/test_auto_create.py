@@ -75,7 +75,9 @@ tenants:
     topics: ["w-*"]
 """)
     env = {"GATEWAY_AUTO_CREATE_TOPICS": "true", "GATEWAY_AUTO_CREATE_PARTITIONS": "3",
-           "GATEWAY_AUTO_CREATE_REPLICATION_FACTOR": "1"}
+           "GATEWAY_AUTO_CREATE_REPLICATION_FACTOR": "1",
+           # a long-lived topic cache: a listing cached before an auto-create must still show the new topic
+           "GATEWAY_TOPIC_METADATA_TTL_S": "60"}
     with GatewayProcess(tansu.bootstrap, env=env, log_file=d / "on.log") as g, \
             GatewayProcess(tansu.bootstrap, env={**env, "GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
                            log_file=d / "on-tenants.log") as tenants:
@@ -129,6 +131,21 @@ async def test_on_a_missing_topic_is_created_with_the_configured_partitions(
         r = await http.post(f"/topics/{topic_name}-q/partitions/7", json={"records": records[:1]}, headers=HB)
         assert r.status_code == 404 and r.json()["error_code"] == 40402, r.text
         assert (await topics_on_broker(kclient))[f"{topic_name}-q"] == 3
+
+
+async def test_on_a_created_topic_is_listed_at_once(gw_on: GatewayProcess, topic_name: str) -> None:
+    """The tenant's topic cache forgets its listing when produce creates a topic (v2 and v3 produce)."""
+    async with httpx.AsyncClient(base_url=gw_on.url, timeout=30) as http:
+        r = await http.get("/topics")
+        assert r.status_code == 200 and topic_name not in r.json()  # cached now, for 60 s
+        r = await http.post(f"/topics/{topic_name}", json={"records": [{"value": b64(b"x")}]}, headers=HB)
+        assert r.status_code == 200, r.text
+        assert topic_name in (await http.get("/topics")).json()
+        cluster = (await http.get("/v3/clusters")).json()["data"][0]["cluster_id"]
+        r = await http.post(f"/v3/clusters/{cluster}/topics/{topic_name}-v3/records",
+                            json={"value": {"type": "STRING", "data": "x"}})
+        assert r.status_code == 200 and r.json()["error_code"] == 200, r.text
+        assert f"{topic_name}-v3" in (await http.get("/topics")).json()
 
 
 async def test_on_concurrent_producers_of_a_missing_topic_all_succeed(gw_on: GatewayProcess, kclient: KafkaClient,

@@ -112,6 +112,17 @@ ConfigBool = Annotated[str | bool | None, BeforeValidator(_config_bool), WithJso
     {"type": "null"}]})]
 
 
+def _fetch_min_bytes(v: Any) -> Any:
+    if v == -1 or v == "-1":  # Confluent's "disabled" sentinel (its default): the same as not set
+        return None
+    return _config_int(v)
+
+
+FetchMinBytes = Annotated[int | str | None, BeforeValidator(_fetch_min_bytes), WithJsonSchema({
+    "anyOf": [{"type": "integer", "minimum": -1, "maximum": INT32_MAX},
+              {"type": "string", "pattern": "^(-1|[0-9]{1,9})$"}, {"type": "null"}]})]
+
+
 def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
@@ -145,7 +156,10 @@ class CreateConsumer(BaseModel):
         None, alias="auto.offset.reset")
     auto_commit_enable: ConfigBool = Field(None, alias="auto.commit.enable")
     enable_auto_commit: ConfigBool = Field(None, alias="enable.auto.commit")
-    fetch_min_bytes: ConfigInt = Field(None, alias="fetch.min.bytes")
+    fetch_min_bytes: FetchMinBytes = Field(
+        None, alias="fetch.min.bytes",
+        description="return a records request once more than this many key and value bytes are there "
+                    "(Confluent's v2 rule); -1 (Confluent's sentinel) or absent: as soon as records are there")
     consumer_request_timeout_ms: ConfigInt = Field(None, alias="consumer.request.timeout.ms")
     consumer_request_max_bytes: ConfigInt = Field(
         None, alias="consumer.request.max.bytes", description="default max_bytes of a records request (0: none)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from pydantic import ValidationError
 
 from api import consumer_config as cc
 from api.consumer_config import ConfigError, parse_properties
+from api.consumers import CreateConsumer
 from service.gateway import Gateway, InstanceOptions
 from service.settings import Settings
 
@@ -101,3 +103,15 @@ def test_embedded_broker_defaults_give_a_fast_first_join(monkeypatch: pytest.Mon
     chosen = Settings(kafka_bootstrap="broker:9092", consumer_session_timeout_ms=10000,
                       consumer_heartbeat_interval_ms=2000)
     assert (chosen.session_timeout_ms(), chosen.heartbeat_interval_ms()) == (10000, 2000)
+
+
+@pytest.mark.parametrize(("given", "expected"), [(-1, None), ("-1", None), (None, None), (0, 0), ("100", 100),
+                                                 (1000, 1000)])
+def test_fetch_min_bytes_takes_confluents_disabled_sentinel(given: object, expected: int | None) -> None:
+    assert CreateConsumer.model_validate({"fetch.min.bytes": given}).fetch_min_bytes == expected
+
+
+@pytest.mark.parametrize("given", [-2, "-2", "x", 1.5, True])
+def test_fetch_min_bytes_refuses_other_values(given: object) -> None:
+    with pytest.raises(ValidationError):
+        CreateConsumer.model_validate({"fetch.min.bytes": given})

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from api.auth import AuthFailureLimiter, TrustedProxies, tenant_error_handler
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
-from api.errors import error_response, install_error_handlers
+from api.errors import error_response, install_error_handlers, v3_aware
 from api.fastpath import RecordsFastPath
 from api.openapi import install_openapi
 from api.produce import router as produce_router
@@ -197,7 +197,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     app.state.trusted_proxies = TrustedProxies(settings.forwarded_allow_ips)
     app.state.auth_limiter = AuthFailureLimiter(settings.auth_failures_per_minute)
     install_error_handlers(app)
-    app.add_exception_handler(TenantError, tenant_error_handler)  # 401 with WWW-Authenticate, 429 Retry-After
+    app.add_exception_handler(TenantError, v3_aware(tenant_error_handler))  # 401 with WWW-Authenticate, 429 Retry-After
     admin_token = settings.admin_token.get_secret_value() if settings.admin_token else None
 
     def is_admin(request: Request) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -66,6 +66,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  '(Retry-After; if it keeps failing the instance is gone: create it again)'),
 )
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
+#: Confluent's v3 API answers (errors included) as plain JSON
+V3_ERROR_MEDIA_TYPE = "application/json"
 
 
 def codes_for(status: int) -> list[int]:
@@ -79,9 +81,18 @@ def documented_errors(model: Any, *statuses: int) -> dict[int | str, dict[str, A
             for s in wanted}
 
 
-def error_response(status: int, code: int, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
+def error_response(status: int, code: int, message: str, headers: dict[str, str] | None = None,
+                   media_type: str = ERROR_MEDIA_TYPE) -> OrjsonResponse:
     resp = OrjsonResponse({"error_code": code, "message": message}, status_code=status, headers=headers)
-    resp.headers["content-type"] = ERROR_MEDIA_TYPE
+    resp.headers["content-type"] = media_type
+    return resp
+
+
+def for_request(request: Request, resp: Response) -> Response:
+    """An error answer in the media type of the API version asked: ``application/json`` under ``/v3``
+    (as Confluent's v3), Confluent's v2 type elsewhere."""
+    if request.url.path.startswith("/v3/") and resp.headers.get("content-type") == ERROR_MEDIA_TYPE:
+        resp.headers["content-type"] = V3_ERROR_MEDIA_TYPE
     return resp
 
 
@@ -182,3 +193,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> OrjsonResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, 50001, "internal error; the gateway logged the details")
+
+    for exc_class, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[exc_class] = v3_aware(handler)
+
+
+def v3_aware(handler: Any) -> Any:
+    """``handler`` with its error answers in the media type of the API version asked (:func:`for_request`)."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return for_request(request, await handler(request, exc))
+
+    return handle

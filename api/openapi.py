@@ -318,13 +318,13 @@ _OPERATION_KEYS = ("tags", "summary", "description", "operationId", "security", 
                    "responses")
 
 
-def _error_response(status: int) -> dict[str, Any]:
+def _error_response(status: int, media_type: str = V2) -> dict[str, Any]:
     codes = codes_for(status)
     described = "; ".join(f"{c} {m}" for s, c, m in ERROR_CODES if s == status)
     name = f"Error{status}" if codes else "ErrorBody"
     response: dict[str, Any] = {
         "description": f"{_REASONS.get(status, 'Error')}: {described}" if described else _REASONS.get(status, "Error"),
-        "content": {V2: {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        "content": {media_type: {"schema": {"$ref": f"#/components/schemas/{name}"}}},
     }
     if status in (429, 503):
         response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
@@ -343,14 +343,15 @@ def _error_schema(status: int) -> dict[str, Any]:
     return schema
 
 
-def _json_body_content(content: dict[str, Any]) -> dict[str, Any]:
+def _json_body_content(content: dict[str, Any], media_type: str = V2) -> dict[str, Any]:
     """A JSON request body is listed as Confluent's media type only: the gateway also takes it as
     ``application/json`` (the API description says so), but a second media type with the same schema
     makes generators emit a union of the model with itself (and breaks openapi-python-client on required
-    bodies). A body declared with other media types (produce: the embedded formats) is kept as declared."""
+    bodies). A body declared with other media types (produce: the embedded formats) is kept as declared.
+    v3 bodies are ``application/json`` only (Confluent's v3; the v2 type is accepted there too)."""
     if JSON not in content:
         return content
-    return {V2: content[JSON]}
+    return {media_type: content[JSON]}
 
 
 def _records_200() -> dict[str, Any]:
@@ -425,12 +426,13 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             consumer = path.startswith(("/consumers/", "/topics"))
             authenticated = consumer or path.startswith("/v3/")
             op["security"] = copy.deepcopy(_SECURITY) if authenticated else []
+            media_type = JSON if path.startswith("/v3/") else V2  # v3 answers and takes plain JSON
             if "requestBody" in op:
-                op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"])
+                op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"], media_type)
             for status, resp in list(op["responses"].items()):
                 code = int(status)
                 if code >= 400:
-                    op["responses"][status] = _error_response(code)
+                    op["responses"][status] = _error_response(code, media_type)
                     error_statuses.add(code)
                 elif consumer and "content" in resp and JSON in resp["content"]:
                     # the route's own V2 answer (a commit's `[]`) over FastAPI's default JSON one

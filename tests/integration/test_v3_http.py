@@ -44,6 +44,9 @@ async def cluster(http: httpx.AsyncClient) -> str:
 
 def error(r: httpx.Response, status: int, code: int) -> dict[str, Any]:
     assert r.status_code == status, (r.status_code, r.text)
+    # v3 errors are plain JSON, as Confluent's; v2 ones keep Confluent's v2 type
+    v3 = r.request.url.path.startswith("/v3/")
+    assert r.headers["content-type"] == ("application/json" if v3 else "application/vnd.kafka.v2+json")
     body: dict[str, Any] = r.json()
     assert body["error_code"] == code and isinstance(body["message"], str), body
     return body

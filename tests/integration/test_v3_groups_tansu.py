@@ -18,7 +18,7 @@ from confluent_kafka import Producer as CKProducer
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
-from tests.unit.test_v3_groups import check_shape
+from tests.v3_shapes import check
 
 pytestmark = pytest.mark.integration
 V2 = "application/vnd.kafka.v2+json"
@@ -92,18 +92,18 @@ async def test_lag_while_behind_and_after_catching_up(http: httpx.AsyncClient, k
         r = await http.get(f"/v3/clusters/{cid}/consumer-groups/never-{topic_name}{path}")
         assert r.status_code == 404 and r.json()["error_code"] == 404, (path, r.text)
     consumers = (await http.get(f"{v3}/consumers")).json()
-    check_shape(consumers, "KafkaConsumerList")
+    check(consumers, "KafkaConsumerList")
     assert len(consumers["data"]) == 1, consumers
     me = consumers["data"][0]
     assert me["client_id"], me  # filled in by the gateway: Tansu answers an empty client id
     assignments = (await http.get(f"{v3}/consumers/{me['consumer_id']}/assignments")).json()
-    check_shape(assignments, "KafkaConsumerAssignmentList")
+    check(assignments, "KafkaConsumerAssignmentList")
     assert [(a["topic_name"], a["partition_id"]) for a in assignments["data"]] == [(topic_name, 0), (topic_name, 1)]
 
     r = await http.get(v3 + "/lags")
     assert r.status_code == 200, r.text
     lags = r.json()
-    check_shape(lags, "KafkaConsumerLagList")
+    check(lags, "KafkaConsumerLagList")
     assert [(x["topic_name"], x["partition_id"], x["current_offset"], x["log_end_offset"], x["lag"],
              x["consumer_id"], x["client_id"]) for x in lags["data"]] == [
         (topic_name, 1, 10, 20, 10, me["consumer_id"], me["client_id"]),
@@ -111,18 +111,18 @@ async def test_lag_while_behind_and_after_catching_up(http: httpx.AsyncClient, k
     r = await http.get(v3 + "/lag-summary")
     assert r.status_code == 200, r.text
     summary = r.json()
-    check_shape(summary, "KafkaConsumerGroupLagSummary")
+    check(summary, "KafkaConsumerGroupLagSummary")
     assert (summary["max_lag"], summary["total_lag"], summary["max_lag_topic_name"], summary["max_lag_partition_id"],
             summary["max_lag_consumer_id"], summary["max_lag_client_id"]) == (
         10, 15, topic_name, 1, me["consumer_id"], me["client_id"])
     assert summary["max_lag_consumer"]["related"].endswith(f"{v3}/consumers/{me['consumer_id']}")
     group_body = (await http.get(v3)).json()
-    check_shape(group_body, "KafkaConsumerGroup")
+    check(group_body, "KafkaConsumerGroup")
     assert (group_body["is_simple"], group_body["state"]) == (False, "STABLE")
     # Tansu names no protocol: the gateway's member does
     assert group_body["partition_assignor"] in ("range", "roundrobin", "cooperative-sticky"), group_body
     listing = (await http.get(f"/v3/clusters/{cid}/consumer-groups")).json()
-    check_shape(listing, "KafkaConsumerGroupList")
+    check(listing, "KafkaConsumerGroupList")
     assert group in [g["consumer_group_id"] for g in listing["data"]]
 
     # consume the rest, commit everything consumed: no lag left
@@ -130,7 +130,7 @@ async def test_lag_while_behind_and_after_catching_up(http: httpx.AsyncClient, k
     await poll_until(http, base, lambda got: len(seen | {(x["partition"], x["offset"]) for x in got}) == 30)
     await commit(http, base)
     lags = (await http.get(v3 + "/lags")).json()
-    check_shape(lags, "KafkaConsumerLagList")
+    check(lags, "KafkaConsumerLagList")
     assert sorted((x["partition_id"], x["current_offset"], x["log_end_offset"], x["lag"]) for x in lags["data"]) == [
         (0, 10, 10, 0), (1, 20, 20, 0)]
     summary = (await http.get(v3 + "/lag-summary")).json()

@@ -27,7 +27,7 @@ from service.settings import Settings
 from service.subscription import TopicPartition
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import GroupPhase, group_coordinator
-from tests.unit.test_v3_groups import check_error, check_shape
+from tests.v3_shapes import check
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ class Env:
         r = await self.http.get(self.url(*path), headers=AUTH)
         assert r.status_code == status, r.text
         if status >= 400:
-            check_error(r.json())
+            check(r.json(), "Error")
         return r.json()
 
 
@@ -118,13 +118,13 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
     base = "http://gw/v3/clusters/" + env.cid
 
     listing = await env.get("consumer-groups")
-    check_shape(listing, "KafkaConsumerGroupList")
+    check(listing, "KafkaConsumerGroupList")
     assert listing["metadata"] == {"self": f"{base}/consumer-groups", "next": None}
     by_id = {g["consumer_group_id"]: g for g in listing["data"]}
     assert sorted(by_id) == ["ga-active", "ga-simple"]
 
     active = await env.get("consumer-groups", "ga-active")
-    check_shape(active, "KafkaConsumerGroup")
+    check(active, "KafkaConsumerGroup")
     assert active == by_id["ga-active"]
     protocol = gc.group("ga-active").protocol_name
     assert active == {
@@ -141,7 +141,7 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
         True, "EMPTY", "", {"related": f"{base}/brokers/1"})
 
     consumers = await env.get("consumer-groups", "ga-active", "consumers")
-    check_shape(consumers, "KafkaConsumerList")
+    check(consumers, "KafkaConsumerList")
     owners = _owners(env.members)
     ids = sorted(i.consumer.member.member_id for i in env.members)  # type: ignore[union-attr]
     assert [c["consumer_id"] for c in consumers["data"]] == ids
@@ -156,7 +156,7 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
             "assignments": {"related": f"{base}/consumer-groups/ga-active/consumers/{mid}/assignments"}}
         assert await env.get("consumer-groups", "ga-active", "consumers", mid) == c
         assignments = await env.get("consumer-groups", "ga-active", "consumers", mid, "assignments")
-        check_shape(assignments, "KafkaConsumerAssignmentList")
+        check(assignments, "KafkaConsumerAssignmentList")
         mine = sorted(tp for tp, owner in owners.items() if owner == mid and tp.topic != "x")  # x: not the tenant's
         assert [(a["topic_name"], a["partition_id"]) for a in assignments["data"]] == mine
         for a in assignments["data"]:
@@ -164,7 +164,7 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
             assert a["partition"] == {"related": f"{base}/topics/{t}/partitions/{p}"}
             assert a["lag"] == {"related": f"{base}/consumer-groups/ga-active/lags/{t}/partitions/{p}"}
             one = await env.get("consumer-groups", "ga-active", "consumers", mid, "assignments", t, "partitions", p)
-            check_shape(one, "KafkaConsumerAssignment")
+            check(one, "KafkaConsumerAssignment")
             assert one == a
     assert sorted(tp for tp in owners if tp.topic == "t") == [TopicPartition("t", p) for p in range(4)]
     assert sorted(c["instance_id"] or "" for c in consumers["data"]) == ["", "static-c0"]
@@ -179,7 +179,7 @@ async def test_lags_and_summary_follow_confluent(env: Env) -> None:
         gc.commit("ga-active", t, p, offset)  # t-3 is never committed; x is not the tenant's topic
     owners = _owners(env.members)
     lags = await env.get("consumer-groups", "ga-active", "lags")
-    check_shape(lags, "KafkaConsumerLagList")
+    check(lags, "KafkaConsumerLagList")
     assert lags["metadata"] == {"self": f"{base}/consumer-groups/ga-active/lags", "next": None}
     got = [(x["topic_name"], x["partition_id"], x["current_offset"], x["log_end_offset"], x["lag"], x["consumer_id"])
            for x in lags["data"]]
@@ -193,14 +193,14 @@ async def test_lags_and_summary_follow_confluent(env: Env) -> None:
         "self": f"{base}/consumer-groups/ga-active/lags/t/partitions/2",
         "resource_name": f"crn:///kafka={env.cid}/consumer-group=ga-active/lag=t/partition=2"}
     one = await env.get("consumer-groups", "ga-active", "lags", "t", "partitions", 2)
-    check_shape(one, "KafkaConsumerLag")
+    check(one, "KafkaConsumerLag")
     assert one == first
     await env.get("consumer-groups", "ga-active", "lags", "t", "partitions", 3, status=404)  # never committed
     r = await env.http.get(env.url("consumer-groups", "ga-active", "lags", "x", "partitions", 0), headers=AUTH)
     assert r.status_code == 403 and r.json()["error_code"] == 40301
 
     summary = await env.get("consumer-groups", "ga-active", "lag-summary")
-    check_shape(summary, "KafkaConsumerGroupLagSummary")
+    check(summary, "KafkaConsumerGroupLagSummary")
     top = owners[TopicPartition("t", 2)]
     assert summary == {
         "kind": "KafkaConsumerGroupLagSummary",
@@ -228,7 +228,7 @@ async def test_refusals_and_missing_things(env: Env) -> None:
                  ("consumer-groups", "gb-other", "lag-summary"), ("consumer-groups", "gb-other", "consumers")):
         r = await env.http.get(env.url(*path), headers=AUTH)
         assert r.status_code == 403 and r.json()["error_code"] == 40301, (path, r.text)
-        check_error(r.json())
+        check(r.json(), "Error")
     for path in (("consumer-groups", "ga-missing"), ("consumer-groups", "ga-missing", "consumers"),
                  ("consumer-groups", "ga-missing", "lag-summary"),
                  ("consumer-groups", "ga-active", "consumers", "nobody"),

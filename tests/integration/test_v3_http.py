@@ -1,6 +1,6 @@
 """The v3 clusters/topics/partitions/configs API, black-box against a gateway process and Tansu.
 
-Every answer is checked against the shapes of Confluent's v3 OpenAPI (:func:`tests.unit.test_v3_shapes.check`);
+Every answer is checked against the shapes of Confluent's v3 OpenAPI (:func:`tests.v3_shapes.check`);
 tenant isolation runs against a second gateway with a tenants file.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from service.embedded import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
-from tests.unit.test_v3_shapes import check
+from tests.v3_shapes import check
 
 pytestmark = pytest.mark.integration
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonschema
 import orjson
 import pytest
 from confluent_kafka import Consumer as CKConsumer
@@ -28,6 +27,7 @@ from service.embedded import EmbeddedBroker
 from tests.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_produce_vs_test_broker import ProduceGate
+from tests.v3_shapes import OBJECTS, check
 
 pytestmark = pytest.mark.integration
 KEY_A, KEY_B = "v3-produce-key-a-1234", "v3-produce-key-b-5678"
@@ -186,47 +186,17 @@ async def chunked(gw: GatewayProcess) -> AsyncIterator[list[ChunkedClient]]:
         await c.close()
 
 
-# -- Confluent's ProduceResponse (api/v3/openapi.yaml of confluentinc/kafka-rest), as data -------------------
-# Written from reading the spec: the required fields and the JSON types of ProduceResponse,
-# ProduceResponseData and Error. (type, nullable) per property.
-CONFLUENT_PRODUCE_RESPONSE = {
-    "required": ["error_code", "cluster_id", "topic_name", "partition_id", "offset"],
-    "properties": {"error_code": ("integer", False), "cluster_id": ("string", False), "topic_name": ("string", False),
-                   "partition_id": ("integer", False), "offset": ("integer", False),
-                   "timestamp": ("string", True), "key": ("ProduceResponseData", True),
-                   "value": ("ProduceResponseData", True)},
-}
-CONFLUENT_PRODUCE_RESPONSE_DATA = {
-    "required": ["size"],
-    "properties": {"size": ("integer", False), "type": ("string", True), "subject": ("string", True),
-                   "schema_id": ("integer", True), "schema_version": ("integer", True)},
-}
-CONFLUENT_ERROR = {"required": ["error_code", "message"],
-                   "properties": {"error_code": ("integer", False), "message": ("string", True)}}
-
-
-def _json_schema(spec: dict[str, Any]) -> dict[str, Any]:
-    props: dict[str, Any] = {}
-    for name, (typ, nullable) in spec["properties"].items():
-        if typ == "ProduceResponseData":
-            s = _json_schema(CONFLUENT_PRODUCE_RESPONSE_DATA)
-            props[name] = {"anyOf": [s, {"type": "null"}]} if nullable else s
-        else:
-            props[name] = {"type": [typ, "null"] if nullable else typ}
-    return {"type": "object", "required": spec["required"], "properties": props, "additionalProperties": False}
-
-
 def assert_confluent_shape(result: dict[str, Any]) -> None:
     """A success is a Confluent ProduceResponse (with its error_code 200 and an RFC 3339 timestamp); a failure
     is Confluent's Error body."""
     if result["error_code"] == 200:
-        jsonschema.validate(result, _json_schema(CONFLUENT_PRODUCE_RESPONSE))
+        check(result, "ProduceResponse")
         assert result["timestamp"].endswith("Z")
         for part in ("key", "value"):
             if part in result:
                 assert result[part]["type"] in ("BINARY", "JSON", "STRING")
     else:
-        jsonschema.validate(result, _json_schema(CONFLUENT_ERROR))
+        check(result, "Error")
         assert result["error_code"] != 200 and result["message"]
 
 
@@ -428,7 +398,7 @@ async def test_contract_names_the_operation_and_the_result_shape() -> None:
     body = resolve(next(iter(op["requestBody"]["content"].values()))["schema"])  # JSON (the media type: openapi.py)
     assert {"partition_id", "headers", "key", "value", "timestamp"} <= set(body["properties"])
     result = resolve(op["responses"]["200"]["content"]["application/json"]["schema"])
-    assert set(CONFLUENT_PRODUCE_RESPONSE["properties"]) <= set(result["properties"])
+    assert set(OBJECTS["ProduceResponse"]) <= set(result["properties"])
 
 
 # -- the body limit applies per record; metrics ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from api.v3.produce import (
     RecordError,
     SplitError,
     V3Record,
+    error_result,
     format_timestamp,
     parse_record,
     parse_timestamp,
@@ -24,6 +25,7 @@ from api.v3.produce import (
     success_result,
 )
 from service.producer import RecordMetadata
+from tests.v3_shapes import check
 
 OBJECTS = [b'{"value":{"type":"STRING","data":"a}b{c"}}', b'{"key":{"type":"JSON","data":{"x":[1,{"y":"\\"}"}]}}}',
            b'{"value":{"type":"BINARY","data":"AAE="},"headers":[{"name":"h","value":null}]}', b"{}"]
@@ -181,9 +183,12 @@ def test_success_result_shape() -> None:
         ("error_code", 200), ("cluster_id", "c-1"), ("topic_name", "t\u00e9"), ("partition_id", 3), ("offset", 17),
         ("timestamp", "2021-02-05T19:14:42Z"), ("key", {"type": "BINARY", "size": -1}),
         ("value", {"type": "STRING", "size": 3})]
+    check(orjson.loads(out), "ProduceResponse")
     plain = V3Record(None, None, (), None, 0, None, None)
-    assert set(orjson.loads(success_result(result_prefix("c", "t"), plain, RecordMetadata(0, 0)))) == {
-        "error_code", "cluster_id", "topic_name", "partition_id", "offset", "timestamp"}
+    bare = orjson.loads(success_result(result_prefix("c", "t"), plain, RecordMetadata(0, 0)))
+    assert set(bare) == {"error_code", "cluster_id", "topic_name", "partition_id", "offset", "timestamp"}
+    check(bare, "ProduceResponse")
+    check(orjson.loads(error_result(40403, "Topic not found.")), "Error")
 
 
 # -- the pipeline ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (400, 40001, 'malformed JSON body'),
     (400, 40002, 'v3: Kafka refused the request (topic already exists; invalid topic name, partitions count, '
                  'replication factor, replicas assignment or config)'),
+    (400, 40003, 'the Host / forwarded headers do not make a valid http(s) base URL (set GATEWAY_PUBLIC_URL)'),
     (401, 40101, 'missing or invalid credentials'),
     (403, 40301, "topic or group outside the tenant's allowed patterns"),
     (403, 40302, 'replica-to-replica request (/internal, forwarded) without the right peer token'),
@@ -51,6 +52,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (410, 41001, 'consumer instance expired after its idle timeout'),
     (413, 41301, 'request body too large'),
     (415, 41501, 'unsupported request content type'),
+    (421, 42101, 'the Host header is not one of GATEWAY_ALLOWED_HOSTS (DNS rebinding guard)'),
     (422, 42204, 'unknown or invalid consumer configuration key'),
     (422, 42206, 'invalid request field'),
     (422, 42207, 'invalid offset, partition or timestamp value'),

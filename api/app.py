@@ -13,11 +13,12 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from api.auth import AuthFailureLimiter, TrustedProxies, tenant_error_handler
+from api.auth import AuthFailureLimiter, TrustedProxies, count_wrong_secret, tenant_error_handler
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.errors import error_response, install_error_handlers, v3_aware
 from api.fastpath import RecordsFastPath
+from api.hosts import AllowedHosts, HostCheckMiddleware
 from api.openapi import install_openapi
 from api.produce import router as produce_router
 from api.responses import OrjsonResponse
@@ -29,8 +30,9 @@ from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
 from service.metrics import GatewayCollector, GatewayMetrics
+from service.routing import TOKEN_HEADER
 from service.settings import Settings
-from service.tenants import TenantError, TenantRegistry
+from service.tenants import TenantError, TenantRegistry, TopicDenyList
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +138,13 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     connection = settings.connection_config()
+    denied_topics = TopicDenyList.from_setting(settings.denied_topics, defaults=settings.denied_topics_defaults)
     if settings.tenants_file:
         tenants = TenantRegistry.from_file(settings.tenants_file, default_bootstrap=bootstrap,
-                                           default_connection=connection)
+                                           default_connection=connection, denied_topics=denied_topics)
     else:
-        tenants = TenantRegistry.single_default(bootstrap=bootstrap, connection=connection)
+        tenants = TenantRegistry.single_default(bootstrap=bootstrap, connection=connection,
+                                                denied_topics=denied_topics)
     gateway = Gateway(
         replica_id=settings.replica_id,
         idle_timeout=settings.instance_idle_timeout_s,
@@ -205,7 +209,12 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         if not admin_token:
             return False
         scheme, _, credential = request.headers.get("authorization", "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), admin_token.encode())
+        if scheme.lower() != "bearer" or not credential.strip():
+            return False
+        if hmac.compare_digest(credential.strip().encode(), admin_token.encode()):
+            return True
+        count_wrong_secret(request)  # a wrong admin token counts like a wrong API key (429 when blocked)
+        return False
 
     # The lean GET .../records (api/fastpath.py): innermost, so routing and ObserveMiddleware still apply
     app.add_middleware(RecordsFastPath)
@@ -213,6 +222,10 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     # it, so outer: slashes stripped, bodies capped before routing)
     routing = install_routing(app, settings, gateway)
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    if settings.allowed_hosts is not None:  # the Host check (api/hosts.py), outermost; main.py sets its default
+        app.add_middleware(HostCheckMiddleware, allowed=AllowedHosts.from_setting(settings.allowed_hosts),
+                           peer_token=settings.peer_token.get_secret_value() if settings.peer_token else None,
+                           peer_token_header=TOKEN_HEADER)
 
     @app.get("/", tags=["ops"], summary="Service name, version and links (Confluent's v2 answers {} here)")
     async def root() -> dict[str, Any]:

@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -88,11 +88,13 @@ def client_address(request: Request) -> str:
 
 
 class AuthFailureLimiter:
-    """At most ``per_minute`` failed authentications (wrong credentials; missing ones do not count) per
-    client address in any 60 s; beyond that every request from the address answers 429/42901 (with
-    ``Retry-After``) without checking credentials, until the oldest failure is a minute old. A success
-    before the block clears the address's failures. Keeps at most ``max_addresses`` addresses (the least
-    recently failing are forgotten first)."""
+    """At most ``per_minute`` failed authentications (wrong credentials: API keys, JWTs, the admin token,
+    the peer token; missing ones do not count) per client address in any 60 s. Beyond that, requests from
+    the address whose credentials are wrong answer 429/42901 (with ``Retry-After``) instead of 401, until
+    the oldest failure is a minute old. Valid credentials always pass: behind an ingress every client
+    shares the ingress's address, and one client guessing must not lock out the others (a success does
+    not clear the address's failures either: the guesser's count keeps running). Keeps at most
+    ``max_addresses`` addresses (the least recently failing are forgotten first)."""
 
     WINDOW = 60.0
 
@@ -115,24 +117,30 @@ class AuthFailureLimiter:
             return None
         return times
 
-    def check(self, address: str) -> None:
+    def retry_after(self, address: str) -> int | None:
+        """Whole seconds until the address may fail again, or None when it is not blocked."""
         if self.per_minute <= 0:
-            return
+            return None
         with self._lock:
             now = self._clock()
             times = self._recent(address, now)
             if times is None or len(times) < self.per_minute:
-                return
+                return None
             wait = times[0] + self.WINDOW - now
-        raise TenantError(429, RATE_LIMITED, "too many failed authentication attempts from this address",
-                          retry_after=max(1, math.ceil(wait)))
+        return max(1, math.ceil(wait))
 
-    def succeeded(self, address: str) -> None:
-        """A successful authentication clears the address's failures (a client that fumbled its key
-        once in a while is never locked out; an address that is blocked cannot get here)."""
-        if self._failures:
-            with self._lock:
-                self._failures.pop(address, None)
+    def check(self, address: str) -> None:
+        """429/42901 when the address is blocked (call it for a request whose credentials were wrong)."""
+        wait = self.retry_after(address)
+        if wait is not None:
+            raise TenantError(429, RATE_LIMITED, "too many failed authentication attempts from this address",
+                              retry_after=wait)
+
+    def refuse(self, address: str) -> None:
+        """A wrong credential from ``address``: 429/42901 when the address is already blocked, else the
+        failure is counted (the caller then answers its 401/403)."""
+        self.check(address)
+        self.failed(address)
 
     def failed(self, address: str) -> None:
         if self.per_minute <= 0:
@@ -150,23 +158,42 @@ class AuthFailureLimiter:
                 self._failures.popitem(last=False)
 
 
+def presents_credentials(headers: Mapping[str, str]) -> bool:
+    """Whether a request carries tenant credentials (a request without any is not a guess)."""
+    return "authorization" in headers or "x-api-key" in headers
+
+
+def auth_limiter(request: Request) -> AuthFailureLimiter | None:
+    return getattr(request.app.state, "auth_limiter", None)
+
+
+def authenticate(request: Request) -> Tenant:
+    """The tenant the request's credentials belong to, without charging its rate limit (the routing layer
+    checks credentials before forwarding; the replica that serves the request charges it). Wrong
+    credentials count against the client address; from a blocked address they answer 429/42901 instead
+    of 401. Valid credentials always pass."""
+    registry: TenantRegistry = request.app.state.tenants
+    try:
+        return registry.authenticate(request.headers)
+    except TenantError as exc:
+        limiter = auth_limiter(request)
+        if limiter is not None and exc.status == 401 and registry.auth_required and \
+                presents_credentials(request.headers):
+            limiter.refuse(client_address(request))
+        raise
+
+
+def count_wrong_secret(request: Request) -> None:
+    """A wrong admin or peer token: counted against the client address like a wrong API key; 429/42901
+    (TenantError) when the address is already blocked."""
+    limiter = auth_limiter(request)
+    if limiter is not None:
+        limiter.refuse(client_address(request))
+
+
 async def current_tenant(request: Request) -> Tenant:
     """The authenticated tenant of this request, after charging one request to its rate limit."""
-    registry: TenantRegistry = request.app.state.tenants
-    limiter: AuthFailureLimiter | None = getattr(request.app.state, "auth_limiter", None)
-    address = client_address(request) if limiter is not None and registry.auth_required else ""
-    if limiter is not None and registry.auth_required:
-        limiter.check(address)
-    try:
-        tenant = registry.authenticate(request.headers)
-    except TenantError as exc:
-        # Only wrong credentials count (guessing); a request without any is not an attempt.
-        presented = "authorization" in request.headers or "x-api-key" in request.headers
-        if limiter is not None and exc.status == 401 and presented:
-            limiter.failed(address)
-        raise
-    if limiter is not None and registry.auth_required:
-        limiter.succeeded(address)
+    tenant = authenticate(request)
     tenant.check_rate()
     request.state.tenant = tenant
     return tenant

@@ -48,9 +48,10 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httptools
 import httpx
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from api.auth import AuthFailureLimiter, authenticate, client_address
 from api.errors import error_response
 from api.responses import OrjsonResponse
 from service.gateway import Gateway
@@ -73,6 +74,7 @@ from service.routing import (
     urls_of_addrinfo,
 )
 from service.settings import Settings
+from service.tenants import TenantError
 
 log = logging.getLogger(__name__)
 
@@ -531,6 +533,7 @@ class Router:
         self.metrics = RoutingMetrics(registry)
         self.read_timeout = gateway.max_poll_timeout + POLL_MARGIN_S
         self._peer_hosts: set[str] = set()
+        self.limiter: AuthFailureLimiter | None = None  # install_routing: the app's failed-auth limiter
         self.client: httpx.AsyncClient | None = None  # probes and lookups
         self.pool = UpstreamPool()  # forwarded requests
         self._task: asyncio.Task[None] | None = None
@@ -681,19 +684,41 @@ class Router:
 
     # -- peer authentication -----------------------------------------------------------------------------
     def token_ok(self, scope: Scope) -> bool:
-        if self.token is None:
-            return True
+        """The request carries the peer token (never true without one: /internal and forwarded requests
+        always need it; :func:`install_routing` refuses peers without a token)."""
+        if not self.token:
+            return False
         given = _header(scope, _TOKEN)
         return given is not None and hmac.compare_digest(given, self.token.encode())
+
+    def refused(self, scope: Scope, message: str) -> ASGIApp:
+        """The answer to a request without the right peer token: 403/40302, counted in the metrics and, when
+        a (wrong) token was presented, against the client address in the failed-authentication limit
+        (429/42901 once the address is blocked)."""
+        self.metrics.count("refused")
+        if self.limiter is not None and _header(scope, _TOKEN) is not None:
+            try:
+                self.limiter.refuse(client_address(Request(scope)))
+            except TenantError as exc:
+                return error_response(exc.status, exc.error_code, exc.message, exc.headers or None)
+        return error_response(403, 40302, message)
+
+    async def authenticated(self, scope: Scope, send: Send) -> bool:
+        """Check the client's credentials here, before any lookup or forwarding: a request that fails is
+        answered 401 (or 429 from a blocked address) by this replica, with no routing headers, and never
+        leaves it. The replica that serves the request authenticates it again and charges its rate."""
+        try:
+            authenticate(Request(scope))
+        except TenantError as exc:
+            await error_response(exc.status, exc.error_code, exc.message, exc.headers or None)(
+                scope, _no_receive, send)
+            return False
+        return True
 
     def restore_client(self, scope: Scope) -> None:
         """A forwarded request is seen as coming from the original client (address and scheme), so that the
         trusted-proxy rules, base_uri and the failed-authentication limit work as on the first replica.
-        Believed only from an authenticated peer: with the peer token, or without one from a peer address."""
-        if self.token is None:
-            direct = scope.get("client")
-            if not direct or direct[0] not in self._peer_hosts:
-                return
+        Believed only from an authenticated peer (the caller checked the peer token)."""
         client = _header(scope, CLIENT_HEADER.encode())
         if client:
             host, _, port = client.decode("latin-1").rpartition(":")
@@ -774,8 +799,9 @@ class Router:
                 headers = [(k, v) for k, v in resp.headers if k not in _DROP_RESPONSE and k != _ABSENT]
                 return Captured(resp.status, headers, content)
             self.metrics.count("forwarded")
-            headers = [(k, v) for k, v in resp.headers if k not in _DROP_RESPONSE]
-            headers.append((_SERVED_BY, target.encode()))
+            headers = [(k, v) for k, v in resp.headers if k not in _DROP_RESPONSE and k != _SERVED_BY]
+            if resp.status not in (401, 403):  # a refusal does not tell where the instance lives
+                headers.append((_SERVED_BY, target.encode()))
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             try:
                 async for chunk in resp.chunks():
@@ -822,6 +848,8 @@ class Router:
             if local.error_code not in NOT_HERE_CODES:
                 await local.replay(send)
                 return
+        if not await self.authenticated(scope, send):
+            return
         body = await recorder.body()
         if body is None:
             return  # the client went away
@@ -905,10 +933,14 @@ class Router:
             if self.self_id in self.table.placement_ids():
                 await app(scope, replay, send)  # a generated name this replica owns
                 return
+            if not await self.authenticated(scope, send):
+                return
             target = self.table.owner(group, uuid.uuid4().hex)  # draining: let a live replica create it
         else:
             if self.gateway.holds(group, wanted.name):
                 await app(scope, replay, send)  # 409 for the same tenant, a new instance for another one
+                return
+            if not await self.authenticated(scope, send):
                 return
             holders = await self.lookup(group, wanted.name, {self.self_id})
             target = holders[0] if holders else self.owner(group, wanted.name)
@@ -942,9 +974,8 @@ class Router:
         if path not in ("/internal/peer", "/internal/lookup", "/internal/peers"):
             resp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
         elif not self.token_ok(scope):
-            self.metrics.count("refused")
-            resp = error_response(403, 40302, "this endpoint is for gateway replicas: it needs the "
-                                  f"{TOKEN_HEADER} header with GATEWAY_PEER_TOKEN")
+            resp = self.refused(scope, "this endpoint is for gateway replicas: it needs the "
+                                f"{TOKEN_HEADER} header with GATEWAY_PEER_TOKEN")
         elif scope["method"] != "GET":
             resp = error_response(405, 40501, f"method {scope['method']} not allowed on {path}", {"Allow": "GET"})
         elif path == "/internal/peer":
@@ -983,8 +1014,7 @@ class RoutingMiddleware:
         if _header(scope, _HOP) is not None:
             # Forwarded by a peer: served here, never forwarded again
             if not router.token_ok(scope):
-                router.metrics.count("refused")
-                await error_response(403, 40302, f"forwarded request ({HOP_HEADER}) without the gateway replicas' "
+                await router.refused(scope, f"forwarded request ({HOP_HEADER}) without the gateway replicas' "
                                      f"peer token ({TOKEN_HEADER})")(scope, receive, send)
                 return
             router.restore_client(scope)
@@ -1027,13 +1057,27 @@ def _marking_absent(send: Send) -> Send:
     return marking
 
 
+def peer_token_problem(settings: Settings) -> str | None:
+    """Why these settings may not start (peers without a peer token), or None."""
+    if (settings.peers or settings.peer_dns) and not (
+            settings.peer_token is not None and settings.peer_token.get_secret_value().strip()):
+        return ("GATEWAY_PEERS / GATEWAY_PEER_DNS is set but GATEWAY_PEER_TOKEN is not: the replicas' "
+                "/internal endpoints and forwarded requests must be authenticated. Set GATEWAY_PEER_TOKEN to "
+                "the same random secret (e.g. `openssl rand -hex 32`) on every replica")
+    return None
+
+
 def install_routing(app: FastAPI, settings: Settings, gateway: Gateway) -> Router | None:
     """Add :class:`RoutingMiddleware` when peers are configured and routing is on; the caller starts and stops
     the returned router in the app's lifespan. Call it before adding ``ObserveMiddleware`` (which must stay
     outside: trailing slashes, body caps)."""
     if settings.routing == "off" or not (settings.peers or settings.peer_dns):
         return None
+    problem = peer_token_problem(settings)
+    if problem is not None:
+        raise ValueError(problem)
     router = Router(settings, gateway, app.state.metrics.registry)
+    router.limiter = getattr(app.state, "auth_limiter", None)
     app.add_middleware(RoutingMiddleware, router=router)
     app.state.routing = router
     return router

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import uvicorn
 
 from service.embedded import EmbeddedBroker
+from service.httpserver import HeadLimits, protocol_class
 from service.logs import configure as configure_logging
 from service.settings import Settings
 
@@ -56,7 +57,12 @@ async def serve(settings: Settings) -> None:
                                 timeout_keep_alive=settings.http_keep_alive_s,
                                 # Forwarded / X-Forwarded-* are the app's business (GATEWAY_FORWARDED_ALLOW_IPS,
                                 # api.auth): the app must see the direct peer to decide whether to trust them.
-                                proxy_headers=False, http=_http_protocol(settings.http_parser))
+                                proxy_headers=False,
+                                # request-head size, count and timeout, connection limit (service/httpserver.py)
+                                http=protocol_class(_http_protocol(settings.http_parser), HeadLimits(
+                                    max_bytes=settings.http_max_header_bytes, max_count=settings.http_max_headers,
+                                    timeout_s=settings.http_header_timeout_s,
+                                    max_connections=settings.http_max_connections)))
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).
@@ -109,14 +115,42 @@ def main(argv: list[str] | None = None) -> int:
         from sink.cli import main as sink_main
 
         return sink_main(args[1:])
-    settings = Settings()
+    settings = with_host_defaults(Settings())
     configure_logging(settings.log_level, settings.log_format)
+    if not settings.tenants_file and settings.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("open mode (no GATEWAY_TENANTS_FILE: no authentication) listening on %s: anyone who can reach "
+                    "this address can use the gateway; only Host headers in GATEWAY_ALLOWED_HOSTS (%s) are served",
+                    settings.host, settings.allowed_hosts)
+    problem = start_problem(settings)
+    if problem is not None:
+        print(f"consumer-gateway: refusing to start: {problem}", file=sys.stderr, flush=True)
+        return 2
     try:
         with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
             runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def start_problem(settings: Settings) -> str | None:
+    """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
+    from api.routing import peer_token_problem
+
+    return peer_token_problem(settings)
+
+
+def with_host_defaults(settings: Settings) -> Settings:
+    """The Host check's default (api/hosts.py): in open mode, with no GATEWAY_ALLOWED_HOSTS, only the bind
+    address, localhost and the loopback addresses (and the GATEWAY_PEERS hosts) are served, so a web page
+    using DNS rebinding cannot drive a developer's gateway. Computed here, at start, rather than in the app:
+    an app built by tests (Starlette's TestClient sends Host: testserver) has no check unless asked."""
+    if settings.allowed_hosts is not None or settings.tenants_file:
+        return settings
+    from api.hosts import default_allowed_hosts
+
+    peers = (settings.peers or "").split(",") if settings.peers else []
+    return settings.model_copy(update={"allowed_hosts": default_allowed_hosts(settings.host, peers)})
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

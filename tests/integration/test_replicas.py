@@ -95,7 +95,8 @@ def replica_set(tansu: EmbeddedBroker, tmp_path: Path, ids: list[str], env: dict
     peers = ",".join(p.url for p in procs.values())
     for rid, p in procs.items():
         p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
-                      "GATEWAY_LOG_LEVEL": "info", **(env or {}), **(per_replica or {}).get(rid, {})})
+                      "GATEWAY_LOG_LEVEL": "info", "GATEWAY_PEER_TOKEN": TOKEN, **(env or {}),
+                      **(per_replica or {}).get(rid, {})})
     return procs
 
 
@@ -114,14 +115,14 @@ def cleanup() -> Iterator[list[GatewayProcess]]:
         p.stop()
 
 
-async def peers_view(g: GatewayProcess, token: str | None = None) -> dict[str, Any]:
+async def peers_view(g: GatewayProcess, token: str | None = TOKEN) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=10) as c:
         r = await c.get(f"{g.url}/internal/peers", headers={"x-kcg-peer-token": token} if token else {})
         assert r.status_code == 200, r.text
         return r.json()  # type: ignore[no-any-return]
 
 
-async def converged(procs: list[GatewayProcess], ids: set[str], token: str | None = None,
+async def converged(procs: list[GatewayProcess], ids: set[str], token: str | None = TOKEN,
                     timeout: float = 60) -> None:
     """Until every replica in ``procs`` places new instances on exactly ``ids``."""
     deadline = time.monotonic() + timeout

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import binascii
 import json
-import re
 from typing import Any
 
 import orjson
@@ -77,6 +76,7 @@ from service.producer import (
     parse_compression,
 )
 from service.tenants import Tenant
+from service.topics import require_legal_topic_name
 
 router = APIRouter(tags=["produce"])
 
@@ -85,7 +85,6 @@ SCHEMA_FORMATS = {
     "application/vnd.kafka.protobuf.v2+json": "protobuf",
     "application/vnd.kafka.jsonschema.v2+json": "jsonschema",
 }
-TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _BODY_KEYS = frozenset({"records", "key_schema", "value_schema", "key_schema_id", "value_schema_id"})
 _RECORD_KEYS = frozenset({"key", "value", "partition", "headers", "timestamp"})
 _KEY_VALUE = frozenset({"key", "value"})
@@ -338,8 +337,7 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
     tenant.require_topic(topic)
     body = _parse_body(await request.body(), fmt)
     records, sizes = parse_records(body, fmt, path_partition)
-    if not TOPIC_NAME_RE.fullmatch(topic) or topic in (".", ".."):
-        raise GatewayError(f"topic {topic!r} not found (not a legal Kafka topic name)", status=404, error_code=40401)
+    require_legal_topic_name(topic)
     producer = producer_for(request, tenant)
     try:
         partitions = await partitions_or_create(request.app.state.settings, producer, topic,

@@ -27,7 +27,7 @@ from service.gateway import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.primitives import ZERO_UUID
-from service.topics import RESOURCE_TOPIC, TOPIC_NAME_RE, TopicCatalog, TopicNotFound, TopicView
+from service.topics import RESOURCE_TOPIC, TopicCatalog, TopicNotFound, TopicView, is_legal_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def config_entries(resp: Any, resource_name: str) -> list[ConfigEntry]:
 
 def validate_topic_name(name: str) -> None:
     """Kafka's rules for a topic name: 1-249 of ``[a-zA-Z0-9._-]``, not ``.`` or ``..`` (400, 40002)."""
-    if not TOPIC_NAME_RE.fullmatch(name) or name in (".", ".."):
+    if not is_legal_topic_name(name):
         raise AdminRefused(f"invalid topic name {name!r}: use 1 to 249 of the characters a-z, A-Z, 0-9, '.', "
                            "'_', '-' (not '.' or '..')")
     if name in INTERNAL_TOPICS:

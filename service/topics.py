@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 5.0
 # Kafka's legal topic names; anything else cannot exist, so it is answered without asking the broker.
 TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def is_legal_topic_name(name: str) -> bool:
+    """Kafka's rules for a topic name (the one definition): 1-249 of ``[a-zA-Z0-9._-]``, not ``.`` or ``..``."""
+    return TOPIC_NAME_RE.fullmatch(name) is not None and name not in (".", "..")
+
+
 RESOURCE_TOPIC = 2  # DescribeConfigs resource type
 # Metadata answers for one topic that mean "no such topic" (not an access or broker problem).
 _MISSING_CODES = frozenset({EC.UNKNOWN_TOPIC_OR_PARTITION, 17})  # 17: INVALID_TOPIC_EXCEPTION
@@ -55,6 +62,12 @@ class TopicNotFound(GatewayError):
 class PartitionNotFound(GatewayError):
     status = 404
     error_code = 40402
+
+
+def require_legal_topic_name(name: str) -> None:
+    """404/40401 for a name Kafka forbids: such a topic cannot exist, so the broker is never asked."""
+    if not is_legal_topic_name(name):
+        raise TopicNotFound(f"topic {name!r} not found (not a legal Kafka topic name)")
 
 
 # -- views (pure) ------------------------------------------------------------------------------------------
@@ -238,8 +251,7 @@ class TopicCatalog:
 
     async def topic(self, name: str, *, fresh: bool = False) -> TopicView:
         """The topic from the cache, else (or with ``fresh``) from the broker; TopicNotFound if none."""
-        if not TOPIC_NAME_RE.fullmatch(name):
-            raise TopicNotFound(f"topic {name!r} not found")
+        require_legal_topic_name(name)
         if not fresh:
             listing = self._listing.peek(None)
             if listing is not None and name in listing:

@@ -68,7 +68,7 @@ from starlette.responses import StreamingResponse
 from api.auth import current_tenant
 from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
-from api.produce import TOPIC_NAME_RE, producer_for
+from api.produce import producer_for
 from api.produce_common import LONG_DIGITS, failure_code, json_bytes, partitions_or_create
 from api.topics import catalog
 from api.v3.common import require_cluster
@@ -76,6 +76,7 @@ from service.client.errors import KafkaError
 from service.gateway import GatewayError, ShuttingDown
 from service.producer import Producer, RecordMetadata, UnknownTopicError
 from service.tenants import Tenant
+from service.topics import is_legal_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -651,7 +652,7 @@ class _Producing:
     async def __call__(self, records: list[V3Record]) -> bytes:
         topic = self.topic
         try:
-            if not TOPIC_NAME_RE.fullmatch(topic) or topic in (".", ".."):
+            if not is_legal_topic_name(topic):
                 raise UnknownTopicError(topic)
             partitions = await partitions_or_create(self.request.app.state.settings, self.producer, topic,
                                                     catalog(self.request, self.tenant))

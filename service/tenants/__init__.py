@@ -15,7 +15,8 @@ these objects, in exceptions or in log records. This package has no HTTP framewo
 Modules, each importing only those above it:
 
 - :mod:`.errors` — error codes, :class:`TenantError` (401/403/429), :class:`TenantConfigError`;
-- :mod:`.patterns` — topic/group pattern matching (:func:`compile_pattern`) and the tenant's checks;
+- :mod:`.patterns` — topic/group pattern matching on RE2 (:func:`compile_pattern`), the operator's deny-list
+  of internal topics (:class:`TopicDenyList`) and the tenant's checks;
 - :mod:`.quotas` — :class:`Quotas` and their enforcement (token bucket, instance limit, poll slots);
 - :mod:`.tenant` — :class:`Tenant`, made of its connection, patterns and quotas;
 - :mod:`.config` — the tenants file: loading, validation, tenants' Kafka connections, JWT issuers;
@@ -27,21 +28,24 @@ All log records go to the ``service.tenants`` logger.
 from .auth import DEFAULT_TENANT_ID, TenantRegistry, hash_api_key
 from .config import JwtIssuer
 from .errors import FORBIDDEN, RATE_LIMITED, UNAUTHENTICATED, TenantConfigError, TenantError
-from .patterns import compile_pattern
+from .patterns import DEFAULT_DENIED_TOPICS, PatternError, TopicDenyList, compile_pattern
 from .quotas import Quotas
 from .tenant import Tenant
 
 __all__ = [
+    "DEFAULT_DENIED_TOPICS",
     "DEFAULT_TENANT_ID",
     "FORBIDDEN",
     "RATE_LIMITED",
     "UNAUTHENTICATED",
     "JwtIssuer",
+    "PatternError",
     "Quotas",
     "Tenant",
     "TenantConfigError",
     "TenantError",
     "TenantRegistry",
+    "TopicDenyList",
     "compile_pattern",
     "hash_api_key",
 ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from service.client.connection import ConnectionConfig, SaslConfig
 
 from .errors import TenantConfigError
-from .patterns import compile_pattern
+from .patterns import DEFAULT_DENY_LIST, PatternError, TopicDenyList, compile_pattern
 from .quotas import Quotas
 from .tenant import Tenant
 
@@ -201,7 +200,7 @@ def _check_patterns(values: list[str] | None) -> list[str] | None:
             raise ValueError("empty pattern")
         try:
             compile_pattern(pattern)
-        except re.error as exc:
+        except PatternError as exc:
             raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
     return values
 
@@ -302,7 +301,7 @@ class _LoadedTenants:
 
 
 def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConfig,
-          clock: Callable[[], float]) -> _LoadedTenants:
+          clock: Callable[[], float], denied_topics: TopicDenyList = DEFAULT_DENY_LIST) -> _LoadedTenants:
     where = f"tenants file {path}"
     try:
         text = path.read_text("utf-8")
@@ -349,7 +348,7 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
         bootstrap, connection = _tenant_connection(t.kafka, default_bootstrap, default_connection, base, what)
         tenants[t.id] = Tenant(
             t.id, bootstrap, connection, _merge_quotas(model.defaults.quotas, t.quotas),
-            topics=t.topics, groups=t.groups, description=t.description, clock=clock,
+            topics=t.topics, groups=t.groups, description=t.description, denied_topics=denied_topics, clock=clock,
         )
 
     issuers: list[JwtIssuer] = []

@@ -1,23 +1,93 @@
-"""Topic and group patterns: ``re:<regex>`` or shell-style globs, compiled once, and the tenant's
-allow/require checks built on them (mixed into :class:`~service.tenants.tenant.Tenant`)."""
+"""Topic and group patterns: ``re:<regex>`` (RE2) or shell-style globs, compiled once with RE2 (linear-time
+matching: no operator pattern can stall the event loop), the operator's deny-list of internal topics
+(:class:`TopicDenyList`, checked before any tenant pattern) and the tenant's allow/require checks built on
+them (mixed into :class:`~service.tenants.tenant.Tenant`)."""
 
 from __future__ import annotations
 
-import fnmatch
-import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import re2
 
 from .errors import FORBIDDEN, TenantError
 
 _REGEX_PREFIX = "re:"
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 logs every parse error to stderr otherwise
+# Markers in RE2's parse errors of constructs Python's re accepts and RE2 refuses by design.
+_UNSUPPORTED = (("(?=", "lookahead"), ("(?!", "negative lookahead"), ("(?<=", "lookbehind"),
+                ("(?<!", "negative lookbehind"), ("(?>", "an atomic group"), ("(?#", "a comment group"),
+                ("(?x", "the verbose flag (?x)"), ("*+", "a possessive quantifier"),
+                ("++", "a possessive quantifier"), ("?+", "a possessive quantifier"),
+                ("}+", "a possessive quantifier"), ("\\Z", "\\Z (RE2 spells it \\z)"))
+
+#: Topics no tenant may touch, whatever its patterns (Kafka's and Confluent's internal topics).
+DEFAULT_DENIED_TOPICS: tuple[str, ...] = ("__*", "_schemas", "_confluent*")
+#: Topics the gateway itself writes: always denied, also when the defaults are switched off (none yet).
+GATEWAY_OWN_TOPICS: tuple[str, ...] = ()
 
 
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """``re:<regex>`` is a Python regular expression that must match the whole name; anything else is a
-    case-sensitive shell-style glob (``*``, ``?``, ``[seq]``, ``[!seq]``; ``*`` also matches dots)."""
-    if pattern.startswith(_REGEX_PREFIX):
-        return re.compile(pattern[len(_REGEX_PREFIX):])
-    return re.compile(fnmatch.translate(pattern))
+class PatternError(ValueError):
+    """A pattern that does not compile, or uses a construct RE2 cannot run (the message names it)."""
+
+
+def glob_to_re2(glob: str) -> str:
+    """The RE2 regex of a shell-style glob: ``*`` any run of characters (dots too), ``?`` one character,
+    ``[seq]`` / ``[!seq]`` a character (not) in seq; a ``[`` without its ``]`` is a literal."""
+    out = ["(?s)"]
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i
+            if j < n and glob[j] == "!":
+                j += 1
+            if j < n and glob[j] == "]":
+                j += 1
+            j = glob.find("]", j)
+            if j < 0:
+                out.append("\\[")
+                continue
+            body = glob[i:j]
+            i = j + 1
+            negate = body.startswith("!")
+            if negate:
+                body = body[1:]
+            escaped = "".join("\\" + ch if ch in "\\[]^" else ch for ch in body)
+            out.append("[" + ("^" if negate else "") + escaped + "]")
+        else:
+            out.append("\\" + c if c in "\\.^$|?*+()[]{}" else c)
+    return "".join(out)
+
+
+def compile_pattern(pattern: str) -> Any:
+    """Compile a pattern with RE2; it must match the whole name. ``re:<regex>`` is an RE2 regular
+    expression (Python's syntax without backreferences, lookaround, atomic groups, possessive quantifiers
+    and ``\\Z``); anything else is a case-sensitive shell-style glob (``*``, ``?``, ``[seq]``, ``[!seq]``;
+    ``*`` also matches dots). Raises :class:`PatternError` naming what RE2 refuses."""
+    regex = pattern[len(_REGEX_PREFIX):] if pattern.startswith(_REGEX_PREFIX) else glob_to_re2(pattern)
+    try:
+        return re2.compile(regex, _RE2_OPTIONS)
+    except re2.error as exc:
+        detail = exc.args[0] if exc.args else str(exc)
+        if isinstance(detail, bytes):
+            detail = detail.decode("utf-8", "replace")
+        detail = str(detail)
+        for marker, what in _UNSUPPORTED:
+            if detail.endswith(marker) or f": {marker}" in detail:
+                raise PatternError(f"{what} is not supported (patterns run on RE2, which matches in linear "
+                                   "time: no backreferences, lookaround, atomic groups or possessive "
+                                   "quantifiers)") from None
+        if "invalid escape sequence: \\" in detail and detail[-1:].isdigit():
+            raise PatternError("backreferences are not supported (patterns run on RE2, which matches in "
+                               "linear time)") from None
+        raise PatternError(detail) from None
 
 
 class _Patterns:
@@ -28,7 +98,52 @@ class _Patterns:
     def matches(self, name: str) -> bool:
         if self._compiled is None:
             return True
-        return any(rx.fullmatch(name) for rx in self._compiled)
+        return any(rx.fullmatch(name) is not None for rx in self._compiled)
+
+    def first_match(self, name: str) -> str | None:
+        """The first pattern matching ``name`` (``None``: none does, or there are no patterns)."""
+        for pattern, rx in zip(self.patterns or (), self._compiled or (), strict=True):
+            if rx.fullmatch(name) is not None:
+                return pattern
+        return None
+
+
+class TopicDenyList:
+    """The operator's deny-list: topics no tenant may produce to, read, subscribe to, assign, commit,
+    describe or see listed, whatever its own patterns say (checked first)."""
+
+    def __init__(self, patterns: Iterable[str] = DEFAULT_DENIED_TOPICS) -> None:
+        self._patterns = _Patterns(tuple(dict.fromkeys((*GATEWAY_OWN_TOPICS, *patterns))))
+
+    @classmethod
+    def from_setting(cls, extra: str | None, *, defaults: bool = True) -> TopicDenyList:
+        """The deny-list of ``GATEWAY_DENIED_TOPICS`` (comma-separated patterns, added to the defaults) and
+        ``GATEWAY_DENIED_TOPICS_DEFAULTS`` (false: only the setting's patterns, no built-in ones).
+        Raises :class:`PatternError` naming the pattern that does not compile."""
+        own = [p.strip() for p in (extra or "").split(",") if p.strip()]
+        for p in own:
+            try:
+                compile_pattern(p)
+            except PatternError as exc:
+                raise PatternError(f"GATEWAY_DENIED_TOPICS: pattern {p!r}: {exc}") from None
+        return cls((*(DEFAULT_DENIED_TOPICS if defaults else ()), *own))
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return self._patterns.patterns or ()
+
+    def rule_for(self, topic: str) -> str | None:
+        """The deny pattern matching ``topic``; ``None`` when the topic is not denied."""
+        return self._patterns.first_match(topic)
+
+    def denies(self, topic: str) -> bool:
+        return self.rule_for(topic) is not None
+
+    def __repr__(self) -> str:
+        return f"TopicDenyList({list(self.patterns)!r})"
+
+
+DEFAULT_DENY_LIST = TopicDenyList()
 
 
 class TenantPatterns:
@@ -37,14 +152,16 @@ class TenantPatterns:
 
     id: str
 
-    def _init_patterns(self, topics: Sequence[str] | None, groups: Sequence[str] | None) -> None:
+    def _init_patterns(self, topics: Sequence[str] | None, groups: Sequence[str] | None,
+                       denied_topics: TopicDenyList = DEFAULT_DENY_LIST) -> None:
         self._topics = _Patterns(topics)
         self._groups = _Patterns(groups)
+        self.denied_topics = denied_topics
 
     # -- patterns ---------------------------------------------------------------------------------------
     @property
     def topic_patterns(self) -> tuple[str, ...] | None:
-        """The configured topic patterns; ``None`` when every topic is allowed."""
+        """The configured topic patterns; ``None`` when every topic (but the denied ones) is allowed."""
         return self._topics.patterns
 
     @property
@@ -52,14 +169,20 @@ class TenantPatterns:
         return self._groups.patterns
 
     def allows_topic(self, topic: str) -> bool:
-        return self._topics.matches(topic)
+        """Not denied by the operator, and matching one of the tenant's patterns (if it has any)."""
+        return not self.denied_topics.denies(topic) and self._topics.matches(topic)
 
     def allows_group(self, group: str) -> bool:
         return self._groups.matches(group)
 
     def require_topic(self, topic: str) -> None:
-        """Raise 403/40301 unless the topic matches one of the tenant's topic patterns."""
-        if not self.allows_topic(topic):
+        """Raise 403/40301 when the operator denies the topic (an internal topic) or it matches none of the
+        tenant's topic patterns."""
+        rule = self.denied_topics.rule_for(topic)
+        if rule is not None:
+            raise TenantError(403, FORBIDDEN, f"topic {topic!r} is an internal topic: denied to every tenant by "
+                                              f"the gateway's rule {rule!r}")
+        if not self._topics.matches(topic):
             raise TenantError(403, FORBIDDEN, f"topic {topic!r} is not allowed for tenant {self.id!r}")
 
     def require_group(self, group: str) -> None:

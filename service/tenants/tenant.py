@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 
 from service.client.connection import ConnectionConfig
 
-from .patterns import TenantPatterns
+from .patterns import DEFAULT_DENY_LIST, TenantPatterns, TopicDenyList
 from .quotas import Quotas, TenantQuotas
 
 
 class Tenant(TenantPatterns, TenantQuotas):
-    """One tenant: its Kafka connection, what it may touch and its quotas. Holds runtime quota state (the
+    """One tenant: its Kafka connection, what it may touch (``denied_topics``, the operator's deny-list, is
+    checked before its own patterns) and its quotas. Holds runtime quota state (the
     token bucket and the number of polls in flight)."""
 
     def __init__(
@@ -25,13 +26,14 @@ class Tenant(TenantPatterns, TenantQuotas):
         topics: Sequence[str] | None = None,
         groups: Sequence[str] | None = None,
         description: str | None = None,
+        denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = id
         self.bootstrap = bootstrap
         self.connection_config = connection_config
         self.description = description
-        self._init_patterns(topics, groups)
+        self._init_patterns(topics, groups, denied_topics)
         self._init_quotas(quotas, clock)
 
     def __repr__(self) -> str:

@@ -53,6 +53,8 @@ async def serve(settings: Settings) -> None:
         # then), and then Gateway.close() gets the same deadline for the instances.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False,
+                                # uvicorn's own records go through service.logs (escaped text or JSON lines)
+                                log_config=None,
                                 timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
                                 timeout_keep_alive=settings.http_keep_alive_s,
                                 # Forwarded / X-Forwarded-* are the app's business (GATEWAY_FORWARDED_ALLOW_IPS,

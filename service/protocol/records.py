@@ -10,6 +10,17 @@ Everything here is sans-io (no I/O, no global state besides the decoder switch).
 
 ``decode_records`` does the same eagerly and returns a :class:`RecordSet`.
 
+Decompression is bounded: a batch whose records section would inflate past ``max_inflated`` bytes (default
+:data:`DEFAULT_MAX_INFLATED_BYTES`, process-wide :func:`set_max_inflated_bytes`; the gateway sets it from
+``GATEWAY_MAX_BATCH_INFLATED_BYTES``) raises :class:`InflatedSizeError` naming the batch, and the codec never
+writes more than the bound: gzip and lz4 batches small enough that even the codec's largest possible ratio
+stays within the bound are decompressed directly; larger ones, and zstd (whose ratio has no useful bound),
+decompress into a buffer of the bound (an anonymous mapping: pages are only committed as they are written),
+so a frame that lies about its size cannot go past it. Raw snappy states its exact size up front (checked
+before decompressing; the codec refuses a stream that does not match it). ``decode_records`` can also stop
+decoding once the batches it decoded add up to ``max_total_inflated`` (the caller's page or fetch budget), so
+one response inflates to at most that plus one batch.
+
 Record decoding has two interchangeable implementations: the C accelerator
 ``service.protocol._crecords`` (built by ``hatch_build.py``) and a pure-Python fallback. The C one is
 used when it can be imported unless ``KCG_NO_CEXT=1`` is set in the environment at import time;
@@ -19,6 +30,7 @@ used when it can be imported unless ``KCG_NO_CEXT=1`` is set in the environment 
 from __future__ import annotations
 
 import enum
+import mmap
 import os
 import struct
 import time
@@ -38,6 +50,7 @@ from service.protocol.primitives import read_uvarint, write_varint
 __all__ = [
     "BATCH_HEADER_SIZE",
     "C_EXTENSION_AVAILABLE",
+    "DEFAULT_MAX_INFLATED_BYTES",
     "LOG_OVERHEAD",
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
@@ -46,6 +59,7 @@ __all__ = [
     "Compression",
     "ControlType",
     "Header",
+    "InflatedSizeError",
     "Record",
     "RecordBatch",
     "RecordSet",
@@ -54,7 +68,10 @@ __all__ = [
     "compress",
     "decode_records",
     "decompress",
+    "decompress_bounded",
     "iter_batches",
+    "max_inflated_bytes",
+    "set_max_inflated_bytes",
     "use_c_extension",
     "using_c_extension",
 ]
@@ -114,15 +131,126 @@ class Record(NamedTuple):
     headers: tuple[Header, ...]  # () when the record has none
 
 
+# -- bounded decompression ------------------------------------------------------------------------
+DEFAULT_MAX_INFLATED_BYTES = 64 * 1024 * 1024
+_max_inflated = DEFAULT_MAX_INFLATED_BYTES
+
+# The largest output/input ratio each codec can reach (deflate: 1032:1; an lz4 block: 255 bytes of match
+# length per input byte), with a margin: a batch at most limit / ratio bytes long cannot pass the limit.
+_MAX_RATIO = {1: 1040, 3: 260}
+_DIRECT_OUTPUT = 1 << 20  # bounded outputs up to this size use a plain bytearray, larger ones a mapping
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class InflatedSizeError(CorruptRecordError):
+    """A compressed batch inflates past the configured bound (a decompression bomb, or a batch larger than
+    this gateway accepts); names topic, partition and the batch's offsets."""
+
+    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
+                 offset: int | None = None, limit: int = 0, next_offset: int | None = None) -> None:
+        super().__init__(message, topic=topic, partition=partition, offset=offset)
+        self.limit = limit
+        self.next_offset = next_offset
+
+
+class _TooLarge(Exception):
+    """Raised by ``decompress_bounded``: the output passes the bound (``size`` when known, else -1)."""
+
+    def __init__(self, size: int = -1) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def set_max_inflated_bytes(limit: int) -> None:
+    """The process-wide bound on one batch's decompressed records section (``decode`` without ``max_inflated``)."""
+    global _max_inflated
+    if limit <= 0:
+        raise ValueError("the inflated-size bound must be positive")
+    _max_inflated = limit
+
+
+def max_inflated_bytes() -> int:
+    return _max_inflated
+
+
+def _zstd_content_size(mv: memoryview) -> int | None:
+    """The Frame_Content_Size a zstd frame header declares (a hint only), or None."""
+    if len(mv) < 6 or mv[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = mv[4]
+    fcs_flag = fhd >> 6
+    single = (fhd >> 5) & 1
+    did_size = (0, 1, 2, 4)[fhd & 3]
+    fcs_size = (single, 2, 4, 8)[fcs_flag]
+    if not fcs_size:
+        return None
+    pos = 5 + (0 if single else 1) + did_size
+    if len(mv) < pos + fcs_size:
+        return None
+    n = int.from_bytes(mv[pos:pos + fcs_size], "little")
+    return n + 256 if fcs_size == 2 else n
+
+
+def _decompress_into(codec: Any, data: Any, size: int) -> memoryview:
+    """Decompress into a buffer of ``size`` bytes; raises _TooLarge when the output does not fit."""
+    out: Any = bytearray(size) if size <= _DIRECT_OUTPUT else mmap.mmap(-1, size)
+    try:
+        n = codec.decompress_into(data, out)
+    except Exception as e:
+        msg = str(e)
+        if "whole buffer" in msg or "too small" in msg:  # cramjam: the output buffer is full, more is coming
+            raise _TooLarge() from None
+        raise
+    return memoryview(out)[:n]
+
+
+def decompress_bounded(compression: int, data: bytes | memoryview, limit: int) -> Any:
+    """Decompress a records section into at most ``limit`` bytes (bytes or a buffer); raises ``_TooLarge``
+    when it would inflate past ``limit``, ValueError / the codec's error for a malformed one."""
+    if compression == Compression.NONE:
+        return data
+    if compression == Compression.SNAPPY:
+        return _snappy_decompress(data, limit)
+    n = len(data)
+    ratio = _MAX_RATIO.get(compression)
+    if ratio is not None and n * ratio <= limit:
+        return decompress(compression, data)  # cannot pass the bound: the fast path
+    if compression == Compression.GZIP:
+        codec: Any = cramjam.gzip
+    elif compression == Compression.LZ4:
+        codec = cramjam.lz4
+    elif compression == Compression.ZSTD:
+        codec = cramjam.zstd
+        declared = _zstd_content_size(memoryview(data))
+        if declared is not None and declared > limit:
+            raise _TooLarge(declared)
+        if declared is not None:
+            try:  # the declared size is a hint: a frame that lies (or more frames) falls through to the bound
+                return _decompress_into(codec, data, declared)
+            except Exception:  # decided below, within the bound
+                pass
+    else:
+        raise ValueError(f"unknown compression type {compression}")
+    out = _decompress_into(codec, data, limit + 1)
+    if len(out) > limit:
+        raise _TooLarge()
+    return out
+
+
 # -- codecs ---------------------------------------------------------------------------------------
-def _snappy_decompress(data: bytes | memoryview) -> bytes:
+def _snappy_decompress(data: bytes | memoryview, limit: int | None = None) -> bytes:
+    """Raw or xerial-framed snappy. Raw snappy starts with its exact decompressed length (the codec refuses
+    a stream whose output does not match it), so ``limit`` is checked before anything is decompressed."""
     mv = memoryview(data)
     if len(mv) < _XERIAL_HEADER_SIZE or mv[:8] != _XERIAL_MAGIC:
+        if limit is not None and cramjam.snappy.decompress_raw_len(mv) > limit:
+            raise _TooLarge(cramjam.snappy.decompress_raw_len(mv))
         return bytes(cramjam.snappy.decompress_raw(mv))
     # xerial framing: 16-byte header, then (int32 length, raw snappy chunk)*
     parts: list[bytes] = []
     pos = _XERIAL_HEADER_SIZE
     end = len(mv)
+    total = 0
     while pos < end:
         if end - pos < 4:
             raise ValueError("truncated xerial snappy block length")
@@ -130,7 +258,12 @@ def _snappy_decompress(data: bytes | memoryview) -> bytes:
         pos += 4
         if n < 0 or pos + n > end:
             raise ValueError("xerial snappy block runs past the end of the data")
-        parts.append(bytes(cramjam.snappy.decompress_raw(mv[pos:pos + n])))
+        chunk = mv[pos:pos + n]
+        if limit is not None:
+            total += cramjam.snappy.decompress_raw_len(chunk)
+            if total > limit:
+                raise _TooLarge(total)
+        parts.append(bytes(cramjam.snappy.decompress_raw(chunk)))
         pos += n
     return b"".join(parts)
 
@@ -345,6 +478,7 @@ class RecordBatch:
         "base_timestamp",
         "batch_length",
         "crc",
+        "inflated_size",
         "last_offset_delta",
         "magic",
         "max_timestamp",
@@ -417,7 +551,7 @@ class RecordBatch:
         return CorruptRecordError(message, topic=self.topic, partition=self.partition,
                                   offset=self.base_offset)
 
-    def decode(self) -> list[Record]:
+    def decode(self, max_inflated: int | None = None) -> list[Record]:
         """Decompress (if needed) and decode the records; the result is also kept in ``records``.
 
         A batch whose records count is 0 holds no records whatever its records section and compression
@@ -427,17 +561,28 @@ class RecordBatch:
         """
         if self.records_count == 0:
             self.records = []
+            self.inflated_size = 0
             return self.records
         compression = self.attributes & _COMPRESSION_MASK
         if compression:
+            limit = _max_inflated if max_inflated is None else max_inflated
             try:
-                buf: Any = decompress(compression, memoryview(self._buf)[self._start:self._end])
+                buf: Any = decompress_bounded(compression, memoryview(self._buf)[self._start:self._end], limit)
+            except _TooLarge as e:
+                codec = Compression(compression).name.lower()
+                size = f" (it declares {e.size} bytes)" if e.size >= 0 else ""
+                raise InflatedSizeError(
+                    f"record batch {self.base_offset}..{self.last_offset} ({codec}, {self._end - self._start} "
+                    f"bytes compressed) inflates past the limit of {limit} bytes{size}",
+                    topic=self.topic, partition=self.partition, offset=self.base_offset, limit=limit,
+                    next_offset=self.next_offset) from None
             except Exception as e:  # codec libraries raise their own error types
                 codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
                 raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
             start, end = 0, len(buf)
         else:
             buf, start, end = self._buf, self._start, self._end
+        self.inflated_size = end - start
         append_ts = self.max_timestamp if self.attributes & _LOG_APPEND_TIME else None
         try:
             records = _decode_section(buf, start, end, self.records_count, self.base_offset,
@@ -587,15 +732,19 @@ def iter_batches(data: bytes | bytearray | memoryview, *, topic: str | None = No
 class RecordSet:
     """Eagerly decoded contents of a records blob (see ``decode_records``)."""
 
-    __slots__ = ("batches", "error", "first_batch_truncated", "oversized_first_batch", "partial_bytes")
+    __slots__ = ("batches", "budget_stop", "error", "first_batch_truncated", "inflated_bytes",
+                 "oversized_first_batch", "partial_bytes")
 
     def __init__(self, batches: list[RecordBatch], partial_bytes: int, first_batch_truncated: bool,
-                 oversized_first_batch: int | None, error: Exception | None) -> None:
+                 oversized_first_batch: int | None, error: Exception | None, inflated_bytes: int = 0,
+                 budget_stop: bool = False) -> None:
         self.batches = batches
         self.partial_bytes = partial_bytes
         self.first_batch_truncated = first_batch_truncated
         self.oversized_first_batch = oversized_first_batch
         self.error = error
+        self.inflated_bytes = inflated_bytes  # decoded records sections, summed
+        self.budget_stop = budget_stop  # decoding stopped at max_total_inflated (batches were left)
 
     def records(self) -> Iterator[Record]:
         """All data records in order (control batches skipped; no transactional filtering)."""
@@ -611,25 +760,38 @@ class RecordSet:
 
 def decode_records(data: bytes | bytearray | memoryview, *, topic: str | None = None,
                    partition: int | None = None, verify_crc: bool = True,
-                   defer_errors: bool = False) -> RecordSet:
+                   defer_errors: bool = False, max_inflated: int | None = None,
+                   max_total_inflated: int | None = None) -> RecordSet:
     """Decode every complete batch in ``data`` (headers and records).
 
     With ``defer_errors`` a corrupt or unsupported batch stops decoding without raising: the
     batches before it are returned and the exception is stored in ``RecordSet.error`` (a consumer
     can hand out what it has and report the error at the right offset).
+
+    ``max_inflated``: the bound on each batch's decoded records section (default: the process-wide
+    :func:`max_inflated_bytes`); a batch past it is an :class:`InflatedSizeError`. ``max_total_inflated``:
+    once the decoded sections add up to this, the batches left are not decoded (``RecordSet.budget_stop``;
+    the caller reads on from ``next_offset``), so the whole set is at most that plus one batch.
     """
     it = BatchIterator(data, topic=topic, partition=partition, verify_crc=verify_crc)
     batches: list[RecordBatch] = []
     error: Exception | None = None
+    total = 0
+    stop = False
     try:
         for batch in it:
-            batch.decode()
+            if max_total_inflated is not None and total >= max_total_inflated and batches:
+                stop = True
+                break
+            batch.decode(max_inflated)
+            total += batch.inflated_size
             batches.append(batch)
     except (CorruptRecordError, UnsupportedMessageFormatError) as e:
         if not defer_errors:
             raise
         error = e
-    return RecordSet(batches, it.partial_bytes, it.first_batch_truncated, it.oversized_first_batch, error)
+    return RecordSet(batches, it.partial_bytes, it.first_batch_truncated, it.oversized_first_batch, error,
+                     total, stop)
 
 
 # -- encoding -------------------------------------------------------------------------------------

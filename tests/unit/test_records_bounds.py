@@ -1,0 +1,157 @@
+"""Bounded decompression of record batches (issue 21, item 2): a batch that inflates past the bound is an
+InflatedSizeError naming topic, partition and offset, whatever its codec and whatever its frame claims; a batch
+just under the bound decodes; decode_records stops at a total budget."""
+
+from __future__ import annotations
+
+import cramjam
+import pytest
+
+from service.protocol import records as R
+from service.protocol.errors import CorruptRecordError
+
+MiB = 1024 * 1024
+LIMIT = 4 * MiB
+CODECS = [R.Compression.GZIP, R.Compression.SNAPPY, R.Compression.LZ4, R.Compression.ZSTD]
+
+
+@pytest.fixture(params=["c", "python"])
+def decoder(request: pytest.FixtureRequest):
+    if request.param == "c" and not R.C_EXTENSION_AVAILABLE:
+        pytest.fail("the C record decoder is not built")
+    before = R.using_c_extension()
+    R.use_c_extension(request.param == "c")
+    yield request.param
+    R.use_c_extension(before)
+
+
+def _batch(value: bytes, compression: int, base_offset: int = 0, n: int = 1) -> bytes:
+    return R.build_batch([(None, value)] * n, base_offset=base_offset, compression=compression)
+
+
+def _batch_with_payload(payload: bytes, compression: int, monkeypatch: pytest.MonkeyPatch,
+                        base_offset: int = 0) -> bytes:
+    """A batch whose records section is ``payload`` as given (a hand-made, possibly lying, frame)."""
+    with monkeypatch.context() as m:
+        m.setattr(R, "compress", lambda _c, _d: payload)
+        return R.build_batch([(None, b"x")], base_offset=base_offset, compression=compression)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name.lower())
+def test_bomb_raises_a_typed_error_naming_the_batch(codec: R.Compression, decoder: str) -> None:
+    blob = _batch(b"\0" * (6 * LIMIT), codec, base_offset=41, n=3)
+    with pytest.raises(R.InflatedSizeError) as ei:
+        R.decode_records(blob, topic="bombs", partition=7, max_inflated=LIMIT)
+    e = ei.value
+    assert isinstance(e, CorruptRecordError)
+    assert (e.topic, e.partition, e.offset, e.limit, e.next_offset) == ("bombs", 7, 41, LIMIT, 44)
+    assert "topic=bombs" in str(e) and "partition=7" in str(e) and "offset=41" in str(e)
+    assert codec.name.lower() in str(e) and str(LIMIT) in str(e)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name.lower())
+def test_batch_just_under_the_bound_decodes(codec: R.Compression, decoder: str) -> None:
+    value = (bytes(range(256)) * (LIMIT // 256))[:LIMIT - 64]  # the records section is a few bytes more than this
+    blob = _batch(value, codec, base_offset=5)
+    rs = R.decode_records(blob, topic="t", partition=0, max_inflated=LIMIT)
+    (rec,) = rs.batches[0].records or []
+    assert rec.value == value and rec.offset == 5
+    assert LIMIT - 64 < rs.inflated_bytes <= LIMIT
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name.lower())
+def test_exactly_at_the_bound_decodes_one_byte_over_does_not(codec: R.Compression) -> None:
+    blob = _batch(b"a" * (LIMIT // 2), codec)
+    size = R.decode_records(blob).inflated_bytes
+    assert len(R.decode_records(blob, max_inflated=size).batches) == 1
+    with pytest.raises(R.InflatedSizeError):
+        R.decode_records(blob, max_inflated=size - 1)
+
+
+def test_zstd_frame_without_a_declared_size(decoder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = R.build_batch([(None, b"\0" * (3 * LIMIT))])[R.BATCH_HEADER_SIZE:]  # the plain records section
+    c = cramjam.zstd.Compressor()
+    c.compress(body)
+    frame = bytes(c.finish())
+    assert R._zstd_content_size(memoryview(frame)) is None  # a streaming frame: no content size
+    blob = _batch_with_payload(frame, R.Compression.ZSTD, monkeypatch, base_offset=9)
+    with pytest.raises(R.InflatedSizeError) as ei:
+        R.decode_records(blob, topic="z", partition=1, max_inflated=LIMIT)
+    assert ei.value.offset == 9
+
+
+def test_zstd_frame_that_lies_about_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = R.build_batch([(None, b"\0" * (3 * LIMIT))])[R.BATCH_HEADER_SIZE:]
+    frame = bytearray(cramjam.zstd.compress(body))
+    fhd = frame[4]
+    assert fhd >> 6 == 2 and not (fhd >> 5) & 1  # 4-byte content size after a window descriptor
+    frame[6:10] = (100).to_bytes(4, "little")  # claims 100 bytes
+    assert R._zstd_content_size(memoryview(bytes(frame))) == 100
+    blob = _batch_with_payload(bytes(frame), R.Compression.ZSTD, monkeypatch)
+    with pytest.raises(R.InflatedSizeError):
+        R.decode_records(blob, max_inflated=LIMIT)
+    # a frame claiming more than the bound is refused before decompressing
+    frame[6:10] = (LIMIT + 1).to_bytes(4, "little")
+    blob = _batch_with_payload(bytes(frame), R.Compression.ZSTD, monkeypatch)
+    with pytest.raises(R.InflatedSizeError, match="declares"):
+        R.decode_records(blob, max_inflated=LIMIT)
+
+
+def test_snappy_raw_header_is_checked_before_decompressing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a raw snappy stream that claims a huge size but holds little is refused by its header alone
+    lying = bytearray(cramjam.snappy.compress_raw(b"hello"))
+    lying[0:1] = b""
+    lying = bytearray(b"\xff\xff\xff\xff\x0f") + lying  # varint 2**32-1
+    blob = _batch_with_payload(bytes(lying), R.Compression.SNAPPY, monkeypatch)
+    with pytest.raises(R.InflatedSizeError, match="declares 4294967295"):
+        R.decode_records(blob, max_inflated=LIMIT)
+
+
+def test_xerial_snappy_chunks_add_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = R.build_batch([(None, b"\0" * (3 * LIMIT))])[R.BATCH_HEADER_SIZE:]
+    parts = [R._XERIAL_MAGIC + b"\0\0\0\1\0\0\0\1"]
+    for i in range(0, len(body), MiB):
+        chunk = bytes(cramjam.snappy.compress_raw(body[i:i + MiB]))
+        parts.append(len(chunk).to_bytes(4, "big") + chunk)
+    blob = _batch_with_payload(b"".join(parts), R.Compression.SNAPPY, monkeypatch)
+    assert R.decode_records(blob, max_inflated=len(body)).batches[0].records[0].value == b"\0" * (3 * LIMIT)
+    with pytest.raises(R.InflatedSizeError):
+        R.decode_records(blob, max_inflated=LIMIT)
+
+
+def test_gzip_and_lz4_fast_path_cannot_pass_the_bound() -> None:
+    # worst-case ratios: a batch at most limit / ratio bytes long is decompressed directly
+    for codec in (R.Compression.GZIP, R.Compression.LZ4):
+        payload = R.compress(codec, b"\0" * (64 * MiB))
+        assert len(payload) * R._MAX_RATIO[codec] > 64 * MiB
+
+
+def test_process_wide_default_bound() -> None:
+    assert R.max_inflated_bytes() == R.DEFAULT_MAX_INFLATED_BYTES == 64 * MiB
+    blob = _batch(b"\0" * (2 * MiB), R.Compression.GZIP)
+    try:
+        R.set_max_inflated_bytes(MiB)
+        with pytest.raises(R.InflatedSizeError):
+            R.decode_records(blob)
+        assert len(R.decode_records(blob, max_inflated=4 * MiB).batches) == 1  # explicit beats default
+    finally:
+        R.set_max_inflated_bytes(R.DEFAULT_MAX_INFLATED_BYTES)
+    with pytest.raises(ValueError):
+        R.set_max_inflated_bytes(0)
+
+
+def test_healthy_batches_before_a_bomb_are_kept_with_defer_errors() -> None:
+    blob = _batch(b"ok", R.Compression.GZIP) + _batch(b"\0" * (2 * LIMIT), R.Compression.GZIP, base_offset=1)
+    rs = R.decode_records(blob, topic="t", partition=2, max_inflated=LIMIT, defer_errors=True)
+    assert [r.value for r in rs.records()] == [b"ok"]
+    assert isinstance(rs.error, R.InflatedSizeError) and rs.error.offset == 1
+
+
+def test_total_budget_stops_after_the_batch_that_reaches_it() -> None:
+    blob = b"".join(_batch(b"v" * MiB, R.Compression.LZ4, base_offset=i) for i in range(4))
+    rs = R.decode_records(blob, max_total_inflated=1)
+    assert len(rs.batches) == 1 and rs.budget_stop and rs.next_offset == 1
+    rs = R.decode_records(blob, max_total_inflated=MiB + 100)
+    assert len(rs.batches) == 2 and rs.budget_stop
+    rs = R.decode_records(blob, max_total_inflated=100 * MiB)
+    assert len(rs.batches) == 4 and not rs.budget_stop and rs.inflated_bytes > 4 * MiB

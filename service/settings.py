@@ -53,7 +53,7 @@ class Settings(BaseSettings):
         None, description="Comma-separated Host header values served (host: any port; host:port; [IPv6]; "
         "'.example.com': the domain and its subdomains; '*': no check); others get 421/42101 (/healthz, /readyz "
         "and peer-token requests exempt). Unset: in open mode (no tenants file) the bind address, localhost, "
-        "127.0.0.1, [::1] and the GATEWAY_PEERS hosts; with a tenants file no check")
+        "127.0.0.1, [::1] and the hosts of GATEWAY_PEERS and GATEWAY_PUBLIC_URL; with a tenants file no check")
     forwarded_allow_ips: str = Field(
         "127.0.0.1", description="Comma-separated addresses or networks (CIDR) of proxies whose Forwarded / "
         "X-Forwarded-* headers are trusted (base_uri, client address); '*' trusts every client. Like uvicorn's")

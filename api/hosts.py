@@ -101,16 +101,17 @@ class AllowedHosts:
         return any(host == d[1:] or host.endswith(d) for d in self.domains)
 
 
-def default_allowed_hosts(bind_host: str, peer_urls: Iterable[str] = ()) -> str:
+def default_allowed_hosts(bind_host: str, urls: Iterable[str] = ()) -> str:
     """GATEWAY_ALLOWED_HOSTS when unset in open mode: the bind address (unless a wildcard such as 0.0.0.0),
-    localhost and the loopback addresses, and the hosts of GATEWAY_PEERS (replicas forward to each other)."""
+    localhost and the loopback addresses, and the hosts of ``urls``: GATEWAY_PEERS (replicas forward to each
+    other) and GATEWAY_PUBLIC_URL (the gateway's public name)."""
     from urllib.parse import urlsplit
 
     out: list[str] = []
     if bind_host not in WILDCARD_BINDS:
         out.append(f"[{bind_host}]" if ":" in bind_host and not bind_host.startswith("[") else bind_host)
     out.extend(LOOPBACK_HOSTS)
-    for url in peer_urls:
+    for url in urls:
         host = urlsplit(url.strip()).hostname
         if host:
             out.append(f"[{host}]" if ":" in host else host)

@@ -152,7 +152,9 @@ def with_host_defaults(settings: Settings) -> Settings:
     from api.hosts import default_allowed_hosts
 
     peers = (settings.peers or "").split(",") if settings.peers else []
-    return settings.model_copy(update={"allowed_hosts": default_allowed_hosts(settings.host, peers)})
+    # the public URL's host is this gateway's own name (base_uri points clients at it)
+    urls = [*peers, settings.public_url] if settings.public_url else peers
+    return settings.model_copy(update={"allowed_hosts": default_allowed_hosts(settings.host, urls)})
 
 
 def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -620,3 +620,10 @@ def test_chart_alert_rules_are_the_repository_rules() -> None:
     if "job=" in CHART_ALERTS.read_text():  # the ServiceMonitor's jobLabel gives every target this job
         assert re.findall(r'job="([^"]+)"', CHART_ALERTS.read_text()) == \
             ["kafka-consumer-gateway"] * CHART_ALERTS.read_text().count('job="')
+
+
+def test_allowed_hosts(chart: Any) -> None:
+    """gateway.allowedHosts sets GATEWAY_ALLOWED_HOSTS (issue 21 item 7); empty leaves the gateway's default."""
+    values = {"kafka": {"bootstrap": BOOTSTRAP}, "gateway": {"allowedHosts": "kafka-gw.example.com,.corp.example"}}
+    assert render(chart, values).env()["GATEWAY_ALLOWED_HOSTS"] == "kafka-gw.example.com,.corp.example"
+    assert "GATEWAY_ALLOWED_HOSTS" not in render(chart, {"kafka": {"bootstrap": BOOTSTRAP}}).env()

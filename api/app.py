@@ -237,12 +237,11 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"], summary="Brokers of every tenant are reachable")
-    async def readyz(request: Request) -> Response:
-        # Tenant ids, broker counts and broker errors only for the admin token: anyone may probe readiness.
-        # Without a tenants file (one open 'default' tenant, every API unauthenticated anyway) and without
-        # an admin token, the details stay public.
-        detailed = is_admin(request) or (not tenants.auth_required and admin_token is None)
+    # /readyz answers from the last broker check for GATEWAY_READYZ_CACHE_S and concurrent probes share one
+    # check: anonymous probes cannot make the gateway send Metadata requests at their rate.
+    ready_cache: dict[str, Any] = {"at": None, "problems": {}, "task": None}
+
+    async def check_brokers() -> dict[str, str]:
         problems: dict[str, str] = {}
 
         async def check(tenant: Any) -> None:
@@ -255,6 +254,25 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
 
         # every tenant's brokers at once: the probe takes at most 5 s however many tenants are unreachable
         await asyncio.gather(*(check(t) for t in tenants.tenants.values()))
+        ready_cache["at"], ready_cache["problems"] = time.monotonic(), problems
+        return problems
+
+    async def broker_problems() -> dict[str, str]:
+        at = ready_cache["at"]
+        if at is not None and time.monotonic() - at < settings.readyz_cache_s:
+            return ready_cache["problems"]  # type: ignore[no-any-return]
+        task: asyncio.Task[dict[str, str]] | None = ready_cache["task"]
+        if task is None or task.done():
+            task = ready_cache["task"] = asyncio.create_task(check_brokers(), name="readyz-check")
+        return await asyncio.shield(task)
+
+    @app.get("/readyz", tags=["ops"], summary="Brokers of every tenant are reachable")
+    async def readyz(request: Request) -> Response:
+        # Tenant ids, broker counts and broker errors only for the admin token: anyone may probe readiness.
+        # Without a tenants file (one open 'default' tenant, every API unauthenticated anyway) and without
+        # an admin token, the details stay public.
+        detailed = is_admin(request) or (not tenants.auth_required and admin_token is None)
+        problems = await broker_problems()
         if problems:
             if not detailed:
                 return OrjsonResponse({"status": "unavailable"}, status_code=503)

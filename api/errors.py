@@ -46,6 +46,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (404, 40403, 'consumer instance not found'),
     (405, 40501, 'method not allowed'),
     (406, 40601, "the Accept header does not match the instance's format"),
+    (408, 40801, 'the request head (request line and headers) was not complete within '
+                 'GATEWAY_HTTP_HEADER_TIMEOUT_S'),
     (409, 40901, 'consumer already subscribed (subscription vs. assignment conflict)'),
     (409, 40902, 'consumer instance with this name already exists in the group'),
     (409, 40903, 'illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)'),
@@ -59,6 +61,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (422, 42208, 'v3 produce: empty body, or a record whose key/value needs a schema registry (AVRO, PROTOBUF, '
                  'JSONSCHEMA or no type; the gateway has none)'),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
+    (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
+                 'GATEWAY_HTTP_MAX_HEADERS)'),
     (500, 50001, 'internal error (details logged, never returned)'),
     (500, 50002, 'Kafka error'),
     (503, 50003, 'retriable Kafka error (Retry-After header)'),
@@ -66,6 +70,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (503, 50302, 'no Kafka broker reachable'),
     (503, 50303, 'the gateway replica holding the consumer instance failed or timed out during the request '
                  '(Retry-After; if it keeps failing the instance is gone: create it again)'),
+    (503, 50304, 'too many open HTTP connections to this replica (GATEWAY_HTTP_MAX_CONNECTIONS): retry later'),
 )
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
 #: Confluent's v3 API answers (errors included) as plain JSON

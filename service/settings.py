@@ -99,6 +99,19 @@ class Settings(BaseSettings):
     http_keep_alive_s: int = Field(
         65, gt=0, description="An idle HTTP keep-alive connection is closed after this (uvicorn's default is "
         "5 s; longer than the usual 60 s of load balancers, so the server never closes first under them)")
+    http_max_header_bytes: int = Field(
+        16 * 1024, ge=8 * 1024, le=64 * 1024, description="Largest request head (request line and header "
+        "lines): 431 / 43101 above, before the rest is read")
+    http_max_headers: int = Field(100, ge=1, le=1000, description="Most header fields in a request (431 / 43101)")
+    http_header_timeout_s: float = Field(
+        10.0, gt=0, description="A request head must be complete this long after its first byte (or after the "
+        "connection opened): 408 / 40801 otherwise, and the connection is closed")
+    http_max_connections: int = Field(
+        10_000, ge=0, description="Open HTTP connections per replica (streams included); a connection over it "
+        "gets 503 / 50304 and is closed; 0 = no limit")
+    readyz_cache_s: float = Field(
+        1.0, ge=0, le=60, description="/readyz answers from its last broker check for this long (concurrent probes "
+        "share one check)")
     gc_freeze_interval_s: float = Field(
         30.0, ge=0, description="Every this many seconds, freeze the objects that survived (gc.freeze) so the "
         "collector never re-walks thousands of long-lived instances; 0 = Python's default collector")

@@ -1,0 +1,261 @@
+"""Request-head limits in front of uvicorn's HTTP/1.1 parsers (httptools and h11).
+
+uvicorn caps neither the size nor the number of request header lines for httptools, never times out a
+request head that trickles in, and its ``limit_concurrency`` answers in plain text. These protocol
+subclasses count the bytes of each request head *before* the parser sees them, so an oversized head is
+answered 431 (JSON) after at most one socket read past the cap and never reaches the app, the lean paths
+or forwarding; a head that is not complete within the header timeout is answered 408 (or, if nothing
+arrived yet, the connection is just closed); a connection beyond the connection limit is answered 503
+once its request head is in. Every refusal closes the connection after a short linger that drains (and
+discards) what the client still sends, so the client reads the answer instead of a reset.
+
+:class:`HeadScanner` is the sans-io part (counts and verdicts over chunks); the protocol classes only
+decide when a request head begins and ends (parser callbacks for httptools, h11's connection state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import orjson
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+#: refusal → (status, reason phrase, error code, message)
+TOO_LARGE = (431, b"Request Header Fields Too Large", 43101, "request header section too large (over {max_bytes} bytes)")
+TOO_MANY = (431, b"Request Header Fields Too Large", 43101, "too many request header fields (over {max_count})")
+HEAD_TIMEOUT = (408, b"Request Timeout", 40801, "the request head was not received within {timeout:g} s")
+OVER_LIMIT = (503, b"Service Unavailable", 50304, "too many connections (over {max_connections}): retry later")
+#: after a refusal, discard what the client still sends for at most this long, then close
+LINGER_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLimits:
+    max_bytes: int = 16 * 1024  # request line + header lines + the blank line
+    max_count: int = 100  # header fields
+    timeout_s: float = 10.0  # from the first byte of a request head (or the connection) to its end
+    max_connections: int = 0  # 0: no limit
+
+
+class HeadScanner:
+    """Bytes and lines of one request head, fed chunk by chunk before the parser sees them.
+
+    ``feed`` returns None (fine so far) or the refusal (``TOO_LARGE`` / ``TOO_MANY``). It finds the end
+    of the head (the first empty line) itself, so body bytes in the same chunk are never counted; after
+    the end, the next ``feed`` starts a new head (the caller feeds only while its parser is in a head).
+    """
+
+    __slots__ = ("_tail", "ended", "limits", "lines", "size")
+
+    def __init__(self, limits: HeadLimits) -> None:
+        self.limits = limits
+        self.size = 0
+        self.lines = 0
+        self.ended = False
+        self._tail = b""
+
+    def reset(self) -> None:
+        self.size = self.lines = 0
+        self.ended = False
+        self._tail = b""
+
+    def feed(self, data: bytes) -> tuple[int, bytes, int, str] | None:
+        if self.ended:
+            self.reset()
+        tail = self._tail
+        buf = tail + data if tail else data
+        # the head ends at an empty line: "\r\n\r\n" (or a bare "\n\n", which a lenient parser may accept)
+        end = buf.find(b"\n\r\n")
+        lf = buf.find(b"\n\n")
+        if lf >= 0 and (end < 0 or lf < end):
+            end = lf - 1
+        if end >= 0:
+            used = end + 3 - len(tail)  # bytes of ``data`` that belong to the head
+            self.ended = True
+        else:
+            used = len(data)
+            self._tail = buf[-2:]
+        self.size += used
+        self.lines += data.count(b"\n", 0, used)
+        if self.size > self.limits.max_bytes:
+            return TOO_LARGE
+        # request line + fields + the blank line; a head still arriving counts the fields so far
+        if self.lines - 1 - (1 if self.ended else 0) > self.limits.max_count:
+            return TOO_MANY
+        return None
+
+
+def error_bytes(refusal: tuple[int, bytes, int, str], limits: HeadLimits) -> bytes:
+    status, phrase, code, template = refusal
+    body = orjson.dumps({"error_code": code, "message": template.format(
+        max_bytes=limits.max_bytes, max_count=limits.max_count, timeout=limits.timeout_s,
+        max_connections=limits.max_connections)})
+    return b"".join((b"HTTP/1.1 %d %s\r\n" % (status, phrase), b"content-type: application/vnd.kafka.v2+json\r\n",
+                     b"content-length: %d\r\n" % len(body), b"retry-after: 1\r\n" if status == 503 else b"",
+                     b"connection: close\r\n\r\n", body))
+
+
+class _HeadGuard:
+    """The parser-independent part, mixed into both protocol classes (before uvicorn's class in the MRO)."""
+
+    head_limits: HeadLimits = HeadLimits()
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    connections: set[Any]
+    cycle: Any  # uvicorn's RequestResponseCycle of the request being answered (or None)
+
+    def _busy(self) -> bool:
+        """A response is under way (a pipelined head arrives meanwhile): no status line may be written."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _guard_init(self) -> None:
+        self._scanner = HeadScanner(self.head_limits)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._over_limit = False
+
+    def _guard_connection_made(self) -> None:
+        limit = self.head_limits.max_connections
+        self._over_limit = bool(limit) and len(self.connections) > limit
+        self._arm_head_timer()  # a connection that never sends a byte is closed too
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_limits.timeout_s, self._head_timed_out)
+
+    def _head_complete(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._refused or self.transport.is_closing() or self._busy():
+            return  # a pipelined head during a long response: the next chunk re-arms the timer
+        if self._scanner.size or self._scanner.ended:
+            self._refuse(HEAD_TIMEOUT)
+        else:  # nothing of a request arrived: close quietly, like an idle keep-alive connection
+            self.transport.close()
+
+    def _guard_feed(self, data: bytes) -> bool:
+        """Count a chunk of a request head; False when the connection was refused (do not parse it)."""
+        if self._refused:
+            return False
+        refusal = self._scanner.feed(data)
+        if refusal is not None:
+            self._refuse(refusal)
+            return False
+        if self._over_limit and self._scanner.ended:
+            self._refuse(OVER_LIMIT)
+            return False
+        return True
+
+    def _refuse(self, refusal: tuple[int, bytes, int, str]) -> None:
+        self._refused = True
+        self._head_complete()
+        transport = self.transport
+        if self._busy():  # an oversized pipelined head during a response: no room for a status line
+            transport.close()
+            return
+        transport.write(error_bytes(refusal, self.head_limits))
+        if transport.can_write_eof():
+            transport.write_eof()
+        # keep reading (and discarding) for a moment so the client reads the answer rather than a reset
+        self.loop.call_later(LINGER_S, transport.close)
+
+    def _guard_connection_lost(self) -> None:
+        self._head_complete()
+
+
+def _httptools_class() -> type[asyncio.Protocol] | None:
+    try:
+        import httptools
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return None
+
+    class LimitedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
+        """httptools: a head begins at connection start and after each message; on_headers_complete ends it."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._guard_init()
+            self._in_head = True
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard_connection_made()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._guard_connection_lost()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head:
+                self._arm_head_timer()
+                if not self._guard_feed(data):
+                    return
+            elif self._refused:
+                return
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._head_complete()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head = True
+            self._scanner.ended = True  # the next chunk starts a new head
+            super().on_message_complete()
+
+    assert httptools  # imported for its availability only
+    return LimitedHttpToolsProtocol
+
+
+class LimitedH11Protocol(_HeadGuard, H11Protocol):
+    """h11: the peer is sending a head while h11 is IDLE (nothing parsed) or DONE (a pipelined request
+    waits while we answer the previous one); it parses the head only once complete."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard_init()
+        if self.config.h11_max_incomplete_event_size is None:  # h11's own 16 KiB must not answer 400 first
+            self.conn = h11.Connection(h11.SERVER, max(DEFAULT_MAX_INCOMPLETE_EVENT_SIZE,
+                                                       self.head_limits.max_bytes + 4096))
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._guard_connection_made()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard_connection_lost()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE or state is h11.DONE:
+            if state is h11.IDLE:
+                self._arm_head_timer()
+            if not self._guard_feed(data):
+                return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._head_complete()
+
+
+LimitedHttpToolsProtocol = _httptools_class()
+
+
+def protocol_class(parser: str, limits: HeadLimits) -> type[asyncio.Protocol]:
+    """The protocol class for uvicorn's ``http=`` with these limits."""
+    base = LimitedHttpToolsProtocol if parser == "httptools" else LimitedH11Protocol
+    if base is None:
+        raise SystemExit("GATEWAY_HTTP_PARSER=httptools but httptools is not installed")
+    return type(base.__name__, (base,), {"head_limits": limits})

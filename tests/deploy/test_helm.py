@@ -92,6 +92,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["streaming"]}]}]}}},
     },
 }
+# gateway.forwardedAllowIps has no default: the chart asks for the ingress controller's network (issue 21)
+INGRESS_CIDR = "10.244.0.0/16"
+for _values in VALUE_SETS.values():
+    _values.setdefault("gateway", {}).setdefault("forwardedAllowIps", INGRESS_CIDR)
 # Secrets the value sets name but do not create (they exist in the cluster), with their keys.
 EXTERNAL_SECRETS = {"kafka-client-tls": {"ca.crt", "tls.crt", "tls.key"}, "team-a-kafka": {"password"},
                     "kafka-sasl": {"password"}, "gateway-tenants": {"tenants.yml"},
@@ -161,6 +165,8 @@ class Rendered:
 
 
 def render(chart: Any, values: dict[str, Any]) -> Rendered:
+    values = copy.deepcopy(values)
+    values.setdefault("gateway", {}).setdefault("forwardedAllowIps", INGRESS_CIDR)
     manifests = chart.render(copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
     return Rendered(values, manifests, chart.merge_values(copy.deepcopy(values)))
 
@@ -574,6 +580,24 @@ BAD_TEMPLATE = {
         {"kafka": {"bootstrap": "k:9092"}, "podDisruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}},
         "podDisruptionBudget"),
 }
+
+
+for _values, _ in BAD_TEMPLATE.values():
+    _values.setdefault("gateway", {}).setdefault("forwardedAllowIps", INGRESS_CIDR)
+
+
+def test_trusted_proxies_must_be_given(chart: Any) -> None:
+    """No default trusted proxy (127.0.0.1 made every client behind an ingress one address): the chart
+    asks for the ingress controller's network, or "none"."""
+    values = {"kafka": {"bootstrap": BOOTSTRAP}}
+    chart.validate_schema(copy.deepcopy(values))
+    with pytest.raises(helm.HelmRenderError, match=re.escape("gateway.forwardedAllowIps is required")):
+        chart.render(copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE)
+    assert render(chart, values).env()["GATEWAY_FORWARDED_ALLOW_IPS"] == INGRESS_CIDR
+    values["gateway"] = {"forwardedAllowIps": "none"}
+    assert render(chart, values).env()["GATEWAY_FORWARDED_ALLOW_IPS"] == ""
+    with pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"kafka": {"bootstrap": BOOTSTRAP}, "gateway": {"forwardedAllowIps": "$(evil)"}})
 
 
 @pytest.mark.parametrize("name", sorted(BAD_SCHEMA))

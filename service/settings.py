@@ -61,8 +61,8 @@ class Settings(BaseSettings):
         None, description="Bearer token for /metrics and the detailed /readyz (tenants, brokers, errors); "
         "unset: /metrics is open and /readyz answers only its status")
     auth_failures_per_minute: int = Field(
-        20, ge=0, description="Failed authentications allowed per client address and minute before 429/42901 "
-        "(0: no limit)")
+        20, ge=0, description="Wrong credentials (API keys, JWTs, admin and peer tokens) allowed per client address "
+        "and minute; beyond that wrong ones answer 429/42901, valid ones always pass (0: no limit)")
     replica_id: str = Field(
         "r0", description="This replica's stable name (letters, digits, '-'; on Kubernetes the StatefulSet pod "
         "name): in generated instance ids, in the routing ring and in static group.instance.ids")
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     peer_refresh_s: float = Field(2.0, gt=0, description="How often the replica set is re-read and probed")
     peer_token: SecretStr | None = Field(
         None, description="Shared secret of the replicas: required on the /internal endpoints and marks "
-        "forwarded requests (set it whenever peers are configured on an untrusted network)")
+        "forwarded requests. Required with peers (the gateway refuses to start without it)")
     routing: Literal["forward", "redirect", "off"] = Field(
         "forward", description="With peers: 'forward' proxies requests for instances held elsewhere (streams "
         "and long polls included); 'redirect' answers 307 to the owner's address; 'off' serves locally only")

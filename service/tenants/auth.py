@@ -31,6 +31,24 @@ def _unauthenticated(message: str) -> TenantError:
     return TenantError(401, UNAUTHENTICATED, message)
 
 
+#: The one answer to every refused JWT: which check failed (unknown issuer, no such tenant, signature,
+#: audience, expiry...) would tell an outsider which issuers and tenants exist. The reason is logged.
+JWT_REFUSED = "invalid JWT: the token was not accepted (the gateway's log has the reason)"
+
+
+class JwtRefused(TenantError):
+    """401/40101 with :data:`JWT_REFUSED` as its message; ``reason`` (for the log and tests only) says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(401, UNAUTHENTICATED, JWT_REFUSED)
+        self.reason = reason
+
+
+def _jwt_refused(reason: str) -> JwtRefused:
+    log.info("authentication failed: %s", reason)
+    return JwtRefused(reason)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # JWT verification
 # ---------------------------------------------------------------------------------------------------------
@@ -198,15 +216,13 @@ class TenantRegistry:
             header = jwt.get_unverified_header(token)
             claims = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError as exc:
-            log.debug("authentication failed: malformed JWT (%s)", type(exc).__name__)
-            raise _unauthenticated("malformed JWT") from None
+            raise _jwt_refused(f"malformed JWT ({type(exc).__name__})") from None
         issuer = claims.get("iss")
         if not isinstance(issuer, str):
-            raise _unauthenticated("JWT has no 'iss' claim")
+            raise _jwt_refused("JWT has no 'iss' claim")
         candidates = self._jwt_by_issuer.get(issuer)
         if not candidates:
-            log.debug("authentication failed: JWT from an untrusted issuer")
-            raise _unauthenticated("JWT issuer is not trusted")
+            raise _jwt_refused("JWT issuer is not trusted")
         failures: list[tuple[int, str]] = []
         for cfg in candidates:
             tenant_id = claims.get(cfg.tenant_claim)
@@ -227,12 +243,9 @@ class TenantRegistry:
             if verified.get(cfg.tenant_claim) == tenant_id:
                 return self.tenants[tenant_id]
         if not failures:
-            log.debug("authentication failed: JWT names no tenant that accepts its issuer")
             claim_names = sorted({c.tenant_claim for c in candidates})
-            raise _unauthenticated(
+            raise _jwt_refused(
                 f"JWT claim {' / '.join(repr(c) for c in claim_names)} does not name a tenant that accepts this issuer"
             )
-        message = min(failures)[1]
-        log.debug("authentication failed: %s", message)
-        raise _unauthenticated(message)
+        raise _jwt_refused(min(failures)[1])
 

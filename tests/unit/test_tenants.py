@@ -29,6 +29,7 @@ from service.tenants import (
     TenantRegistry,
     hash_api_key,
 )
+from service.tenants.auth import JWT_REFUSED, JwtRefused
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BOOTSTRAP = "gateway-kafka:9092"
@@ -354,7 +355,7 @@ def test_api_key_bearer_and_header(full: TenantRegistry) -> None:
     ({"Authorization": "Bearer "}, "the bearer token is empty"),
     ({"Authorization": "Basic wrong-key-123"}, "unsupported Authorization scheme"),
     ({"Authorization": f"Bearer {KEY_A}", "X-API-Key": KEY_A}, "not both"),
-    ({"Authorization": "Bearer wrong.key.123"}, "malformed JWT"),
+    ({"Authorization": "Bearer wrong.key.123"}, "invalid JWT"),
 ])
 def test_api_key_failures(full: TenantRegistry, headers: dict[str, str], fragment: str) -> None:
     with pytest.raises(TenantError) as info:
@@ -389,7 +390,9 @@ def _jwt_failure(reg: TenantRegistry, tok: str) -> str:
         reg.authenticate({"Authorization": f"Bearer {tok}"})
     assert (info.value.status, info.value.error_code) == (401, 40101)
     assert tok not in info.value.message and tok.split(".")[2] not in info.value.message
-    return info.value.message
+    # one answer for every refused JWT (issue 21 item 13); the reason is only logged
+    assert info.value.message == JWT_REFUSED and isinstance(info.value, JwtRefused)
+    return info.value.reason
 
 
 def test_jwt_failures(full: TenantRegistry, rsa_key: rsa.RSAPrivateKey, other_rsa_key: rsa.RSAPrivateKey) -> None:

@@ -30,6 +30,7 @@ from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
 from service.metrics import GatewayCollector, GatewayMetrics
+from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
 from service.settings import Settings
 from service.tenants import TenantError, TenantRegistry, TopicDenyList
@@ -195,6 +196,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                               "and headers as extensions.")
     app.router.redirect_slashes = False  # trailing slashes are stripped by ObserveMiddleware instead
     app.state.settings = settings
+    set_max_inflated_bytes(settings.max_batch_inflated_bytes)  # every decode of this process (item 2, issue 21)
     app.state.tenants = tenants
     app.state.gateway = gateway
     app.state.metrics = metrics

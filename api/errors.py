@@ -25,6 +25,7 @@ from service.client.errors import (
 from service.gateway import GatewayError
 from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
+from service.protocol.records import InflatedSizeError
 from service.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (422, 42207, 'invalid offset, partition or timestamp value'),
     (422, 42208, 'v3 produce: empty body, or a record whose key/value needs a schema registry (AVRO, PROTOBUF, '
                  'JSONSCHEMA or no type; the gateway has none)'),
+    (422, 42209, 'a record batch decompresses past GATEWAY_MAX_BATCH_INFLATED_BYTES (a decompression bomb); the '
+                 'message names topic, partition and offset (also in X-Error-Topic/-Partition/-Offset)'),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),
@@ -164,6 +167,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NoOffsetForPartitionError)
     async def _no_offset(request: Request, exc: NoOffsetForPartitionError) -> OrjsonResponse:
         return error_response(409, 40903, str(exc))
+
+    @app.exception_handler(InflatedSizeError)
+    async def _inflated(request: Request, exc: InflatedSizeError) -> OrjsonResponse:
+        skip = f"; seek to offset {exc.next_offset} to skip it" if exc.next_offset is not None else ""
+        headers = {"X-Error-Partition": str(exc.partition), "X-Error-Offset": str(exc.offset)}
+        if exc.topic and exc.topic.isascii() and exc.topic.isprintable():
+            headers["X-Error-Topic"] = exc.topic
+        return error_response(422, 42209, f"{exc}{skip}", headers)
 
     @app.exception_handler(InvalidPatternError)
     async def _pattern(request: Request, exc: InvalidPatternError) -> OrjsonResponse:

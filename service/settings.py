@@ -90,6 +90,10 @@ class Settings(BaseSettings):
         "yet delivered); within the process budget memory_budget_bytes. 16 MB keeps a fast poller supplied while "
         "the broker prepares its next response (4 MB let the buffer run dry: poll p99 22-29 ms vs 16-19 ms)")
     memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
+    max_batch_inflated_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Largest decompressed size of one record batch: a batch inflating "
+        "past it (a decompression bomb) is refused with 422/42209 naming topic, partition and offset (range reads, "
+        "polls, streams), never decompressed further")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(

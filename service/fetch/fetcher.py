@@ -40,7 +40,7 @@ from service.fetch.session import FetchPartitionData, FetchSessionHandler, choos
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
-from service.protocol.records import Record, decode_records
+from service.protocol.records import InflatedSizeError, Record, decode_records, max_inflated_bytes
 from service.subscription import (
     NoOffsetForPartitionError,
     OffsetResetStrategy,
@@ -57,6 +57,11 @@ _TOPIC_ID_CODES = frozenset({EC.UNKNOWN_TOPIC_ID, EC.INCONSISTENT_TOPIC_ID, EC.F
 
 # A fetch whose broker-side wait ends at T is usually answered within this after T.
 DUE_MARGIN_S = 0.003
+
+# A partition whose next batch inflates past the bound (InflatedSizeError) reports it to the owner once and is
+# not fetched again at that offset for this long (a seek or a new assignment moves it on at once), so the
+# other partitions flow without repeated errors and the batch is not inflated again on every round.
+INFLATE_ERROR_RETRY_S = 30.0
 
 
 class RecordTooLargeError(KafkaError):
@@ -134,6 +139,8 @@ class Fetcher:
         self.budget: Any = None  # optional process-wide prefetch budget (service.gateway.Budget)
         self.data_event = LightEvent()
         self.errors: dict[TopicPartition, Exception] = {}
+        #: partitions held back at an offset whose batch inflates past the bound: (offset, until monotonic)
+        self.parked: dict[TopicPartition, tuple[int, float]] = {}
         self.trackers: dict[TopicPartition, TxnTracker] = {}
         self._wake = LightEvent()
         self._in_flight: dict[int, asyncio.Task[None]] = {}
@@ -210,6 +217,7 @@ class Fetcher:
             if q:
                 self._account(-(sum(cf.size for cf in q)), -sum(len(cf.records) - cf.index for cf in q))
             self.errors.pop(tp, None)
+            self.parked.pop(tp, None)
         self.wake()
 
     def _account(self, delta: int, records: int = 0) -> None:
@@ -417,6 +425,11 @@ class Fetcher:
                 continue
             if tp in self.errors:
                 continue
+            parked = self.parked.get(tp)
+            if parked is not None:
+                if parked[0] == self.fetch_offset(tp) and time.monotonic() < parked[1]:
+                    continue
+                del self.parked[tp]
             out.setdefault(leader, []).append(tp)
         for node in busy:
             out.pop(node, None)
@@ -544,7 +557,10 @@ class Fetcher:
         if not raw:
             return
         try:
-            rs = decode_records(raw, topic=tp.topic, partition=tp.partition, defer_errors=True)
+            # each batch within the process-wide bound; the partition's batches together within that bound or
+            # the partition fetch size, whichever is larger, plus one batch (the rest is fetched again later)
+            rs = decode_records(raw, topic=tp.topic, partition=tp.partition, defer_errors=True,
+                                max_total_inflated=max(max_inflated_bytes(), self.config.partition_max_bytes))
         except (CorruptRecordError, UnsupportedMessageFormatError) as exc:  # pragma: no cover - deferred
             self.errors[tp] = exc
             return
@@ -565,6 +581,12 @@ class Fetcher:
                     "%s: an ABORT marker arrived for a transaction whose records were already delivered; "
                     "the broker does not filter aborted transactions (no aborted-transaction index)", tp)
         if rs.error is not None and not rs.batches:
+            if isinstance(rs.error, InflatedSizeError):
+                self.errors[tp] = rs.error
+                self.parked[tp] = (fetch_offset, time.monotonic() + INFLATE_ERROR_RETRY_S)
+                self.data_event.set()
+                log.warning("%s", rs.error)
+                return
             self.errors[tp] = rs.error
             return
         if not rs.batches and rs.first_batch_truncated:
@@ -574,7 +596,7 @@ class Fetcher:
             return
         if res.next_offset == fetch_offset and not res.records:
             return
-        size = len(raw)
+        size = max(len(raw), rs.inflated_bytes)  # buffered memory: decompressed batches count as such
         cf = CompletedFetch(tp, fetch_offset, res.records, res.next_offset, size, leader_epoch=res.last_epoch)
         if not res.records:  # only control/aborted batches: move past them
             q = self.buffer.get(tp)
@@ -589,7 +611,7 @@ class Fetcher:
         self.stats.bytes += size
         self.last_data = time.monotonic()
         self.data_event.set()
-        if rs.error is not None:
+        if rs.error is not None and not isinstance(rs.error, InflatedSizeError):  # (that one: on the next fetch)
             self.errors[tp] = rs.error
 
     def _partition_error(self, tp: TopicPartition, code: int) -> None:

@@ -29,6 +29,12 @@ end_offset`` is rare but legal. A fetch that brings nothing at all below ``end``
 within its wait before it has read the log) is asked again with a longer wait (5 ms x 4 per round, at most
 :data:`MAX_RETRY_WAIT_MS`); only after :data:`MAX_ROUNDS` fetches is it a retriable error (503).
 
+Decompression is bounded (:mod:`service.protocol.records`): a batch inflating past ``max_inflated`` (the
+gateway's ``GATEWAY_MAX_BATCH_INFLATED_BYTES``) answers 422 / 42209 naming topic, partition and offset
+(:class:`service.protocol.records.InflatedSizeError`, mapped by api/errors.py; batches before it are still
+answered), and a page stops decoding once its batches inflated to ``max_bytes``, so one page holds at most
+``max_bytes`` plus one batch however well the data compresses.
+
 Limits: a broker without an aborted-transaction index (Tansu) returns aborted records that were flushed
 before the abort, and a stateless read cannot take them back (the consumer engine only counts them).
 
@@ -286,8 +292,10 @@ def _out_of_range(tp: TopicPartition, offset: int, part: Any) -> OffsetOutOfRang
 
 
 async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_offset: int | None = None, *,
-                    isolation_level: int = READ_COMMITTED, max_bytes: int = DEFAULT_MAX_BYTES) -> RangePage:
-    """One page of ``tp`` from ``offset`` (see the module docstring)."""
+                    isolation_level: int = READ_COMMITTED, max_bytes: int = DEFAULT_MAX_BYTES,
+                    max_inflated: int | None = None) -> RangePage:
+    """One page of ``tp`` from ``offset`` (see the module docstring); ``max_inflated`` bounds each batch's
+    decompressed size (default: the process-wide bound of :mod:`service.protocol.records`)."""
     if isolation_level not in (READ_COMMITTED, READ_UNCOMMITTED):
         raise ValueError(f"isolation level {isolation_level}")
     pos = offset
@@ -314,7 +322,8 @@ async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_of
             page.next_offset = pos
             return page
         raw = part.records or b""
-        rs = decode_records(raw, topic=tp.topic, partition=tp.partition, defer_errors=True)
+        rs = decode_records(raw, topic=tp.topic, partition=tp.partition, defer_errors=True,
+                            max_inflated=max_inflated, max_total_inflated=max_bytes)
         if rs.error is not None and not rs.batches:
             raise rs.error
         if not rs.batches:

@@ -43,6 +43,7 @@ from service.subscription import (
     TopicPartition,
 )
 from service.tenants import Tenant
+from service.topics import require_legal_topic_name
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
@@ -396,6 +397,7 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
             return Response(status_code=204)
         for t in body.topics:
             tenant.require_topic(t)
+            require_legal_topic_name(t)
         # the engine refuses switching modes (pattern/assignment → topics) with 409/40903
         await inst.consumer.subscribe(topics=body.topics)
     else:
@@ -430,6 +432,7 @@ async def assign(request: Request, group: str, instance_id: str, body: Partition
     inst = instance(request, tenant, group, instance_id)
     for p in body.partitions:
         tenant.require_topic(p.topic)
+        require_legal_topic_name(p.topic)
     if inst.consumer.subs.is_group_managed:  # before the metadata lookup: a mode conflict is 409 whatever the topics
         raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
     md = await inst.consumer.client.ensure_metadata({p.topic for p in body.partitions})
@@ -502,6 +505,8 @@ COMMIT_ANSWER: dict[str, Any] = {
 async def commit(request: Request, group: str, instance_id: str, body: CommitOffsets | None = Body(None),
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
+    for o in body.offsets if body is not None else ():
+        tenant.require_topic(o.topic)
     metrics = request.app.state.metrics
     started = time.monotonic()
     try:
@@ -552,6 +557,8 @@ async def committed(request: Request, group: str, instance_id: str, body: Partit
     inst = instance(request, tenant, group, instance_id)
     parts = committed_partitions(tps(body.partitions) if body is not None else None, topic, partition,
                                  list(inst.consumer.assignment()))
+    for tp in parts:
+        tenant.require_topic(tp.topic)
     if not parts:
         return v2({"offsets": []})
     got = await inst.consumer.committed(parts)

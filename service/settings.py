@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     tenants_file: str | None = Field(None, description="YAML file of tenants; unset: one 'default' tenant, no auth")
+    denied_topics: str = Field(
+        "", description="Comma-separated topic patterns (globs or re:<RE2>) no tenant may touch, added to the "
+        "built-in internal topics __*, _schemas, _confluent*; checked before every tenant's own patterns")
+    denied_topics_defaults: bool = Field(
+        True, description="false: only GATEWAY_DENIED_TOPICS is denied, not the built-in internal topics")
     public_url: str | None = Field(None, description="External base URL used in base_uri (else from Forwarded headers)")
     allowed_hosts: str | None = Field(
         None, description="Comma-separated Host header values served (host: any port; host:port; [IPv6]; "

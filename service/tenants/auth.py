@@ -19,6 +19,7 @@ from service.client.connection import ConnectionConfig
 
 from .config import JwtIssuer, _load
 from .errors import UNAUTHENTICATED, TenantError
+from .patterns import DEFAULT_DENY_LIST, TopicDenyList
 from .quotas import Quotas
 from .tenant import Tenant
 
@@ -130,16 +131,18 @@ class TenantRegistry:
     # -- construction -----------------------------------------------------------------------------------
     @classmethod
     def single_default(
-        cls, *, bootstrap: str, connection: ConnectionConfig, clock: Callable[[], float] = time.monotonic
+        cls, *, bootstrap: str, connection: ConnectionConfig, clock: Callable[[], float] = time.monotonic,
+        denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
     ) -> TenantRegistry:
-        """One tenant ``default`` without authentication, limits or patterns. Logs one warning."""
+        """One tenant ``default`` without authentication, limits or patterns (the operator's deny-list of
+        internal topics still applies). Logs one warning."""
         log.warning(
             "GATEWAY_TENANTS_FILE is not set: every request is served as tenant %r WITHOUT authentication, "
             "with full access to the Kafka cluster at %s. Set GATEWAY_TENANTS_FILE to require API keys or "
             "JWTs (see docs/tenants.md).",
             DEFAULT_TENANT_ID, bootstrap,
         )
-        tenant = Tenant(DEFAULT_TENANT_ID, bootstrap, connection, Quotas(), clock=clock)
+        tenant = Tenant(DEFAULT_TENANT_ID, bootstrap, connection, Quotas(), denied_topics=denied_topics, clock=clock)
         return cls({DEFAULT_TENANT_ID: tenant}, auth_required=False)
 
     @classmethod
@@ -150,9 +153,11 @@ class TenantRegistry:
         default_bootstrap: str,
         default_connection: ConnectionConfig,
         clock: Callable[[], float] = time.monotonic,
+        denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
     ) -> TenantRegistry:
-        """Load and validate a tenants file; raises :class:`TenantConfigError` naming the file and field."""
-        loaded = _load(Path(path), default_bootstrap, default_connection, clock)
+        """Load and validate a tenants file; raises :class:`TenantConfigError` naming the file and field.
+        ``denied_topics`` (the operator's deny-list) is checked before every tenant's own topic patterns."""
+        loaded = _load(Path(path), default_bootstrap, default_connection, clock, denied_topics)
         return cls(loaded.tenants, auth_required=True, api_keys=loaded.api_keys, jwt_issuers=loaded.jwt_issuers,
                    jwt_leeway=loaded.jwt_leeway, source=loaded.source)
 

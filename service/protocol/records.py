@@ -197,6 +197,9 @@ def _decompress_into(codec: Any, data: Any, size: int) -> memoryview:
     try:
         n = codec.decompress_into(data, out)
     except Exception as e:
+        # Free the buffer now: a traceback keeps this frame (and its locals) alive until the exception is
+        # collected, and several of them could hold several bounds' worth of written pages.
+        out = None
         msg = str(e)
         if "whole buffer" in msg or "too small" in msg:  # cramjam: the output buffer is full, more is coming
             raise _TooLarge() from None
@@ -233,6 +236,7 @@ def decompress_bounded(compression: int, data: bytes | memoryview, limit: int) -
         raise ValueError(f"unknown compression type {compression}")
     out = _decompress_into(codec, data, limit + 1)
     if len(out) > limit:
+        del out  # (see _decompress_into)
         raise _TooLarge()
     return out
 
@@ -566,19 +570,22 @@ class RecordBatch:
         compression = self.attributes & _COMPRESSION_MASK
         if compression:
             limit = _max_inflated if max_inflated is None else max_inflated
+            too_large: int | None = None
             try:
                 buf: Any = decompress_bounded(compression, memoryview(self._buf)[self._start:self._end], limit)
             except _TooLarge as e:
+                too_large = e.size
+            except Exception as e:  # codec libraries raise their own error types
+                codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
+                raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
+            if too_large is not None:  # raised outside the handler: no context chain keeps buffers alive
                 codec = Compression(compression).name.lower()
-                size = f" (it declares {e.size} bytes)" if e.size >= 0 else ""
+                size = f" (it declares {too_large} bytes)" if too_large >= 0 else ""
                 raise InflatedSizeError(
                     f"record batch {self.base_offset}..{self.last_offset} ({codec}, {self._end - self._start} "
                     f"bytes compressed) inflates past the limit of {limit} bytes{size}",
                     topic=self.topic, partition=self.partition, offset=self.base_offset, limit=limit,
-                    next_offset=self.next_offset) from None
-            except Exception as e:  # codec libraries raise their own error types
-                codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
-                raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
+                    next_offset=self.next_offset)
             start, end = 0, len(buf)
         else:
             buf, start, end = self._buf, self._start, self._end

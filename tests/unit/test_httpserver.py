@@ -1,0 +1,54 @@
+"""service/httpserver.py's HeadScanner: request-head bytes and lines counted over arbitrary chunks."""
+
+from __future__ import annotations
+
+import orjson
+
+from service.httpserver import TOO_LARGE, TOO_MANY, HeadLimits, HeadScanner, error_bytes
+
+LIMITS = HeadLimits(max_bytes=100, max_count=3)
+
+
+def feed_all(scanner: HeadScanner, data: bytes, step: int) -> object:
+    for i in range(0, len(data), step):
+        verdict = scanner.feed(data[i:i + step])
+        if verdict is not None or scanner.ended:
+            return verdict
+    return None
+
+
+def test_a_head_within_the_limits_ends_at_the_empty_line_in_any_chunking() -> None:
+    head = b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nY: 2\r\n\r\n"
+    for step in (1, 2, 3, 7, len(head)):
+        scanner = HeadScanner(LIMITS)
+        assert feed_all(scanner, head + b"body" * 100, step) is None
+        assert scanner.ended and scanner.size == len(head) and scanner.lines == 5, step
+
+
+def test_body_bytes_after_the_head_are_not_counted() -> None:
+    scanner = HeadScanner(LIMITS)
+    assert scanner.feed(b"POST / HTTP/1.1\r\nContent-Length: 500\r\n\r\n" + b"x" * 500) is None
+    assert scanner.size == 40 and scanner.ended
+
+
+def test_too_large_and_too_many() -> None:
+    assert feed_all(HeadScanner(LIMITS), b"GET / HTTP/1.1\r\nX: " + b"a" * 200, 10) is TOO_LARGE
+    many = b"GET / HTTP/1.1\r\n" + b"A: 1\r\n" * 4 + b"\r\n"
+    assert HeadScanner(LIMITS).feed(many) is TOO_MANY
+    assert HeadScanner(LIMITS).feed(b"GET / HTTP/1.1\r\n" + b"A: 1\r\n" * 3 + b"\r\n") is None
+    assert feed_all(HeadScanner(LIMITS), b"GET / HTTP/1.1\r\n" + b"A:\r\n" * 4, 3) is TOO_MANY  # still arriving
+
+
+def test_a_new_head_starts_after_the_end_and_bare_lf_ends_a_head() -> None:
+    scanner = HeadScanner(LIMITS)
+    assert scanner.feed(b"GET / HTTP/1.1\n\n") is None and scanner.ended and scanner.size == 16
+    assert scanner.feed(b"GET /x HTTP/1.1\r\n") is None
+    assert not scanner.ended and scanner.size == 17 and scanner.lines == 1
+
+
+def test_error_bytes_is_a_json_http_response() -> None:
+    raw = error_bytes(TOO_LARGE, LIMITS)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert b"connection: close" in head and b"content-length: %d" % len(body) in head
+    assert orjson.loads(body) == {"error_code": 43101, "message": "request header section too large (over 100 bytes)"}

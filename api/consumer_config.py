@@ -84,10 +84,30 @@ def _assignors(key: str, v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _client_id(key: str, v: Any) -> str:
-    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
-        raise ConfigError(f"{key}: must be 1-200 letters, digits, '.', '_' or '-'", 42206)
+#: Kafka's legal characters for names and ids (topics, group.instance.id): ASCII letters, digits, '.', '_', '-'
+_KAFKA_ID = re.compile(r"[A-Za-z0-9._-]+")
+MAX_CLIENT_ID_LENGTH = 200
+MAX_GROUP_INSTANCE_ID_LENGTH = 249  # Kafka's limit (as on topic names and group ids)
+
+
+def validate_kafka_id(key: str, v: Any, max_length: int) -> str:
+    """``v`` if it is 1..max_length of Kafka's legal id characters and not '.' or '..' (Kafka refuses those
+    as group.instance.id); else ConfigError 42206. No control character, newline or space reaches a broker."""
+    if not isinstance(v, str) or not 1 <= len(v) <= max_length or not _KAFKA_ID.fullmatch(v) or v in (".", ".."):
+        raise ConfigError(f"{key}: must be 1-{max_length} ASCII letters, digits, '.', '_' or '-' "
+                          "(and not '.' or '..')", 42206)
     return v
+
+
+def tenant_client_id(tenant_id: str, client_id: str) -> str:
+    """The Kafka client.id an instance of ``tenant_id`` asking for ``client_id`` gets: ``kcg-<tenant>-<client.id>``,
+    the same namespace as generated ids (``kcg-<tenant>-<instance name>``), so no tenant can pose as another
+    (broker requests carry the tenant connection's own client id, GATEWAY_CLIENT_ID / the tenant's)."""
+    return f"kcg-{tenant_id}-{client_id}"
+
+
+def _client_id(key: str, v: Any) -> str:
+    return validate_kafka_id(key, v, MAX_CLIENT_ID_LENGTH)
 
 
 def _rack(key: str, v: Any) -> str:

@@ -21,8 +21,17 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant, peer_is_trusted_proxy
-from api.consumer_config import ConfigError, parse_properties, poll_timeout_ms, property_schemas
+from api.consumer_config import (
+    MAX_GROUP_INSTANCE_ID_LENGTH,
+    ConfigError,
+    parse_properties,
+    poll_timeout_ms,
+    property_schemas,
+    tenant_client_id,
+    validate_kafka_id,
+)
 from api.errors import documented_errors
+from api.hosts import parse_host
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
 from service.gateway import (
@@ -294,27 +303,40 @@ def acceptable_content_type(ct: str) -> bool:
     return ct in (V2, "application/json") or (ct.startswith("application/vnd.kafka") and ct.endswith("+json"))
 
 
+#: A base_uri path prefix (X-Forwarded-Prefix): path characters only (RFC 3986 pchar and '/')
+_PREFIX_RE = re.compile(r"(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*")
+
+
 def base_url(request: Request) -> str:
+    """The public base URL of this gateway: GATEWAY_PUBLIC_URL when set; else built from the request (the
+    Forwarded / X-Forwarded-* headers only from a trusted proxy), and then only if the scheme is http or
+    https and the host a host name or address with an optional port (400/40003 otherwise: a header must
+    never turn base_uri into javascript:... or an address with a path or credentials in it)."""
     settings = request.app.state.settings
     if settings.public_url:
         return str(settings.public_url).rstrip("/")
-    if not peer_is_trusted_proxy(request):
-        # Forwarded / X-Forwarded-* from anyone but a proxy in GATEWAY_FORWARDED_ALLOW_IPS could be forged
-        host = request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
-        return f"{request.url.scheme}://{host}"
-    fwd = request.headers.get("forwarded")
-    proto = host = None
-    if fwd:
-        for part in fwd.split(",")[0].split(";"):
-            k, _, v = part.strip().partition("=")
-            if k.lower() == "proto":
-                proto = v.strip('"')
-            elif k.lower() == "host":
-                host = v.strip('"')
-    proto = proto or request.headers.get("x-forwarded-proto", "").split(",")[0].strip() or request.url.scheme
-    host = host or request.headers.get("x-forwarded-host", "").split(",")[0].strip() or request.headers.get(
-        "host") or f"{request.url.hostname}:{request.url.port}"
-    prefix = request.headers.get("x-forwarded-prefix", "").rstrip("/")
+    proto: str | None = None
+    host: str | None = None
+    prefix = ""
+    if peer_is_trusted_proxy(request):
+        fwd = request.headers.get("forwarded")
+        if fwd:
+            for part in fwd.split(",")[0].split(";"):
+                k, _, v = part.strip().partition("=")
+                if k.lower() == "proto":
+                    proto = v.strip('"')
+                elif k.lower() == "host":
+                    host = v.strip('"')
+        proto = proto or request.headers.get("x-forwarded-proto", "").split(",")[0].strip() or None
+        host = host or request.headers.get("x-forwarded-host", "").split(",")[0].strip() or None
+        prefix = request.headers.get("x-forwarded-prefix", "").strip().rstrip("/")
+    # Otherwise Forwarded / X-Forwarded-* from anyone but a proxy in GATEWAY_FORWARDED_ALLOW_IPS could be forged
+    proto = (proto or request.url.scheme).lower()
+    host = host or request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
+    if proto not in ("http", "https") or parse_host(host) is None or not _PREFIX_RE.fullmatch(prefix):
+        raise GatewayError("cannot build base_uri: the request's Host / Forwarded / X-Forwarded-* headers are not "
+                           "an http(s) URL of a host name or address (set GATEWAY_PUBLIC_URL)",
+                           status=400, error_code=40003)
     return f"{proto}://{host}{prefix}"
 
 
@@ -340,10 +362,19 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
     tenant.require_group(group)
     # the tenant's failure counter exists (at 0) before its first failure, so rate() sees that one too
     request.app.state.metrics.commit_failures.labels(tenant.id)
+    base = base_url(request)  # 400/40003 before anything is created
     try:
         props = parse_properties(body.model_extra or {})
     except ConfigError as exc:
         raise GatewayError(str(exc), status=422, error_code=exc.code) from None
+    if body.group_instance_id is not None:
+        try:
+            validate_kafka_id("group.instance.id", body.group_instance_id, MAX_GROUP_INSTANCE_ID_LENGTH)
+        except ConfigError as exc:
+            raise GatewayError(str(exc), status=422, error_code=exc.code) from None
+    if "client_id" in props.overrides:
+        # the instance's client id (its consumer's log lines) is in the tenant's own namespace, never another's
+        props.overrides["client_id"] = tenant_client_id(tenant.id, props.overrides["client_id"])
     if body.max_poll_records is not None and body.max_poll_records > 100_000:
         raise GatewayError("max.poll.records: must be at most 100000", status=422, error_code=42206)
     auto = body.enable_auto_commit if body.enable_auto_commit is not None else body.auto_commit_enable
@@ -368,7 +399,7 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
     inst.consumer.subs.topic_filter = tenant.allows_topic  # a pattern never matches a forbidden topic
     bind(instance=inst.instance_id)
     log.info("created consumer instance (format %s, auto commit %s)", opts.format, opts.auto_commit)
-    uri = f"{base_url(request)}/consumers/{quote(group, safe='')}/instances/{quote(inst.instance_id, safe='')}"
+    uri = f"{base}/consumers/{quote(group, safe='')}/instances/{quote(inst.instance_id, safe='')}"
     return v2({"instance_id": inst.instance_id, "base_uri": uri})
 
 

@@ -37,7 +37,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'replication factor, replicas assignment or config)'),
     (400, 40003, 'the Host / forwarded headers do not make a valid http(s) base URL (set GATEWAY_PUBLIC_URL)'),
     (401, 40101, 'missing or invalid credentials'),
-    (403, 40301, "topic or group outside the tenant's allowed patterns"),
+    (403, 40301, "topic or group outside the tenant's allowed patterns, or an internal topic (the operator's "
+                 "deny-list: __*, _schemas, _confluent*, GATEWAY_DENIED_TOPICS)"),
     (403, 40302, 'replica-to-replica request (/internal, forwarded) without the right peer token'),
     (404, 404, 'v3: no such cluster, topic, partition, replica, broker or config (Confluent v3 answers the '
                'bare HTTP status as the code)'),

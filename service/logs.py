@@ -8,6 +8,7 @@ one JSON object per line.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextvars import ContextVar
 
@@ -52,12 +53,46 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
 
+#: What may not appear raw in a text log line: C0 and C1 control characters (newline, carriage return,
+#: escape...), DEL and the Unicode line / paragraph separators. A request path, group or header value
+#: logged with such a character could otherwise end the line and forge the next one.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = m.group()
+    return _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character written as a Python-style escape (``\\n``, ``\\x1b``,
+    ``\\u2028``): one log record is one line whatever it quotes."""
+    return _UNSAFE.sub(_escape_char, text)
+
+
 class TextFormatter(logging.Formatter):
+    """``<time> <level> <logger> <message> [tenant=... group=... instance=...]`` on one line, the message
+    and the context escaped (:func:`escape`); a traceback follows on lines that each start with ``  | ``,
+    so no line of it can pass for a record of its own."""
+
     def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        ctx = " ".join(f"{k}={getattr(record, k)}" for k in ("tenant", "group", "instance")
+        record.message = escape(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        base = self.formatMessage(record)
+        ctx = " ".join(f"{k}={escape(str(getattr(record, k)))}" for k in ("tenant", "group", "instance")
                        if getattr(record, k, None) is not None)
-        return f"{base} [{ctx}]" if ctx else base
+        line = f"{base} [{ctx}]" if ctx else base
+        extra = []
+        if record.exc_info:
+            extra.append(self.formatException(record.exc_info))
+        elif record.exc_text:
+            extra.append(record.exc_text)
+        if record.stack_info:
+            extra.append(self.formatStack(record.stack_info))
+        for block in extra:
+            line += "".join("\n  | " + escape(part) for part in block.splitlines())
+        return line
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:

@@ -35,3 +35,24 @@ async def test_context_reaches_tasks_and_json_lines() -> None:
     assert TextFormatter("%(message)s").format(bg).endswith("[tenant=tenant-a group=g1 instance=r0~c1]")
     outside = _record("outside")  # another context: nothing leaks
     assert "tenant" not in orjson.loads(JsonFormatter().format(outside))
+
+
+def test_text_format_escapes_control_characters() -> None:
+    """Issue 21 item 14: one record is one line; a traceback's lines start with '  | '."""
+    import logging as _logging
+
+    from service.logs import TextFormatter, escape
+
+    assert escape("a\nb\r\t\x1b[2K\x00\x7f\u2028\u0085") == "a\\nb\\r\\t\\x1b[2K\\x00\\x7f\\u2028\\x85"
+    fmt = TextFormatter("%(levelname)s %(message)s")
+    record = _logging.LogRecord("t", _logging.WARNING, __file__, 1, "path %s", ("/g\nERROR forged",), None)
+    record.group = "g\r\nx"
+    assert fmt.format(record) == "WARNING path /g\\nERROR forged [group=g\\r\\nx]"
+    try:
+        raise ValueError("boom\nERROR forged")
+    except ValueError:
+        import sys
+
+        record = _logging.LogRecord("t", _logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    out = fmt.format(record).split("\n")
+    assert out[0] == "ERROR failed" and all(line.startswith("  | ") for line in out[1:]) and len(out) > 2

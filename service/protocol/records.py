@@ -138,7 +138,6 @@ _max_inflated = DEFAULT_MAX_INFLATED_BYTES
 # The largest output/input ratio each codec can reach (deflate: 1032:1; an lz4 block: 255 bytes of match
 # length per input byte), with a margin: a batch at most limit / ratio bytes long cannot pass the limit.
 _MAX_RATIO = {1: 1040, 3: 260}
-_DIRECT_OUTPUT = 1 << 20  # bounded outputs up to this size use a plain bytearray, larger ones a mapping
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -191,9 +190,96 @@ def _zstd_content_size(mv: memoryview) -> int | None:
     return n + 256 if fcs_size == 2 else n
 
 
-def _decompress_into(codec: Any, data: Any, size: int) -> memoryview:
-    """Decompress into a buffer of ``size`` bytes; raises _TooLarge when the output does not fit."""
-    out: Any = bytearray(size) if size <= _DIRECT_OUTPUT else mmap.mmap(-1, size)
+_U32 = struct.Struct("<I")
+_LZ4_BLOCK_MAX = {4: 1 << 16, 5: 1 << 18, 6: 1 << 20, 7: 1 << 22}
+_ZSTD_BLOCK_MAX = 1 << 17
+
+
+def _is_skippable(magic: int) -> bool:  # zstd and lz4 share the skippable frame magics
+    return 0x184D2A50 <= magic <= 0x184D2A5F
+
+
+def _lz4_size_bound(mv: memoryview, limit: int) -> int | None:
+    """An upper bound of an lz4 frame sequence's output from its block headers (a compressed block inflates
+    to at most the frame's block maximum); stops once past ``limit``. None when the headers do not parse."""
+    n = len(mv)
+    pos = bound = 0
+    try:
+        while pos < n:
+            (magic,) = _U32.unpack_from(mv, pos)
+            if _is_skippable(magic):
+                pos += 8 + _U32.unpack_from(mv, pos + 4)[0]
+                continue
+            if magic != 0x184D2204:
+                return None
+            flg, bd = mv[pos + 4], mv[pos + 5]
+            block_max = _LZ4_BLOCK_MAX.get((bd >> 4) & 7)
+            if block_max is None:
+                return None
+            block_sum = 4 if flg & 0x10 else 0
+            pos += 7 + (8 if flg & 0x08 else 0) + (4 if flg & 0x01 else 0)
+            while True:
+                (size,) = _U32.unpack_from(mv, pos)
+                pos += 4
+                if size == 0:  # end mark, then the optional content checksum
+                    pos += 4 if flg & 0x04 else 0
+                    break
+                raw = size & 0x7FFFFFFF
+                bound += raw if size & 0x80000000 else block_max
+                if bound > limit:
+                    return bound
+                pos += raw + block_sum
+    except (struct.error, IndexError):
+        return None
+    return bound if pos == n else None
+
+
+def _zstd_size_bound(mv: memoryview, limit: int) -> int | None:
+    """An upper bound of a zstd frame sequence's output from its block headers (raw and RLE blocks state
+    their size, a compressed block inflates to at most 128 KiB); stops once past ``limit``. None when the
+    headers do not parse."""
+    n = len(mv)
+    pos = bound = 0
+    try:
+        while pos < n:
+            (magic,) = _U32.unpack_from(mv, pos)
+            if _is_skippable(magic):
+                pos += 8 + _U32.unpack_from(mv, pos + 4)[0]
+                continue
+            if magic != 0xFD2FB528:
+                return None
+            fhd = mv[pos + 4]
+            single = (fhd >> 5) & 1
+            pos += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (single, 2, 4, 8)[fhd >> 6]
+            while True:
+                h = mv[pos] | mv[pos + 1] << 8 | mv[pos + 2] << 16
+                pos += 3
+                btype, bsize = (h >> 1) & 3, h >> 3
+                if btype == 0:  # raw
+                    bound += bsize
+                    pos += bsize
+                elif btype == 1:  # RLE: one byte repeated bsize times
+                    bound += bsize
+                    pos += 1
+                elif btype == 2:
+                    bound += _ZSTD_BLOCK_MAX
+                    pos += bsize
+                else:
+                    return None
+                if bound > limit:
+                    return bound
+                if h & 1:  # last block
+                    break
+            pos += 4 if fhd & 0x04 else 0  # content checksum
+    except (struct.error, IndexError):
+        return None
+    return bound if pos == n else None
+
+
+def _decompress_into(codec: Any, data: Any, size: int, mapped: bool = False) -> memoryview:
+    """Decompress into a buffer of ``size`` bytes (an anonymous mapping when ``mapped``: its pages are
+    committed only as they are written); raises _TooLarge when the output does not fit."""
+    out: Any = mmap.mmap(-1, size) if mapped else bytearray(size)
     try:
         n = codec.decompress_into(data, out)
     except Exception as e:
@@ -209,32 +295,43 @@ def _decompress_into(codec: Any, data: Any, size: int) -> memoryview:
 
 def decompress_bounded(compression: int, data: bytes | memoryview, limit: int) -> Any:
     """Decompress a records section into at most ``limit`` bytes (bytes or a buffer); raises ``_TooLarge``
-    when it would inflate past ``limit``, ValueError / the codec's error for a malformed one."""
+    when it would inflate past ``limit``, ValueError / the codec's error for a malformed one.
+
+    The output buffer is what bounds it: a size hint (gzip's trailer, an lz4 or zstd frame's block headers,
+    zstd's declared content size) only picks a right-sized buffer first; a hint that lies fails to fit and
+    the data is decompressed again into a mapping of ``limit + 1`` bytes, which decides."""
     if compression == Compression.NONE:
         return data
     if compression == Compression.SNAPPY:
         return _snappy_decompress(data, limit)
-    n = len(data)
+    mv = memoryview(data)
+    n = len(mv)
     ratio = _MAX_RATIO.get(compression)
     if ratio is not None and n * ratio <= limit:
         return decompress(compression, data)  # cannot pass the bound: the fast path
+    hint: int | None = None
     if compression == Compression.GZIP:
         codec: Any = cramjam.gzip
+        if n >= 18 and mv[0] == 0x1F and mv[1] == 0x8B:
+            hint = _U32.unpack_from(mv, n - 4)[0]  # ISIZE: the (last member's) size mod 2**32
     elif compression == Compression.LZ4:
         codec = cramjam.lz4
+        hint = _lz4_size_bound(mv, limit)
     elif compression == Compression.ZSTD:
         codec = cramjam.zstd
-        declared = _zstd_content_size(memoryview(data))
-        if declared is not None and declared > limit:
-            raise _TooLarge(declared)
-        if declared is not None:
-            try:  # the declared size is a hint: a frame that lies (or more frames) falls through to the bound
-                return _decompress_into(codec, data, declared)
-            except Exception:  # decided below, within the bound
-                pass
+        hint = _zstd_content_size(mv)
+        if hint is not None and hint > limit:
+            raise _TooLarge(hint)
+        if hint is None:
+            hint = _zstd_size_bound(mv, limit)
     else:
         raise ValueError(f"unknown compression type {compression}")
-    out = _decompress_into(codec, data, limit + 1)
+    if hint is not None and hint <= limit:
+        try:
+            return _decompress_into(codec, data, hint)
+        except Exception:  # a wrong hint (or corrupt data): decided below, within the bound
+            pass
+    out = _decompress_into(codec, data, limit + 1, mapped=True)
     if len(out) > limit:
         del out  # (see _decompress_into)
         raise _TooLarge()

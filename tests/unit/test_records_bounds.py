@@ -155,3 +155,43 @@ def test_total_budget_stops_after_the_batch_that_reaches_it() -> None:
     assert len(rs.batches) == 2 and rs.budget_stop
     rs = R.decode_records(blob, max_total_inflated=100 * MiB)
     assert len(rs.batches) == 4 and not rs.budget_stop and rs.inflated_bytes > 4 * MiB
+
+
+def _section(n: int) -> bytes:
+    """A records section of about ``n`` bytes that compresses about 3x."""
+    rows = [(None, (b"%08d-" % i) * 8 + bytes(range(i % 200, i % 200 + 40))) for i in range(n // 120)]
+    return R.build_batch(rows)[R.BATCH_HEADER_SIZE:]
+
+
+@pytest.mark.parametrize("size", [100, 70_000, 3 * MiB])
+def test_frame_walks_bound_the_output_from_above(size: int) -> None:
+    body = _section(size)
+    lz4 = R.compress(R.Compression.LZ4, body)
+    b = R._lz4_size_bound(memoryview(lz4), 1 << 40)
+    assert b is not None and len(body) <= b < len(body) + 2 * (1 << 22)
+    c = cramjam.zstd.Compressor()
+    c.compress(body)
+    zstd = bytes(c.finish()) + bytes(cramjam.zstd.compress(body))  # two frames, the first without a size
+    b = R._zstd_size_bound(memoryview(zstd), 1 << 40)
+    assert b is not None and 2 * len(body) <= b <= 2 * len(body) + 2 * R._ZSTD_BLOCK_MAX + len(body)
+    assert R._zstd_size_bound(memoryview(zstd[:-3]), 1 << 40) is None  # truncated: no hint
+    assert R._lz4_size_bound(memoryview(b"garbage-not-a-frame"), 1 << 40) is None
+    # decoded through the bounded path (each is beyond its codec's fast-path size) and intact
+    for codec, payload in ((R.Compression.LZ4, lz4), (R.Compression.ZSTD, zstd)):
+        assert bytes(R.decompress_bounded(codec, payload, 8 * MiB)) == (body * (2 if payload is zstd else 1))
+
+
+@pytest.mark.parametrize("isize", [1, 1 << 20, 2**32 - 1])
+def test_gzip_with_a_lying_size_trailer_is_decided_by_the_bound(isize: int) -> None:
+    body = _section(2 * MiB)
+    gz = bytearray(cramjam.gzip.compress(body))
+    assert len(gz) * R._MAX_RATIO[R.Compression.GZIP] > 4 * MiB  # not the fast path
+    gz[-4:] = isize.to_bytes(4, "little")
+    try:
+        out = R.decompress_bounded(R.Compression.GZIP, bytes(gz), 4 * MiB)
+    except Exception as e:  # the codec may check the trailer: then it is corrupt, never unbounded
+        assert not isinstance(e, R._TooLarge)
+    else:
+        assert bytes(out) == body
+    with pytest.raises(R._TooLarge):
+        R.decompress_bounded(R.Compression.GZIP, bytes(gz), MiB)

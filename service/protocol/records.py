@@ -160,6 +160,12 @@ class _TooLarge(Exception):
         self.size = size
 
 
+# Batches known to inflate past a bound, by (topic, partition, base offset, CRC, length, bound): refused again
+# without decompressing (a reader retrying a bomb costs a lookup, not the bound's worth of CPU each time).
+_KNOWN_TOO_LARGE: dict[tuple[Any, ...], int] = {}
+_KNOWN_TOO_LARGE_MAX = 1024
+
+
 def set_max_inflated_bytes(limit: int) -> None:
     """The process-wide bound on one batch's decompressed records section (``decode`` without ``max_inflated``)."""
     global _max_inflated
@@ -668,13 +674,23 @@ class RecordBatch:
         if compression:
             limit = _max_inflated if max_inflated is None else max_inflated
             too_large: int | None = None
-            try:
-                buf: Any = decompress_bounded(compression, memoryview(self._buf)[self._start:self._end], limit)
-            except _TooLarge as e:
-                too_large = e.size
-            except Exception as e:  # codec libraries raise their own error types
-                codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
-                raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
+            known = None
+            if _KNOWN_TOO_LARGE:
+                known = (self.topic, self.partition, self.base_offset, self.crc, self.batch_length, limit)
+                too_large = _KNOWN_TOO_LARGE.get(known)
+            if too_large is None:
+                try:
+                    buf: Any = decompress_bounded(compression, memoryview(self._buf)[self._start:self._end],
+                                                  limit)
+                except _TooLarge as e:
+                    too_large = e.size
+                    if len(_KNOWN_TOO_LARGE) >= _KNOWN_TOO_LARGE_MAX:
+                        del _KNOWN_TOO_LARGE[next(iter(_KNOWN_TOO_LARGE))]
+                    _KNOWN_TOO_LARGE[known or (self.topic, self.partition, self.base_offset, self.crc,
+                                               self.batch_length, limit)] = too_large
+                except Exception as e:  # codec libraries raise their own error types
+                    codec = Compression(compression).name.lower() if compression <= 4 else str(compression)
+                    raise self._corrupt(f"cannot decompress record batch ({codec}): {e}") from None
             if too_large is not None:  # raised outside the handler: no context chain keeps buffers alive
                 codec = Compression(compression).name.lower()
                 size = f" (it declares {too_large} bytes)" if too_large >= 0 else ""

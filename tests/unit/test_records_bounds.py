@@ -195,3 +195,24 @@ def test_gzip_with_a_lying_size_trailer_is_decided_by_the_bound(isize: int) -> N
         assert bytes(out) == body
     with pytest.raises(R._TooLarge):
         R.decompress_bounded(R.Compression.GZIP, bytes(gz), MiB)
+
+
+def test_a_known_bomb_is_refused_again_without_decompressing(monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = _batch(b"\0" * (2 * LIMIT), R.Compression.GZIP, base_offset=77)
+    with pytest.raises(R.InflatedSizeError):
+        R.decode_records(blob, topic="cache", partition=3, max_inflated=LIMIT)
+
+    def boom(*_a: object) -> None:
+        raise AssertionError("decompressed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(R, "decompress_bounded", boom)
+        with pytest.raises(R.InflatedSizeError) as ei:
+            R.decode_records(blob, topic="cache", partition=3, max_inflated=LIMIT)
+        assert ei.value.offset == 77 and ei.value.limit == LIMIT
+        # another place, or a larger bound, is not taken from the cache
+        with pytest.raises(CorruptRecordError, match="decompressed again"):
+            R.decode_records(blob, topic="cache", partition=4, max_inflated=LIMIT)
+        with pytest.raises(CorruptRecordError, match="decompressed again"):
+            R.decode_records(blob, topic="cache", partition=3, max_inflated=4 * LIMIT)
+    assert len(R.decode_records(blob, topic="cache", partition=3, max_inflated=4 * LIMIT).batches) == 1

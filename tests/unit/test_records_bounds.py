@@ -4,6 +4,8 @@ just under the bound decodes; decode_records stops at a total budget."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import cramjam
 import pytest
 
@@ -216,3 +218,49 @@ def test_a_known_bomb_is_refused_again_without_decompressing(monkeypatch: pytest
         with pytest.raises(CorruptRecordError, match="decompressed again"):
             R.decode_records(blob, topic="cache", partition=3, max_inflated=4 * LIMIT)
     assert len(R.decode_records(blob, topic="cache", partition=3, max_inflated=4 * LIMIT).batches) == 1
+
+
+# -- the consumer's fetcher: report once, hold the partition back, let the others flow -----------------------
+@pytest.fixture
+def small_bound() -> Iterator[None]:
+    R.set_max_inflated_bytes(LIMIT)
+    yield
+    R.set_max_inflated_bytes(R.DEFAULT_MAX_INFLATED_BYTES)
+
+
+def test_fetcher_reports_a_bomb_once_and_parks_only_that_partition(small_bound: None) -> None:
+    from types import SimpleNamespace
+
+    from service.fetch import fetcher as F
+    from service.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
+
+    bomb_tp, ok_tp = TopicPartition("t", 0), TopicPartition("t", 1)
+    client = SimpleNamespace(metadata=SimpleNamespace(leader=lambda t, p: 0), invalidate=lambda *a: None)
+    subs = SubscriptionState(OffsetResetStrategy.EARLIEST)
+    subs.assign([bomb_tp, ok_tp])
+    subs.seek(bomb_tp, 5)
+    subs.seek(ok_tp, 0)
+    fetcher = F.Fetcher(client, subs, F.FetchConfig())  # type: ignore[arg-type]
+
+    def part(blob: bytes) -> SimpleNamespace:
+        return SimpleNamespace(error_code=0, high_watermark=100, last_stable_offset=100, log_start_offset=0,
+                               records=blob, aborted_transactions=None)
+
+    fetcher._handle_partition(bomb_tp, part(_batch(b"\0" * (2 * LIMIT), R.Compression.ZSTD, base_offset=5)), 5)
+    healthy = _batch(b"v" * MiB, R.Compression.GZIP, base_offset=0, n=3)
+    fetcher._handle_partition(ok_tp, part(healthy), 0)
+    err = fetcher.take_error()
+    assert isinstance(err, R.InflatedSizeError) and (err.topic, err.partition, err.offset) == ("t", 0, 5)
+    assert fetcher.take_error() is None  # reported once
+    # the healthy partition's records are buffered, charged at their decompressed size
+    assert fetcher.buffered_records == 3 and fetcher.buffered_bytes >= 3 * MiB > len(healthy)
+    fetcher.drain(10)
+    # the bomb partition is held back at its offset; the healthy one is fetched on
+    assert fetcher._fetchable_by_leader() == {0: [ok_tp]}
+    fetcher.parked[bomb_tp] = (5, 0.0)  # the hold expired: fetched (and reported) again
+    assert sorted(fetcher._fetchable_by_leader()[0]) == [bomb_tp, ok_tp]
+    fetcher._handle_partition(bomb_tp, part(_batch(b"\0" * (2 * LIMIT), R.Compression.ZSTD, base_offset=5)), 5)
+    assert isinstance(fetcher.take_error(), R.InflatedSizeError) and bomb_tp in fetcher.parked
+    assert fetcher._fetchable_by_leader() == {0: [ok_tp]}
+    subs.seek(bomb_tp, 6)  # a seek past it moves it on at once
+    assert sorted(fetcher._fetchable_by_leader()[0]) == [bomb_tp, ok_tp] and bomb_tp not in fetcher.parked

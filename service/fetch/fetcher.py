@@ -608,7 +608,7 @@ class Fetcher:
         self.buffer.setdefault(tp, deque()).append(cf)
         self._account(size, len(res.records))
         self.stats.records += len(res.records)
-        self.stats.bytes += size
+        self.stats.bytes += len(raw)
         self.last_data = time.monotonic()
         self.data_event.set()
         if rs.error is not None and not isinstance(rs.error, InflatedSizeError):  # (that one: on the next fetch)

@@ -11,6 +11,7 @@ import select
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -81,13 +82,19 @@ def _send_until_answered(sock: socket.socket, prefix: bytes, total: int, chunk: 
 def test_64mib_header_is_refused_with_431_and_memory_stays_bounded(gw: GatewayProcess) -> None:
     assert gw.proc is not None
     rss_before = _status_kb(gw.proc.pid, "VmRSS")
-    # an unauthenticated instance GET (which a replica would forward) and /healthz, both with 64 MiB headers
-    for path in ("/healthz", "/consumers/g/instances/i/records"):
+    # four parallel unauthenticated instance GETs (which a replica would forward) and a /healthz, each
+    # with a 64 MiB header
+
+    def attack(path: str) -> tuple[int, dict[str, str], dict[str, object], int]:
         with _connect(gw) as sock:
             sent = _send_until_answered(sock, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".encode(),
                                         64 * MiB, b"a" * 65536)
-            status, headers, body = _parse(_read_all(sock))  # read to EOF: the server closed the connection
-        assert status == 431, (path, status, body)
+            return (*_parse(_read_all(sock)), sent)  # read to EOF: the server closed the connection
+
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(attack, ["/healthz"] + ["/consumers/g/instances/i/records"] * 4))
+    for status, headers, body, sent in results:
+        assert status == 431, (status, body)
         assert body["error_code"] == 43101 and "too large" in str(body["message"])
         assert headers["connection"] == "close"
         assert sent < 64 * MiB  # answered before the whole header was sent

@@ -19,6 +19,11 @@
 #
 # Do not run it without GATEWAY_KAFKA_BOOTSTRAP in production: unset, the gateway starts an embedded
 # development broker (Tansu) in the container.
+#
+# Without GATEWAY_TENANTS_FILE the gateway is in open mode (no authentication). The container must listen
+# on 0.0.0.0 to be reachable through a published port, so publish it on loopback only
+# (`-p 127.0.0.1:8080:8080`); the gateway then serves only Host headers naming localhost, 127.0.0.1 or
+# [::1] (a DNS-rebinding web page gets 421/42101) unless GATEWAY_ALLOWED_HOSTS lists more.
 
 ARG PYTHON_VERSION=3.11
 

@@ -47,6 +47,7 @@ from service.gateway import (
 )
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
+from service.protocol.records import InflatedSizeError
 from service.subscription import (
     SubscriptionError,
     TopicPartition,
@@ -729,7 +730,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # report in-band: the status line was already sent
-        msg = orjson.dumps({"error_code": 50002, "message": str(exc)})
+        code = 42209 if isinstance(exc, InflatedSizeError) else 50002  # a decompression bomb: as in a poll
+        msg = orjson.dumps({"error_code": code, "message": str(exc)})
         yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
     finally:
         inst.active_requests -= 1

@@ -380,6 +380,14 @@ class Consumer:
 
     async def _on_assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
+        allowed = self.subs.topic_filter
+        if allowed is not None and any(not allowed(tp.topic) for tp in assigned):
+            # A group leader outside the gateway (any Kafka client in the group) may hand out topics this
+            # tenant may not read (or internal ones): never fetch them.
+            refused = sorted({tp.topic for tp in assigned if not allowed(tp.topic)})
+            log.warning("group %s: the leader assigned topics this consumer may not read; ignored: %s",
+                        self.config.group_id, refused)
+            assigned = [tp for tp in assigned if allowed(tp.topic)]
         keep = set(assigned)
         stale = [tp for tp in self.subs.assigned() if tp not in keep]
         if stale:

@@ -15,6 +15,7 @@ size, ~3 KB) are written straight to the broker. Against a real gateway whose ba
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -213,4 +214,26 @@ def test_consumer_gets_a_clear_error_and_other_partitions_keep_flowing(gw: Gatew
             for rec in r.json():
                 got[rec["partition"]].append(rec["offset"])
         assert got[0] == list(range(2, 2 + HEALTHY))
+        assert c.delete(base, headers=V2).status_code == 204
+
+
+def test_stream_ends_with_the_bomb_error_code(gw: GatewayProcess) -> None:
+    group, name = "bomb-stream-group", "s1"
+    base = f"{gw.url}/consumers/{group}/instances/{name}"
+    with httpx.Client(timeout=30) as c:
+        r = c.post(f"{gw.url}/consumers/{group}", headers=V2,
+                   json={"name": name, "format": "binary", "auto.offset.reset": "earliest"})
+        assert r.status_code == 200, r.text
+        r = c.post(f"{base}/assignments", headers=V2, json={"partitions": [{"topic": TOPIC, "partition": 0}]})
+        assert r.status_code == 204, r.text
+        lines: list[dict[str, Any]] = []
+        with c.stream("GET", f"{base}/records", headers={"Accept": "application/x-ndjson"}) as s:
+            assert s.status_code == 200
+            for line in s.iter_lines():
+                if line:
+                    lines.append(json.loads(line))
+                    if "error_code" in lines[-1]:
+                        break
+        assert lines and lines[-1]["error_code"] == 42209, lines[-1:]  # the poll's code, not a generic 50002
+        assert f"topic={TOPIC}, partition=0, offset=0" in lines[-1]["message"]
         assert c.delete(base, headers=V2).status_code == 204

@@ -180,7 +180,7 @@ _STRING_SCHEMAS: dict[str, dict[str, Any]] = {
     "partition.assignment.strategy": {
         "type": "string", "pattern": rf"^\s*({_ASSIGNOR_RE})(\s*,\s*({_ASSIGNOR_RE}))*\s*$",
         "description": "range, roundrobin, cooperative-sticky or their Java class names, comma-separated"},
-    "client.id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,200}$"},
+    "client.id": {"type": "string", "pattern": "^(?!\\.\\.?$)[A-Za-z0-9._-]{1,200}$"},
     "client.rack": {"type": "string", "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f]*$"},
 }
 

@@ -177,7 +177,9 @@ class CreateConsumer(BaseModel):
     max_poll_records: MaxPollRecords = Field(
         None, alias="max.poll.records", description="default max_records of a records request (0: 500)")
     isolation_level: Literal["read_uncommitted", "read_committed"] | None = Field(None, alias="isolation.level")
-    group_instance_id: str | None = Field(None, alias="group.instance.id")
+    group_instance_id: str | None = Field(
+        None, alias="group.instance.id", json_schema_extra={"pattern": r"^(?!\.\.?$)[A-Za-z0-9._-]{1,249}$"},
+        description="static membership id: 1-249 of A-Za-z0-9._- (not '.' or '..')")
     session_timeout_ms: ConfigInt = Field(None, alias="session.timeout.ms")
 
     @field_validator("auto_commit_enable", "enable_auto_commit")

@@ -65,8 +65,9 @@ TAGS = {
 LICENSE = {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"}
 
 _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
-            405: "Method not allowed", 406: "Not acceptable", 409: "Conflict", 410: "Gone",
-            413: "Request body too large", 415: "Unsupported media type", 422: "Invalid request",
+            405: "Method not allowed", 406: "Not acceptable", 408: "Request head not received in time", 409: "Conflict", 410: "Gone",
+            413: "Request body too large", 415: "Unsupported media type", 421: "Host not allowed",
+            422: "Invalid request", 431: "Request header fields too large",
             429: "Too many requests", 500: "Server or Kafka error", 503: "Kafka unavailable"}
 
 #: Stable operation ids by route function name (anything else keeps the function name).
@@ -427,6 +428,10 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             authenticated = consumer or path.startswith("/v3/")
             op["security"] = copy.deepcopy(_SECURITY) if authenticated else []
             media_type = JSON if path.startswith("/v3/") else V2  # v3 answers and takes plain JSON
+            # answered by the server before any route (service/httpserver.py), and by the Host check
+            # (api/hosts.py; the probes are exempt), on every path
+            for extra in (408, 431) if path in ("/healthz", "/readyz") else (408, 421, 431):
+                op["responses"].setdefault(str(extra), {"description": ""})
             if "requestBody" in op:
                 op["requestBody"]["content"] = _json_body_content(op["requestBody"]["content"], media_type)
             for status, resp in list(op["responses"].items()):

@@ -539,16 +539,17 @@ COMMIT_ANSWER: dict[str, Any] = {
 async def commit(request: Request, group: str, instance_id: str, body: CommitOffsets | None = Body(None),
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
-    for o in body.offsets if body is not None else ():
+    offsets = (body.offsets if body is not None else None) or []  # null offsets = an empty body, as before
+    for o in offsets:
         tenant.require_topic(o.topic)
     metrics = request.app.state.metrics
     started = time.monotonic()
     try:
-        if body is None or not body.offsets:
+        if not offsets:
             await inst.consumer.commit_consumed()
         else:
             await inst.consumer.commit({TopicPartition(o.topic, o.partition): OffsetAndMetadata(o.offset + 1, o.metadata or "")
-                                        for o in body.offsets})
+                                        for o in offsets})
     except Exception:
         metrics.commit_failures.labels(tenant.id).inc()
         raise

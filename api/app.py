@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from api.auth import AuthFailureLimiter, TrustedProxies, count_wrong_secret, tenant_error_handler
 from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
+from api.docs_ui import install_docs
 from api.errors import error_response, install_error_handlers, v3_aware
 from api.fastpath import RecordsFastPath
 from api.hosts import AllowedHosts, HostCheckMiddleware
@@ -190,7 +191,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             await gateway.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
-                  default_response_class=OrjsonResponse,
+                  default_response_class=OrjsonResponse, docs_url=None, redoc_url=None,  # api/docs_ui.py
                   description="HTTP gateway to consume Kafka as members of consumer groups; compatible with "
                               "the Confluent REST Proxy v2 consumer API, with long-poll, streaming, timestamps "
                               "and headers as extensions.")
@@ -307,4 +308,5 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     app.include_router(produce_router)
     app.include_router(v3_router)
     install_openapi(app)
+    install_docs(app)  # /docs and /redoc from packaged assets, with a Content-Security-Policy
     return app

@@ -420,25 +420,30 @@ class UpstreamPool:
     cost per request; probes and lookups use httpx)."""
 
     def __init__(self, connect_timeout: float = CONNECT_TIMEOUT_S, keepalive_s: float = 20.0,
-                 max_idle_per_peer: int = 256) -> None:
+                 max_idle_per_peer: int = 256, tls: ssl.SSLContext | None = None,
+                 server_name: Callable[[str], str | None] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle_per_peer
         self.idle: dict[str, list[_Upstream]] = {}
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls  # https peers: verified with this context (GATEWAY_PEER_TLS_CA_FILE), else system CAs
+        self._server_name = server_name  # base URL -> the name its certificate must carry (None: the URL's host)
 
     async def _connect(self, base: str) -> _Upstream:
         parts = urlsplit(base)
         loop = asyncio.get_running_loop()
         tls = None
+        host = parts.hostname or ""
+        extra: dict[str, Any] = {}
         if parts.scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
-        host = parts.hostname or ""
+            name = self._server_name(base) if self._server_name is not None else None
+            extra = {"server_hostname": name or host, "ssl_handshake_timeout": self.connect_timeout}
         port = parts.port or (443 if tls else 80)
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _Upstream(loop), host, port, ssl=tls), self.connect_timeout)
-        except (OSError, TimeoutError) as exc:
+                loop.create_connection(lambda: _Upstream(loop), host, port, ssl=tls, **extra), self.connect_timeout)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError (an untrusted peer certificate) is an OSError
             raise UpstreamConnectError(str(exc) or type(exc).__name__) from exc
         return proto
 
@@ -524,7 +529,10 @@ class Router:
         self.gateway = gateway
         self.mode = settings.routing
         self.token = settings.peer_token.get_secret_value() if settings.peer_token else None
-        self.static_urls = parse_peers(settings.peers)
+        # peer TLS (GATEWAY_PEER_TLS_CA_FILE / GATEWAY_TLS_CERT_FILE): peers are https URLs, verified
+        self.scheme = "https" if peer_tls_enabled(settings) else "http"
+        self.tls = peer_ssl_context(settings)
+        self.static_urls = parse_peers(settings.peers, self.scheme)
         self.dns = parse_peer_dns(settings.peer_dns)
         self.dns_urls: list[str] = []
         self.refresh_s = settings.peer_refresh_s
@@ -535,7 +543,7 @@ class Router:
         self._peer_hosts: set[str] = set()
         self.limiter: AuthFailureLimiter | None = None  # install_routing: the app's failed-auth limiter
         self.client: httpx.AsyncClient | None = None  # probes and lookups
-        self.pool = UpstreamPool()  # forwarded requests
+        self.pool = UpstreamPool(tls=self.tls, server_name=self.server_name)  # forwarded requests
         self._task: asyncio.Task[None] | None = None
         self._last_result: dict[str, str] = {}
         self.refreshes = 0
@@ -568,7 +576,7 @@ class Router:
         self.client = httpx.AsyncClient(  # probes and lookups (forwarding uses self.pool)
             timeout=httpx.Timeout(PROBE_TIMEOUT_S, connect=PROBE_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=20.0),
-            trust_env=False, follow_redirects=False)
+            trust_env=False, follow_redirects=False, verify=self.tls)
         with contextlib.suppress(Exception):  # the loop logs what goes wrong; do not block the start
             await asyncio.wait_for(self.refresh(), PROBE_TIMEOUT_S * 3)
         self._task = asyncio.create_task(self._supervise(), name="peer-refresh")
@@ -601,7 +609,7 @@ class Router:
             host, port = self.dns
             try:
                 infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                self.dns_urls = urls_of_addrinfo(infos, port)
+                self.dns_urls = urls_of_addrinfo(infos, port, self.scheme)
             except OSError as exc:  # keep the last answer: a DNS hiccup must not empty the ring
                 log.warning("resolving GATEWAY_PEER_DNS %s:%d failed: %s", host, port, exc)
         urls += [u for u in self.dns_urls if u not in urls]
@@ -615,9 +623,9 @@ class Router:
         self._peer_hosts = {h for u in urls if (h := urlsplit(u).hostname)}
         for gone in [u for u in self._last_result if u not in urls]:
             del self._last_result[gone]
-        for url, (ident, refused) in zip(urls, results, strict=True):
+        for url, (ident, problem) in zip(urls, results, strict=True):
             result = self.table.record_probe(url, ident)
-            state = "refused" if refused else result
+            state = problem or result
             before = self._last_result.get(url)
             if state == before:
                 continue
@@ -628,6 +636,11 @@ class Router:
             elif state == "refused":
                 log.error("the gateway at %s refused this replica's peer token: GATEWAY_PEER_TOKEN must be the "
                           "same on every replica; it is left out of the routing ring", url)
+            elif state == "tls":
+                log.error("the gateway at %s failed the TLS handshake: its certificate is not signed by a CA of "
+                          "GATEWAY_PEER_TLS_CA_FILE, does not name %r, or it does not speak TLS; it is left out of "
+                          "the routing ring and gets no forwarded requests", url,
+                          self.server_name(url) or urlsplit(url).hostname)
             elif state == ProbeResult.CONFLICT:
                 log.error("the gateway at %s also calls itself %r: every replica needs its own "
                           "GATEWAY_REPLICA_ID; it is left out of the routing ring", url, name)
@@ -640,20 +653,34 @@ class Router:
     def _internal_headers(self) -> dict[str, str]:
         return {TOKEN_HEADER: self.token} if self.token else {}
 
-    async def probe(self, url: str) -> tuple[Identity | None, bool]:
-        """The identity a replica answers (None: unreachable or not a gateway) and whether it refused our token."""
+    def server_name(self, url: str) -> str | None:
+        """The name the certificate of the peer at ``url`` must carry: GATEWAY_PEER_TLS_SERVER_NAME, else the
+        GATEWAY_PEER_DNS host for a discovered peer (reached by address), else None (the URL's host)."""
+        if self.settings.peer_tls_server_name:
+            return self.settings.peer_tls_server_name
+        if self.dns is not None and url in self.dns_urls and url not in self.static_urls:
+            return self.dns[0]
+        return None
+
+    def _extensions(self, url: str) -> dict[str, Any]:
+        name = self.server_name(url) if url.startswith("https:") else None
+        return {"sni_hostname": name} if name else {}
+
+    async def probe(self, url: str) -> tuple[Identity | None, str | None]:
+        """The identity a replica answers (None: unreachable or not a gateway) and what went wrong: "refused"
+        (it refused our token), "tls" (its certificate is not trusted, or it does not speak TLS) or None."""
         assert self.client is not None
         try:
             r = await self.client.get(f"{url}/internal/peer", headers=self._internal_headers(),
-                                      timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
-            return None, False
+                                      timeout=PROBE_TIMEOUT_S, extensions=self._extensions(url))
+        except httpx.HTTPError as exc:
+            return None, "tls" if _tls_failure(exc) else None
         if r.status_code != 200:
-            return None, r.status_code == 403
+            return None, "refused" if r.status_code == 403 else None
         try:
-            return Identity.from_json(r.json()), False
+            return Identity.from_json(r.json()), None
         except ValueError:
-            return None, False
+            return None, None
 
     async def lookup(self, group: str, name: str, exclude: set[str]) -> list[str]:
         """The peers (alive, not in ``exclude``) that hold (group, name) for some tenant, asked in parallel."""
@@ -666,7 +693,7 @@ class Router:
             assert self.client is not None
             try:
                 r = await self.client.get(f"{url}/internal/lookup", params={"group": group, "name": name},
-                                          headers=self._internal_headers(),
+                                          headers=self._internal_headers(), extensions=self._extensions(url),
                                           timeout=httpx.Timeout(LOOKUP_TIMEOUT_S, connect=LOOKUP_TIMEOUT_S / 2))
             except (httpx.ConnectError, httpx.ConnectTimeout):
                 self.table.mark_dead(replica_id)
@@ -1064,6 +1091,51 @@ def peer_token_problem(settings: Settings) -> str | None:
         return ("GATEWAY_PEERS / GATEWAY_PEER_DNS is set but GATEWAY_PEER_TOKEN is not: the replicas' "
                 "/internal endpoints and forwarded requests must be authenticated. Set GATEWAY_PEER_TOKEN to "
                 "the same random secret (e.g. `openssl rand -hex 32`) on every replica")
+    return None
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """An httpx error caused by a failed TLS handshake (untrusted certificate, wrong name, not TLS)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def peer_tls_enabled(settings: Settings) -> bool:
+    """Peers are reached over https: a CA bundle for them is given, or this replica serves TLS (its peers,
+    started from the same settings, do too)."""
+    return bool(settings.peer_tls_ca_file or settings.tls_cert_file)
+
+
+def peer_ssl_context(settings: Settings) -> ssl.SSLContext:
+    """The context that verifies peers' certificates (and their names): GATEWAY_PEER_TLS_CA_FILE, else the
+    system CAs; TLS 1.2 or newer."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=settings.peer_tls_ca_file or None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def peer_tls_problem(settings: Settings) -> str | None:
+    """Why the peer TLS settings cannot start (an unreadable CA bundle, a plain http:// peer while peer TLS is
+    on: the peer token and client credentials would travel in clear), or None."""
+    if settings.peer_tls_ca_file:
+        try:
+            peer_ssl_context(settings)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            return f"GATEWAY_PEER_TLS_CA_FILE {settings.peer_tls_ca_file!r} does not load as a PEM CA bundle: {exc}"
+    if peer_tls_enabled(settings):
+        try:
+            plain = [u for u in parse_peers(settings.peers, "https") if u.startswith("http://")]
+        except ValueError as exc:
+            return str(exc)
+        if plain:
+            return (f"peer TLS is on (GATEWAY_PEER_TLS_CA_FILE or GATEWAY_TLS_CERT_FILE) but GATEWAY_PEERS names "
+                    f"plain http peers ({', '.join(plain)}): use https:// URLs (or no scheme)")
     return None
 
 

@@ -16,6 +16,7 @@ decide when a request head begins and ends (parser callbacks for httptools, h11'
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +252,39 @@ class LimitedH11Protocol(_HeadGuard, H11Protocol):
 
 
 LimitedHttpToolsProtocol = _httptools_class()
+
+
+def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """The listener's TLS context (GATEWAY_TLS_CERT_FILE / GATEWAY_TLS_KEY_FILE): TLS 1.2 or newer, no client
+    certificate asked for (clients authenticate with API keys or JWTs, replicas with the peer token).
+    Raises OSError / ssl.SSLError when the files cannot be read or do not match."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+def tls_problem(certfile: str | None, keyfile: str | None) -> str | None:
+    """Why these listener TLS settings cannot start (one without the other, unreadable or mismatched files),
+    or None (TLS off, or the context loads)."""
+    if not certfile and not keyfile:
+        return None
+    if not certfile or not keyfile:
+        given, missing = ("GATEWAY_TLS_CERT_FILE", "GATEWAY_TLS_KEY_FILE") if certfile else (
+            "GATEWAY_TLS_KEY_FILE", "GATEWAY_TLS_CERT_FILE")
+        return f"{given} is set but {missing} is not: the HTTPS listener needs both (PEM files)"
+    for name, path in (("GATEWAY_TLS_CERT_FILE", certfile), ("GATEWAY_TLS_KEY_FILE", keyfile)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            return f"{name} {path!r} cannot be read: {exc.strerror or exc}"
+    try:
+        server_ssl_context(certfile, keyfile)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        return (f"GATEWAY_TLS_CERT_FILE {certfile!r} / GATEWAY_TLS_KEY_FILE {keyfile!r} do not load as a PEM "
+                f"certificate chain and its unencrypted private key: {exc}")
+    return None
 
 
 def protocol_class(parser: str, limits: HeadLimits) -> type[asyncio.Protocol]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import uvicorn
 
 from service.embedded import EmbeddedBroker
-from service.httpserver import HeadLimits, protocol_class
+from service.httpserver import HeadLimits, protocol_class, server_ssl_context, tls_problem
 from service.logs import configure as configure_logging
 from service.settings import Settings
 
@@ -48,6 +48,8 @@ async def serve(settings: Settings) -> None:
     try:
         app = create_app(settings, bootstrap)
         tune_gc()
+        tls = bool(settings.tls_cert_file and settings.tls_key_file)
+        certfile, keyfile = settings.tls_cert_file or "", settings.tls_key_file or ""
         # On SIGTERM, the gateway first drains (GATEWAY_SHUTDOWN_DRAIN_S, see _drain_then_exit); then
         # in-flight requests get GATEWAY_SHUTDOWN_TIMEOUT_S to finish (a stream still open is cancelled
         # then), and then Gateway.close() gets the same deadline for the instances.
@@ -64,7 +66,11 @@ async def serve(settings: Settings) -> None:
                                 http=protocol_class(_http_protocol(settings.http_parser), HeadLimits(
                                     max_bytes=settings.http_max_header_bytes, max_count=settings.http_max_headers,
                                     timeout_s=settings.http_header_timeout_s,
-                                    max_connections=settings.http_max_connections)))
+                                    max_connections=settings.http_max_connections)),
+                                # HTTPS (GATEWAY_TLS_CERT_FILE / _KEY_FILE): TLS 1.2+, files checked at start
+                                ssl_certfile=certfile or None, ssl_keyfile=keyfile or None,
+                                ssl_context_factory=(lambda _c, _d: server_ssl_context(certfile, keyfile)) if tls
+                                else None)
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).
@@ -103,7 +109,8 @@ async def serve(settings: Settings) -> None:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, _stop)
-        print(f"gateway HTTP on http://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
+        scheme = "https" if tls else "http"
+        print(f"gateway HTTP on {scheme}://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
         await server.serve()
     finally:
         if broker is not None:
@@ -137,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
-    from api.routing import peer_token_problem
+    from api.routing import peer_tls_problem, peer_token_problem
 
-    return peer_token_problem(settings)
+    return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
+            or peer_tls_problem(settings))
 
 
 def with_host_defaults(settings: Settings) -> Settings:

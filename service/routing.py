@@ -299,15 +299,16 @@ class HintCache:
 
 
 # -- configuration -----------------------------------------------------------------------------------------
-def parse_peers(spec: str | None) -> list[str]:
-    """GATEWAY_PEERS: comma-separated base URLs (``http://`` assumed when no scheme), without a trailing '/'."""
+def parse_peers(spec: str | None, default_scheme: str = "http") -> list[str]:
+    """GATEWAY_PEERS: comma-separated base URLs (``default_scheme`` assumed when no scheme: ``https`` with peer
+    TLS), without a trailing '/'."""
     out: list[str] = []
     for item in (spec or "").split(","):
         item = item.strip().rstrip("/")
         if not item:
             continue
         if "://" not in item:
-            item = "http://" + item
+            item = f"{default_scheme}://{item}"
         parts = urlsplit(item)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"GATEWAY_PEERS: {item!r} is not an http(s) base URL")
@@ -335,11 +336,11 @@ def url_of_address(address: str, port: int, scheme: str = "http") -> str:
     return f"{scheme}://[{ip}]:{port}" if ip.version == 6 else f"{scheme}://{ip}:{port}"
 
 
-def urls_of_addrinfo(infos: Iterable[tuple[Any, ...]], port: int) -> list[str]:
+def urls_of_addrinfo(infos: Iterable[tuple[Any, ...]], port: int, scheme: str = "http") -> list[str]:
     """Base URLs of ``getaddrinfo`` results (deduplicated, stable order)."""
     out: list[str] = []
     for info in infos:
-        url = url_of_address(str(info[4][0]), port)
+        url = url_of_address(str(info[4][0]), port, scheme)
         if url not in out:
             out.append(url)
     return sorted(out)

@@ -85,6 +85,17 @@ class Settings(BaseSettings):
     peer_token: SecretStr | None = Field(
         None, description="Shared secret of the replicas: required on the /internal endpoints and marks "
         "forwarded requests. Required with peers (the gateway refuses to start without it)")
+    tls_cert_file: str | None = Field(
+        None, description="PEM certificate (chain) of this gateway's listener: with tls_key_file the port serves "
+        "HTTPS only (clients, probes and peers). Unset: plain HTTP")
+    tls_key_file: str | None = Field(None, description="PEM private key of tls_cert_file (unencrypted)")
+    peer_tls_ca_file: str | None = Field(
+        None, description="PEM CA bundle that verifies the replicas' certificates. Set (or with tls_cert_file): "
+        "peers are reached over https (GATEWAY_PEERS entries without a scheme and GATEWAY_PEER_DNS addresses; "
+        "http:// entries refuse to start); unset: the system CAs")
+    peer_tls_server_name: str | None = Field(
+        None, description="The name a peer's certificate must carry. Default: the GATEWAY_PEER_DNS host for "
+        "discovered peers (they are reached by address), the URL's host for GATEWAY_PEERS entries")
     routing: Literal["forward", "redirect", "off"] = Field(
         "forward", description="With peers: 'forward' proxies requests for instances held elsewhere (streams "
         "and long polls included); 'redirect' answers 307 to the owner's address; 'off' serves locally only")

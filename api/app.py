@@ -26,6 +26,7 @@ from api.responses import OrjsonResponse
 from api.routing import install_routing
 from api.topics import router as topics_router
 from api.v3 import router as v3_router
+from service.budget import BudgetExhausted, MemoryBudget
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
@@ -42,15 +43,22 @@ ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
+def _budget_of(scope: dict[str, Any]) -> MemoryBudget | None:
+    app = scope.get("app")
+    gateway = getattr(getattr(app, "state", None), "gateway", None)
+    return getattr(gateway, "budget", None)
+
+
 class ObserveMiddleware:
     """Request guards (body size 413/41301, content type 415/41501) and the request-duration histogram,
     as a plain ASGI middleware: no extra task or body stream per request (BaseHTTPMiddleware has both).
     The duration is measured to the start of the response (a stream's headers)."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics, memory_wait_s: float = 2.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.memory_wait_s = memory_wait_s
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -106,16 +114,41 @@ class ObserveMiddleware:
         received = 0
         too_large = False
         started_response = False
+        # Request bodies are charged to the process memory budget (service/budget.py) at twice their size
+        # (the bytes and what they decode to) until the request ends: a declared length before the route
+        # runs (waiting GATEWAY_MEMORY_WAIT_S for room, else 503/50305), a chunked body as it arrives; a
+        # stream of records (v3 produce) only for the chunk in hand.
+        budget = _budget_of(scope) if method in ("POST", "PUT", "PATCH") else None
+        charged = 0
+        no_memory: BudgetExhausted | None = None
+        if budget is not None and length is not None and length.isdigit() and int(length):
+            try:
+                charged = await budget.reserve(2 * int(length), "body", self.memory_wait_s)
+            except BudgetExhausted as exc:
+                await error_response(503, 50305, str(exc), {"Retry-After": str(exc.retry_after)})(
+                    scope, receive, send_observed)
+                return
+        declared = charged
 
         async def receive_counted() -> dict[str, Any]:
-            nonlocal received, too_large
+            nonlocal received, too_large, charged, no_memory
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                size = len(message.get("body", b""))
+                received += size
+                per_record = scope.get("state", {}).get("body_limit_per_record")
                 # a route that reads a stream of records (v3 produce) caps each record instead
-                if received > limit and not scope.get("state", {}).get("body_limit_per_record"):
+                if received > limit and not per_record:
                     too_large = True
                     raise HTTPException(413, f"request body larger than {limit} bytes")
+                if budget is not None and size and not declared:
+                    if per_record and charged:
+                        budget.release(charged, "body")
+                        charged = 0
+                    if not budget.try_reserve(2 * size, "body"):
+                        no_memory = BudgetExhausted("body", 2 * size, budget, max(1, int(self.memory_wait_s)))
+                        raise no_memory
+                    charged += 2 * size
             return message
 
         async def send_guarded(message: dict[str, Any]) -> None:
@@ -127,11 +160,18 @@ class ObserveMiddleware:
         try:
             await self.app(scope, receive_counted, send_guarded)
         except Exception:
-            if not too_large or started_response:
+            if not (too_large or no_memory) or started_response:
                 raise
             # the route let the refusal escape: answer it here
-            await error_response(413, 41301, f"request body larger than {limit} bytes")(scope, receive, send_guarded)
+            if no_memory is not None:
+                await error_response(503, 50305, str(no_memory), {"Retry-After": str(no_memory.retry_after)})(
+                    scope, receive, send_guarded)
+            else:
+                await error_response(413, 41301, f"request body larger than {limit} bytes")(
+                    scope, receive, send_guarded)
         finally:
+            if charged and budget is not None:
+                budget.release(charged, "body")
             if not observed:
                 observe(500)
 
@@ -143,10 +183,11 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     denied_topics = TopicDenyList.from_setting(settings.denied_topics, defaults=settings.denied_topics_defaults)
     if settings.tenants_file:
         tenants = TenantRegistry.from_file(settings.tenants_file, default_bootstrap=bootstrap,
-                                           default_connection=connection, denied_topics=denied_topics)
+                                           default_connection=connection, denied_topics=denied_topics,
+                                           default_quotas=settings.default_quotas())
     else:
         tenants = TenantRegistry.single_default(bootstrap=bootstrap, connection=connection,
-                                                denied_topics=denied_topics)
+                                                denied_topics=denied_topics, default_quotas=settings.default_quotas())
     gateway = Gateway(
         replica_id=settings.replica_id,
         idle_timeout=settings.instance_idle_timeout_s,
@@ -224,7 +265,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     # Forwarding to the replica holding an instance (api/routing.py); inside ObserveMiddleware (added after
     # it, so outer: slashes stripped, bodies capped before routing)
     routing = install_routing(app, settings, gateway)
-    app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics,
+                       memory_wait_s=settings.memory_wait_s)
     if settings.allowed_hosts is not None:  # the Host check (api/hosts.py), outermost; main.py sets its default
         app.add_middleware(HostCheckMiddleware, allowed=AllowedHosts.from_setting(settings.allowed_hosts),
                            peer_token=settings.peer_token.get_secret_value() if settings.peer_token else None,

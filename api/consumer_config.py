@@ -116,14 +116,20 @@ def _rack(key: str, v: Any) -> str:
     return v
 
 
+#: The documented maxima of client-provided fetch sizes (larger values are clamped, not refused): Kafka's
+#: default fetch.max.bytes (50 MiB) and 16 MiB per partition. Every fetch is further bounded by the process
+#: memory budget (service/budget.py: its max_bytes is a grant of GATEWAY_MEMORY_BUDGET_BYTES).
+MAX_FETCH_MAX_BYTES = 52428800
+MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
+
 #: Kafka property → (ConsumerConfig field, parser). Applied to the instance's consumer.
 #: Numbers are clamped into a sane range (e.g. a fetch wait of at most 30 s) rather than refused.
 HONOURED: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "heartbeat.interval.ms": ("heartbeat_interval_ms", _ms(1)),
     "max.poll.interval.ms": ("max_poll_interval_ms", _ms(1000)),
     "auto.commit.interval.ms": ("auto_commit_interval_ms", _ms(1)),
-    "fetch.max.bytes": ("fetch_max_bytes", _ms(1)),
-    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", _ms(1)),
+    "fetch.max.bytes": ("fetch_max_bytes", _ms(1, MAX_FETCH_MAX_BYTES)),
+    "max.partition.fetch.bytes": ("max_partition_fetch_bytes", _ms(1, MAX_PARTITION_FETCH_BYTES)),
     "fetch.max.wait.ms": ("fetch_max_wait_ms", _ms(0, 30_000)),
     "fetch.wait.max.ms": ("fetch_max_wait_ms", _ms(0, 30_000)),  # librdkafka's name
     "metadata.max.age.ms": ("metadata_max_age_ms", _ms(1000)),

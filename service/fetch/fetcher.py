@@ -136,7 +136,8 @@ class Fetcher:
         self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
         self.buffered_bytes = 0
         self.buffered_records = 0  # records in the buffer not yet handed out (paused partitions included)
-        self.budget: Any = None  # optional process-wide prefetch budget (service.gateway.Budget)
+        self.budget: Any = None  # optional process-wide memory budget (service.budget.MemoryBudget)
+        self._budget_waiting = False
         self.data_event = LightEvent()
         self.errors: dict[TopicPartition, Exception] = {}
         #: partitions held back at an offset whose batch inflates past the bound: (offset, until monotonic)
@@ -441,22 +442,40 @@ class Fetcher:
                 await self.client.refresh_metadata({tp.topic for tp in self.subs.assignment})
             except KafkaError as exc:
                 log.debug("metadata refresh failed: %s", exc)
+        cfg = self.config
+        budget = self.budget
         for node, tps in self._fetchable_by_leader().items():
             if node in self._in_flight:
                 continue
+            # The fetch's max_bytes is granted by the process memory budget (service/budget.py) and
+            # charged to it until the response has been handled; no grant: wait for memory to be freed.
+            grant = cfg.max_bytes
+            if budget is not None:
+                grant = budget.grant(min(cfg.max_bytes, max(1, len(tps)) * cfg.partition_max_bytes))
+                if not grant:
+                    if not self._budget_waiting:
+                        self._budget_waiting = True
+                        budget.when_free(self._budget_freed)
+                    break
             now = time.monotonic()
             self._in_flight_info[node] = (tps, now, now + self.max_wait_ms() / 1000)
-            self._in_flight[node] = asyncio.create_task(self._fetch(node, tps), name=f"fetch-{node}")
+            self._in_flight[node] = asyncio.create_task(self._fetch(node, tps, grant), name=f"fetch-{node}")
 
-    async def _fetch(self, node: int, tps: list[TopicPartition]) -> None:
+    def _budget_freed(self) -> None:
+        self._budget_waiting = False
+        self.wake()
+
+    async def _fetch(self, node: int, tps: list[TopicPartition], max_bytes: int | None = None) -> None:
         try:
-            await self._fetch_inner(node, tps)
+            await self._fetch_inner(node, tps, max_bytes or self.config.max_bytes)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # reported; the node stays "in flight" briefly so it is not retried in a loop
             self._failed(exc)
             await asyncio.sleep(0.1)
         finally:
+            if self.budget is not None and max_bytes:
+                self.budget.release(max_bytes, "fetch")
             self._in_flight.pop(node, None)
             self._in_flight_info.pop(node, None)
             self.fetches_done += 1
@@ -464,7 +483,7 @@ class Fetcher:
                 self.data_event.set()
             self._wake.set()
 
-    async def _fetch_inner(self, node: int, tps: list[TopicPartition]) -> None:
+    async def _fetch_inner(self, node: int, tps: list[TopicPartition], max_bytes: int) -> None:
         handler = self.sessions.get(node)
         if handler is None:
             handler = self.sessions[node] = FetchSessionHandler(node)
@@ -477,12 +496,13 @@ class Fetcher:
                     self.client.invalidate()
                     await asyncio.sleep(0.1)
                     return
-                await self._fetch_on(conn, node, handler, tps)
+                await self._fetch_on(conn, node, handler, tps, max_bytes)
         except KafkaError as exc:
             log.debug("fetch: node %s: %s", node, exc)
             self.client.invalidate()
 
-    async def _fetch_on(self, conn: Any, node: int, handler: FetchSessionHandler, tps: list[TopicPartition]) -> None:
+    async def _fetch_on(self, conn: Any, node: int, handler: FetchSessionHandler, tps: list[TopicPartition],
+                        max_bytes: int | None = None) -> None:
         cfg = self.config
         md = self.client.metadata
         builder = handler.builder()
@@ -504,7 +524,7 @@ class Fetcher:
         sent_before = conn.bytes_sent
         try:
             with handler.request(builder, max_version=conn.version_for(M.ApiKey.FETCH), max_wait_ms=max_wait_ms,
-                                 min_bytes=cfg.min_bytes, max_bytes=cfg.max_bytes,
+                                 min_bytes=cfg.min_bytes, max_bytes=max_bytes or cfg.max_bytes,
                                  isolation_level=cfg.isolation_level, rack_id=cfg.rack_id) as fx:
                 data, version = fx.data, fx.version
                 try:

@@ -1,0 +1,188 @@
+"""One memory budget for the process (``GATEWAY_MEMORY_BUDGET_BYTES``): everything that holds record bytes
+because a client asked for them is charged to it.
+
+Four kinds of charge:
+
+- ``prefetch``: records fetched for consumer instances and not yet handed to their owners (the fetcher's
+  buffer). Charged when a fetch response has been decoded, released as polls drain it.
+- ``fetch``: in-flight consumer fetches. Before a fetch is sent the fetcher asks for a *grant*
+  (:meth:`MemoryBudget.grant`); the grant is the fetch's ``max_bytes`` (the broker's response is bounded by it,
+  plus at most one record batch: Kafka returns the first batch even when it is larger, so a consumer can always
+  progress) and is released when the response has been handled.
+- ``range``: offset-range pages being read, decoded and rendered (:meth:`MemoryBudget.reserve`, a short queue).
+- ``body``: request bodies being received (produce), charged as they arrive.
+
+Consumer prefetch (``prefetch`` + ``fetch``) may take at most :attr:`MemoryBudget.prefetch_limit` (three quarters
+of the total), so consumers whose owners stopped polling cannot leave nothing for range reads and produce
+requests; requests may take up to the total. When a request's charge does not fit it waits in a FIFO queue for a
+bounded time and is then refused (:class:`BudgetExhausted`: the HTTP layer answers 503 with ``Retry-After``);
+a fetch that gets no grant is not sent, and its fetcher is woken when memory is released.
+
+Grants shrink as the budget fills (a quarter of what is left, at least :data:`MIN_GRANT`), so many consumers keep
+long-polling with small fetches instead of a few holding the whole budget. Nothing here does I/O; the waiting
+queue uses the running event loop's futures only in :meth:`MemoryBudget.reserve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+KINDS = ("prefetch", "fetch", "range", "body")
+#: The smallest fetch grant: below it the fetch waits for memory to be released.
+MIN_GRANT = 64 * 1024
+#: The share of the budget consumer prefetch (buffered + in-flight fetches) may use.
+PREFETCH_SHARE = 0.75
+
+
+class BudgetExhausted(Exception):
+    """The memory budget had no room for a request's charge within its wait."""
+
+    def __init__(self, kind: str, wanted: int, budget: MemoryBudget, retry_after: int = 1) -> None:
+        self.kind = kind
+        self.wanted = wanted
+        self.retry_after = retry_after
+        super().__init__(
+            f"the gateway's memory budget is spent ({budget.used} of {budget.total} bytes in use; this request "
+            f"needs {wanted}): retry later")
+
+
+class MemoryBudget:
+    """The process-wide memory budget (see the module docstring)."""
+
+    def __init__(self, total: int, prefetch_share: float = PREFETCH_SHARE) -> None:
+        if total <= 0:
+            raise ValueError("the memory budget must be positive")
+        self.total = total
+        self.prefetch_limit = max(1, int(total * prefetch_share))
+        self.by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.used = 0
+        self.refused: dict[str, int] = dict.fromkeys(KINDS, 0)  # charges refused (range, body) or deferred (fetch)
+        self._waiters: deque[tuple[int, str, asyncio.Future[None]]] = deque()
+        self._on_free: list[Callable[[], None]] = []
+
+    # -- accounting -------------------------------------------------------------------------------
+    @property
+    def consumer_used(self) -> int:
+        return self.by_kind["prefetch"] + self.by_kind["fetch"]
+
+    def _charge(self, kind: str, n: int) -> None:
+        self.by_kind[kind] += n
+        self.used += n
+
+    def add(self, delta: int, kind: str = "prefetch") -> None:
+        """Charge (``delta`` > 0) or release (< 0) bytes that are already held (the fetcher's buffer)."""
+        if delta < 0:
+            self.release(-delta, kind)
+        elif delta:
+            self._charge(kind, delta)
+
+    def release(self, n: int, kind: str) -> None:
+        if n <= 0:
+            return
+        n = min(n, self.by_kind[kind])  # never below zero, whatever the caller's bookkeeping
+        self.by_kind[kind] -= n
+        self.used -= n
+        self._wake()
+
+    def available(self) -> bool:
+        """Whether consumer prefetch may fetch more (the fetcher's gate)."""
+        return self.consumer_used < self.prefetch_limit and self.used < self.total
+
+    def room(self) -> int:
+        return max(0, self.total - self.used)
+
+    # -- consumer fetches ---------------------------------------------------------------------------
+    def grant(self, want: int) -> int:
+        """Bytes granted to a consumer fetch that wants up to ``want`` (0: none now; wait for
+        :meth:`when_free`). The grant is charged as ``fetch`` until :meth:`release` (kind ``fetch``)."""
+        left = min(self.prefetch_limit - self.consumer_used, self.total - self.used)
+        if left < min(MIN_GRANT, want) or want <= 0:
+            if want > 0:
+                self.refused["fetch"] += 1
+            return 0
+        n = min(want, max(MIN_GRANT, left // 4))
+        n = min(n, left)
+        self._charge("fetch", n)
+        return n
+
+    def when_free(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once) the next time memory is released."""
+        self._on_free.append(callback)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def try_reserve(self, n: int, kind: str) -> bool:
+        """Charge ``n`` bytes at once if they fit (and nobody is queued before), else False."""
+        if n <= 0:
+            return True
+        if not self._waiters and self.used + n <= self.total:
+            self._charge(kind, n)
+            return True
+        return False
+
+    async def reserve(self, n: int, kind: str, wait_s: float) -> int:
+        """Charge ``n`` bytes (at most the total) for a request, queueing up to ``wait_s`` seconds behind
+        earlier requests; raise :class:`BudgetExhausted` when they do not fit in time. Returns the charge
+        (release it with :meth:`release`)."""
+        n = min(max(0, n), self.total)
+        if self.try_reserve(n, kind):
+            return n
+        if wait_s <= 0:
+            self.refused[kind] += 1
+            raise BudgetExhausted(kind, n, self, self._retry_after(wait_s))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, kind, fut)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), wait_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if fut.done() and not fut.cancelled():
+                # charged just as the wait ended: give it back before giving up
+                self.release(n, kind)
+            else:
+                fut.cancel()
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:
+                    pass
+            self._wake()  # the queue's head may have changed
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            self.refused[kind] += 1
+            raise BudgetExhausted(kind, n, self, self._retry_after(wait_s)) from None
+        return n
+
+    @contextlib.asynccontextmanager
+    async def held(self, n: int, kind: str, wait_s: float) -> AsyncIterator[int]:
+        """:meth:`reserve` for the duration of a block."""
+        got = await self.reserve(n, kind, wait_s)
+        try:
+            yield got
+        finally:
+            self.release(got, kind)
+
+    def _retry_after(self, wait_s: float) -> int:
+        return max(1, math.ceil(wait_s))
+
+    def _wake(self) -> None:
+        while self._waiters:
+            n, kind, fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            if self.used + n > self.total:
+                break
+            self._waiters.popleft()
+            self._charge(kind, n)
+            fut.set_result(None)
+        if self._on_free and self.available():
+            callbacks, self._on_free = self._on_free, []
+            for cb in callbacks:
+                cb()
+
+    def snapshot(self) -> dict[str, int]:
+        return {"total": self.total, "used": self.used, "prefetch_limit": self.prefetch_limit,
+                "queued": len(self._waiters), **{f"used_{k}": v for k, v in self.by_kind.items()}}

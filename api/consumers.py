@@ -429,6 +429,7 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
         if not body.topics:
             await inst.consumer.unsubscribe()
             return Response(status_code=204)
+        tenant.check_subscription_size(len(set(body.topics)))  # 422/42206 past max_topics_per_subscription
         for t in body.topics:
             tenant.require_topic(t)
             require_legal_topic_name(t)
@@ -464,6 +465,7 @@ async def unsubscribe(request: Request, group: str, instance_id: str,
 async def assign(request: Request, group: str, instance_id: str, body: Partitions,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = instance(request, tenant, group, instance_id)
+    tenant.check_subscription_size(len({p.topic for p in body.partitions}))  # 422/42206, as a subscription
     for p in body.partitions:
         tenant.require_topic(p.topic)
         require_legal_topic_name(p.topic)
@@ -638,9 +640,9 @@ async def records(request: Request, group: str, instance_id: str,
         # max_records / max.poll.records, take up to STREAM_CHUNK_RECORDS of what is buffered per chunk
         limit = max_records or inst.options.max_poll_records or STREAM_CHUNK_RECORDS
         render = render_binary if inst.options.format == "binary" else render_json
-        # A stream holds one of the tenant's concurrent-poll slots for its whole life, like a plain poll
-        # holds one while it waits: no slot is 429/42901 before the status line, not an in-band error.
-        slot = tenant.poll_slot()
+        # A stream holds one of the tenant's stream slots and one of its concurrent-poll slots for its whole
+        # life, like a plain poll holds one while it waits: no slot is 429/42901 before the status line.
+        slot = tenant.stream_slot()
         await slot.__aenter__()
         return _SlotStreamingResponse(
             _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes),

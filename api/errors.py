@@ -75,6 +75,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (503, 50303, 'the gateway replica holding the consumer instance failed or timed out during the request '
                  '(Retry-After; if it keeps failing the instance is gone: create it again)'),
     (503, 50304, 'too many open HTTP connections to this replica (GATEWAY_HTTP_MAX_CONNECTIONS): retry later'),
+    (503, 50306, "the gateway replica keeping the tenant's consumer-instance count across the replicas (the ring "
+                 "owner of the tenant) did not answer: nothing was created (Retry-After)"),
 )
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
 #: Confluent's v3 API answers (errors included) as plain JSON

@@ -75,6 +75,7 @@ from service.routing import (
 )
 from service.settings import Settings
 from service.tenants import TenantError
+from service.tenants.quotas import InstanceQuotaCoordinator, PeerFailed, PeerUnreachable, QuotaUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,9 @@ LOOKUP_TIMEOUT_S = 1.0
 CONNECT_TIMEOUT_S = 2.0
 #: added to GATEWAY_MAX_POLL_TIMEOUT_MS for the read timeout of a forwarded request (streams: none)
 POLL_MARGIN_S = 30.0
+#: a reservation may wait for the owner of record to ask every replica for its instances (LOOKUP_TIMEOUT_S)
+QUOTA_TIMEOUT_S = 3.0
+QUOTA_PATHS = ("/internal/quota/held", "/internal/quota/reserve", "/internal/quota/release")
 #: error codes of a route's answer that mean "this replica does not hold the instance"
 NOT_HERE_CODES = (40403, 41001)
 
@@ -548,6 +552,12 @@ class Router:
         self._last_result: dict[str, str] = {}
         self.refreshes = 0
         gateway.name_placement = self.owns
+        #: max_instances across the replica set (service/tenants/quotas.py; /internal/quota/*)
+        self.quota = InstanceQuotaCoordinator(
+            self.self_id, owner_of=self.quota_owner, members=self.members, local_tokens=self._quota_tokens,
+            call=self.quota_call, mark_dead=self.table.mark_dead, sync_s=settings.quota_sync_s)
+        self._quota_task: asyncio.Task[None] | None = None
+        gateway.instance_quota = self.quota
         # httpx logs every request at INFO: the probes would fill the log (their state changes are logged here)
         httpx_log = logging.getLogger("httpx")
         if httpx_log.getEffectiveLevel() < logging.WARNING:
@@ -580,12 +590,14 @@ class Router:
         with contextlib.suppress(Exception):  # the loop logs what goes wrong; do not block the start
             await asyncio.wait_for(self.refresh(), PROBE_TIMEOUT_S * 3)
         self._task = asyncio.create_task(self._supervise(), name="peer-refresh")
+        self._quota_task = asyncio.create_task(self.quota.run(), name="quota-reconcile")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._quota_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.client is not None:
             await self.client.aclose()
         self.pool.close()
@@ -995,14 +1007,110 @@ class Router:
             target = self.owner(group, name if name is not None else uuid.uuid4().hex)
         await app(scope, replay, send)
 
+    # -- tenant instance counts across replicas (max_instances) -------------------------------------------
+    def members(self) -> list[str]:
+        """Every live replica id, this one first (draining ones too: they hold instances)."""
+        return [self.self_id, *(p.replica_id for p in self.table.alive())]
+
+    def replica_count(self) -> int:
+        """Live replicas: each enforces its share of the scaled tenant quotas (rates, concurrency)."""
+        return len(self.table.alive()) + 1
+
+    def quota_owner(self, tenant: str) -> str:
+        """The owner of record of a tenant's instance count: the ring owner of the tenant id (a key no
+        instance has: group ids never contain NUL)."""
+        return self.owner("\x00quota", tenant)
+
+    def _quota_tokens(self, tenant: str) -> list[str]:
+        rt = self.gateway.tenants.get(tenant)
+        return [i.quota_token for i in rt.instances.values() if i.quota_token] if rt is not None else []
+
+    async def quota_call(self, replica: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """``/internal/quota/<op>`` on a peer: PeerUnreachable when it cannot be connected to, PeerFailed
+        when it does not answer 200 with a JSON object in time."""
+        url = self.table.url_of(replica)
+        if url is None or self.client is None:
+            raise PeerUnreachable(f"gateway replica {replica!r} is not known")
+        headers = self._internal_headers()
+        timeout = httpx.Timeout(QUOTA_TIMEOUT_S if op == "reserve" else LOOKUP_TIMEOUT_S,
+                                connect=LOOKUP_TIMEOUT_S / 2)
+        try:
+            if op == "held":
+                r = await self.client.get(f"{url}/internal/quota/held", params=payload, headers=headers,
+                                          timeout=timeout, extensions=self._extensions(url))
+            else:
+                r = await self.client.post(f"{url}/internal/quota/{op}", content=orjson.dumps(payload),
+                                           headers={**headers, "content-type": "application/json"},
+                                           timeout=timeout, extensions=self._extensions(url))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise PeerUnreachable(str(exc) or type(exc).__name__) from None
+        except httpx.HTTPError as exc:
+            raise PeerFailed(str(exc) or type(exc).__name__) from None
+        if r.status_code != 200:
+            raise PeerFailed(f"HTTP {r.status_code}")
+        try:
+            doc = orjson.loads(r.content)
+        except orjson.JSONDecodeError:
+            raise PeerFailed("not JSON") from None
+        if not isinstance(doc, dict):
+            raise PeerFailed("not a JSON object")
+        return doc
+
+    async def quota_endpoint(self, scope: Scope, receive: Receive, path: str) -> ASGIApp:
+        """``GET /internal/quota/held?tenant=``: this replica's tokens of a tenant; ``POST
+        /internal/quota/reserve`` / ``release`` (JSON): the owner of record's ledger."""
+        want = "GET" if path == "/internal/quota/held" else "POST"
+        if scope["method"] != want:
+            return error_response(405, 40501, f"method {scope['method']} not allowed on {path}", {"Allow": want})
+        if want == "GET":
+            qs = parse_qs((scope.get("query_string") or b"").decode("utf-8", "replace"))
+            doc: Any = {"tenant": qs.get("tenant", [""])[0]}
+        else:
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if len(body) > 4096:
+                    return error_response(413, 41301, "request body larger than 4096 bytes")
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    break
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return error_response(400, 40001, "malformed JSON body")
+        tenant = doc.get("tenant") if isinstance(doc, dict) else None
+        token = doc.get("token") if want == "POST" else ""
+        limit = doc.get("limit") if want == "POST" else None
+        replica = doc.get("replica", "") if want == "POST" else ""
+        if not (isinstance(tenant, str) and tenant and isinstance(token, str) and len(token) <= 64
+                and isinstance(replica, str) and (limit is None or (isinstance(limit, int) and limit >= 0))):
+            return error_response(422, 42206, "tenant (and for reserve/release token, replica, limit) are required")
+        if path == "/internal/quota/held":
+            settled, pending = self.quota.held_tokens(tenant)
+            return OrjsonResponse({"replica_id": self.self_id, "tokens": settled, "pending": pending})
+        if not token:
+            return error_response(422, 42206, "token is required")
+        if path == "/internal/quota/release":
+            self.quota.ledger_release(tenant, token)
+            return OrjsonResponse({"released": True})
+        if not replica:
+            return error_response(422, 42206, "replica is required")
+        try:
+            granted, count = await self.quota.grant(tenant, replica, token, limit)
+        except QuotaUnavailable as exc:
+            return error_response(exc.status, exc.error_code, exc.message, exc.headers or None)
+        return OrjsonResponse({"granted": granted, "count": count})
+
     # -- /internal ---------------------------------------------------------------------------------------
     async def internal(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        if path not in ("/internal/peer", "/internal/lookup", "/internal/peers"):
+        if path not in ("/internal/peer", "/internal/lookup", "/internal/peers", *QUOTA_PATHS):
             resp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
         elif not self.token_ok(scope):
             resp = self.refused(scope, "this endpoint is for gateway replicas: it needs the "
                                 f"{TOKEN_HEADER} header with GATEWAY_PEER_TOKEN")
+        elif path in QUOTA_PATHS:
+            resp = await self.quota_endpoint(scope, receive, path)
         elif scope["method"] != "GET":
             resp = error_response(405, 40501, f"method {scope['method']} not allowed on {path}", {"Allow": "GET"})
         elif path == "/internal/peer":
@@ -1150,6 +1258,8 @@ def install_routing(app: FastAPI, settings: Settings, gateway: Gateway) -> Route
         raise ValueError(problem)
     router = Router(settings, gateway, app.state.metrics.registry)
     router.limiter = getattr(app.state, "auth_limiter", None)
+    for tenant in app.state.tenants.tenants.values():  # rates and concurrency: this replica's share
+        tenant.replicas = router.replica_count
     app.add_middleware(RoutingMiddleware, router=router)
     app.state.routing = router
     return router

@@ -214,7 +214,7 @@ async def read_partition_records(
     if end_offset is not None and end_offset <= offset:  # an empty range: nothing to ask the broker
         page = RangePage(topic, partition, offset, [], offset, end_offset)
     else:
-        async with tenant.poll_slot():
+        async with tenant.range_read_slot():
             page = await read_page(rt.client, TopicPartition(topic, partition), offset, end_offset,
                                    isolation_level=iso, max_bytes=max_bytes)
     headers = page.headers()

@@ -24,6 +24,7 @@ from typing import Any
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
+from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,8 @@ class ConsumerInstance:
     active_requests: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    #: the reservation of this instance with the tenant's owner of record (max_instances across replicas)
+    quota_token: str | None = None
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -220,6 +223,9 @@ class Gateway:
         #: set by the routing layer (api/routing.py): whether this replica owns (group, name) in the ring;
         #: generated names are drawn until one it owns, so an unnamed instance stays where it was created
         self.name_placement: Callable[[str, str], bool] | None = None
+        #: set by the routing layer with peers: counts each tenant's instances across the replica set
+        #: (service/tenants/quotas.py); None: this replica's count is the tenant's count
+        self.instance_quota: InstanceQuotaCoordinator | None = None
         self._client_factory = client_factory
         self.tenants: dict[str, TenantRuntime] = {}
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
@@ -409,9 +415,36 @@ class Gateway:
             raise InstanceExists(f"consumer instance {name!r} already exists in group {group!r}")
         limit = tenant_max_instances
         if limit is not None and len(rt.instances) >= limit:
-            raise TooManyInstances(f"tenant {rt.tenant_id!r} reached its limit of {limit} consumer instances")
+            raise TooManyInstances(f"tenant {rt.tenant_id!r} reached its limit of {limit} consumer instances",
+                                   headers={"Retry-After": "1"})
         if self.max_instances is not None and self.instance_count >= self.max_instances:
-            raise TooManyInstances(f"this gateway replica reached its limit of {self.max_instances} instances")
+            raise TooManyInstances(f"this gateway replica reached its limit of {self.max_instances} instances",
+                                   headers={"Retry-After": "1"})
+        token = None
+        if limit is not None and self.instance_quota is not None:
+            # one of the tenant's slots across the replica set, from its owner of record (429 / 503)
+            token = await self.instance_quota.acquire(rt.tenant_id, limit)
+            if key in rt.instances or self.draining:  # created meanwhile / SIGTERM meanwhile
+                await self.instance_quota.release(rt.tenant_id, token)
+                if self.draining:
+                    raise ShuttingDown("the gateway is shutting down; create the instance again (on another "
+                                       "replica)", headers={"Retry-After": "1"})
+                raise InstanceExists(f"consumer instance {name!r} already exists in group {group!r}")
+        try:
+            inst = self._new_instance(rt, group, name, options)
+        except BaseException:
+            if token is not None and self.instance_quota is not None:
+                await self.instance_quota.release(rt.tenant_id, token)
+            raise
+        inst.quota_token = token
+        rt.instances[key] = inst
+        if token is not None and self.instance_quota is not None:
+            self.instance_quota.settle(rt.tenant_id, token)
+        self._expired.pop((rt.tenant_id, group, instance_id), None)
+        self.created_total += 1
+        return inst
+
+    def _new_instance(self, rt: TenantRuntime, group: str, name: str, options: InstanceOptions) -> ConsumerInstance:
         defaults = dict(self.consumer_defaults)
         if options.session_timeout_ms is not None:
             defaults["session_timeout_ms"] = options.session_timeout_ms
@@ -434,11 +467,16 @@ class Gateway:
         )
         consumer = Consumer(rt.client, cfg)
         consumer.fetcher.budget = self.budget
-        inst = ConsumerInstance(rt.tenant_id, group, instance_id, name, options, consumer)
-        rt.instances[key] = inst
-        self._expired.pop((rt.tenant_id, group, instance_id), None)
-        self.created_total += 1
-        return inst
+        return ConsumerInstance(rt.tenant_id, group, name, name, options, consumer)
+
+    async def _release_quota(self, inst: ConsumerInstance) -> None:
+        """Give the instance's slot back to its tenant's owner of record (best effort: its sync corrects)."""
+        token, inst.quota_token = inst.quota_token, None
+        if token is not None and self.instance_quota is not None:
+            try:
+                await self.instance_quota.release(inst.tenant, token)
+            except Exception:  # never fails a delete or the reaper
+                log.exception("releasing the quota slot of consumer instance %s failed", inst.instance_id)
 
     def get_instance(self, rt: TenantRuntime, group: str, instance_id: str) -> ConsumerInstance:
         inst = rt.instances.get((group, instance_id))
@@ -455,6 +493,7 @@ class Gateway:
     async def delete_instance(self, rt: TenantRuntime, group: str, instance_id: str) -> None:
         inst = self.get_instance(rt, group, instance_id)
         rt.instances.pop((group, instance_id), None)
+        await self._release_quota(inst)
         await self._close_instance(inst)
 
     async def _close_instance(self, inst: ConsumerInstance) -> bool:
@@ -488,6 +527,7 @@ class Gateway:
             self._expired[(inst.tenant, inst.group, inst.instance_id)] = now
             log.info("consumer instance %s (tenant %s, group %s) expired after %.0f s idle",
                      inst.instance_id, inst.tenant, inst.group, self.idle_timeout)
+            await self._release_quota(inst)
             await self._close_instance(inst)
             self.expired_total += 1
         while len(self._expired) > 100_000:

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
+from service.tenants.quotas import Quotas
 
 # Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
 # client waits for records.
@@ -112,6 +113,30 @@ class Settings(BaseSettings):
         "polls, streams), never decompressed further")
     max_body_bytes: int = Field(1024 * 1024, gt=0, description="Largest accepted request body")
     max_instances: int | None = Field(None, description="Cap on consumer instances in this replica")
+    # Per-tenant quotas: the defaults of every tenant (open mode's 'default' tenant too) where the tenants
+    # file sets none; 0 = unlimited. See docs/security.md for the sizing.
+    default_max_instances: int = Field(
+        1000, ge=0, description="Consumer instances per tenant across all replicas (429/42901); 0 = unlimited")
+    default_max_topics_per_subscription: int = Field(
+        1000, ge=0, description="Topics one subscription or assignment may name (422/42206); 0 = unlimited")
+    default_max_concurrent_polls: int = Field(
+        1000, ge=0, description="Concurrent polls, streams and range reads per tenant (429/42901; each replica "
+        "allows its share: ceil(limit / live replicas)); 0 = unlimited")
+    default_max_streams: int = Field(
+        100, ge=0, description="Concurrent ndjson/SSE streams per tenant (429/42901; per-replica share); "
+        "0 = unlimited")
+    default_max_range_reads: int = Field(
+        16, ge=0, description="Concurrent offset-range reads per tenant (429/42901; per-replica share); "
+        "0 = unlimited")
+    default_requests_per_second: float = Field(
+        1000.0, ge=0, description="Requests per second per tenant, a token bucket (429/42901 with Retry-After; "
+        "per-replica share); 0 = unlimited")
+    default_burst: int = Field(
+        2000, ge=0, description="Token-bucket size of default_requests_per_second (per-replica share); "
+        "0 = ceil(rate)")
+    quota_sync_s: float = Field(
+        10.0, gt=0, description="With peers: the owner of record of a tenant's instance count re-asks every "
+        "replica for its instances this often (and before counting, when the replica set changed)")
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
         "auto", description="Event loop: uvloop when installed ('auto'), or the standard asyncio loop")
     http_parser: Literal["auto", "httptools", "h11"] = Field(
@@ -186,6 +211,21 @@ class Settings(BaseSettings):
     auto_create_replication_factor: int = Field(
         -1, ge=-1, le=32767, description="Replication factor of a topic created by produce; -1: the broker's "
         "default.replication.factor (CreateTopics v4+)")
+
+    def default_quotas(self) -> Quotas:
+        """The tenants' default quotas from the ``default_*`` settings (0: unlimited)."""
+        def cap(value: int) -> int | None:
+            return value or None
+
+        return Quotas(
+            max_instances=cap(self.default_max_instances),
+            max_concurrent_polls=cap(self.default_max_concurrent_polls),
+            requests_per_second=self.default_requests_per_second or None,
+            burst=cap(self.default_burst) if self.default_requests_per_second else None,
+            max_streams=cap(self.default_max_streams),
+            max_range_reads=cap(self.default_max_range_reads),
+            max_topics_per_subscription=cap(self.default_max_topics_per_subscription),
+        )
 
     def session_timeout_ms(self) -> int:
         if self.consumer_session_timeout_ms is not None:

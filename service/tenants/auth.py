@@ -132,17 +132,18 @@ class TenantRegistry:
     @classmethod
     def single_default(
         cls, *, bootstrap: str, connection: ConnectionConfig, clock: Callable[[], float] = time.monotonic,
-        denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
+        denied_topics: TopicDenyList = DEFAULT_DENY_LIST, default_quotas: Quotas | None = None,
     ) -> TenantRegistry:
-        """One tenant ``default`` without authentication, limits or patterns (the operator's deny-list of
-        internal topics still applies). Logs one warning."""
+        """One tenant ``default`` without authentication or patterns (the operator's deny-list of internal
+        topics still applies), with ``default_quotas`` (the gateway's default limits). Logs one warning."""
         log.warning(
             "GATEWAY_TENANTS_FILE is not set: every request is served as tenant %r WITHOUT authentication, "
             "with full access to the Kafka cluster at %s. Set GATEWAY_TENANTS_FILE to require API keys or "
             "JWTs (see docs/tenants.md).",
             DEFAULT_TENANT_ID, bootstrap,
         )
-        tenant = Tenant(DEFAULT_TENANT_ID, bootstrap, connection, Quotas(), denied_topics=denied_topics, clock=clock)
+        tenant = Tenant(DEFAULT_TENANT_ID, bootstrap, connection, default_quotas or Quotas(),
+                        denied_topics=denied_topics, clock=clock)
         return cls({DEFAULT_TENANT_ID: tenant}, auth_required=False)
 
     @classmethod
@@ -154,10 +155,12 @@ class TenantRegistry:
         default_connection: ConnectionConfig,
         clock: Callable[[], float] = time.monotonic,
         denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
+        default_quotas: Quotas | None = None,
     ) -> TenantRegistry:
         """Load and validate a tenants file; raises :class:`TenantConfigError` naming the file and field.
-        ``denied_topics`` (the operator's deny-list) is checked before every tenant's own topic patterns."""
-        loaded = _load(Path(path), default_bootstrap, default_connection, clock, denied_topics)
+        ``denied_topics`` (the operator's deny-list) is checked before every tenant's own topic patterns;
+        ``default_quotas`` (the gateway's settings) apply where the file sets no quota."""
+        loaded = _load(Path(path), default_bootstrap, default_connection, clock, denied_topics, default_quotas)
         return cls(loaded.tenants, auth_required=True, api_keys=loaded.api_keys, jwt_issuers=loaded.jwt_issuers,
                    jwt_leeway=loaded.jwt_leeway, source=loaded.source)
 

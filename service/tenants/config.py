@@ -136,10 +136,16 @@ class KafkaModel(_Model):
 
 
 class QuotasModel(_Model):
+    """A quotas section: a key left out inherits (tenant → file ``defaults`` → the gateway's
+    ``GATEWAY_DEFAULT_*`` settings); an explicit ``null`` means unlimited."""
+
     max_instances: int | None = Field(None, ge=1)
     max_concurrent_polls: int | None = Field(None, ge=1)
     requests_per_second: float | None = Field(None, gt=0)
     burst: int | None = Field(None, ge=1)
+    max_streams: int | None = Field(None, ge=1)
+    max_range_reads: int | None = Field(None, ge=1)
+    max_topics_per_subscription: int | None = Field(None, ge=1)
 
 
 class JwtIssuerModel(_Model):
@@ -301,7 +307,8 @@ class _LoadedTenants:
 
 
 def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConfig,
-          clock: Callable[[], float], denied_topics: TopicDenyList = DEFAULT_DENY_LIST) -> _LoadedTenants:
+          clock: Callable[[], float], denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
+          default_quotas: Quotas | None = None) -> _LoadedTenants:
     where = f"tenants file {path}"
     try:
         text = path.read_text("utf-8")
@@ -347,7 +354,7 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
         what = f"{where}: tenant {t.id!r}"
         bootstrap, connection = _tenant_connection(t.kafka, default_bootstrap, default_connection, base, what)
         tenants[t.id] = Tenant(
-            t.id, bootstrap, connection, _merge_quotas(model.defaults.quotas, t.quotas),
+            t.id, bootstrap, connection, _merge_quotas(model.defaults.quotas, t.quotas, default_quotas),
             topics=t.topics, groups=t.groups, description=t.description, denied_topics=denied_topics, clock=clock,
         )
 
@@ -369,12 +376,24 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
     return _LoadedTenants(tenants, api_keys, issuers, model.jwt.leeway_seconds, str(path))
 
 
-def _merge_quotas(defaults: QuotasModel, own: QuotasModel) -> Quotas:
-    values = {
-        name: getattr(own, name) if name in own.model_fields_set else getattr(defaults, name)
-        for name in QuotasModel.model_fields
-    }
-    return Quotas(**values)
+def _merge_quotas(defaults: QuotasModel, own: QuotasModel, gateway: Quotas | None = None) -> Quotas:
+    """A tenant's quotas: each key from the most specific level that sets it (the tenant, the file's
+    ``defaults``, the gateway's ``GATEWAY_DEFAULT_*`` settings); an explicit ``null`` is unlimited. The
+    gateway's default ``burst`` goes with its default rate: a file that sets ``requests_per_second`` but no
+    ``burst`` gets ``ceil(requests_per_second)``."""
+    base = gateway or Quotas()
+    values: dict[str, object] = {}
+    for name in QuotasModel.model_fields:
+        for level in (own, defaults):
+            if name in level.model_fields_set:
+                values[name] = getattr(level, name)
+                break
+        else:
+            values[name] = getattr(base, name)
+    if not any("burst" in m.model_fields_set for m in (own, defaults)) and \
+            any("requests_per_second" in m.model_fields_set for m in (own, defaults)):
+        values["burst"] = None
+    return Quotas(**values)  # type: ignore[arg-type]
 
 
 def _resolve(base: Path, file: str | None) -> str | None:

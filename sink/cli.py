@@ -1,7 +1,7 @@
 """``consumer-gateway sink``: a Spark Structured Streaming job from the gateway into a table, exactly once.
 
     consumer-gateway sink --gateway URL --topics t1,t2 --table PATH --checkpoint PATH
-        [--format parquet|delta] [--trigger available-now|interval=10s] [--api-key KEY]
+        [--format parquet|delta] [--trigger available-now|interval=10s] [--api-key-file PATH]
         [--commit-group NAME] [--max-records-per-trigger N] [--max-offsets-per-task N]
         [--starting-offsets earliest|latest] [--response-format arrow|json]
 
@@ -10,6 +10,11 @@ exactly-once for Spark readers. ``delta`` appends each micro-batch with delta-rs
 ``(query id, batch id)``, skipping a replayed batch: exactly-once for every reader. Progress (batch, rows,
 rows/s, lag in offsets behind the last stable offsets) is printed per micro-batch; the exit status is 0 when
 the query ended normally, 1 on a failure (the message names the cause), 2 on bad arguments.
+
+The API key: from the environment (``GATEWAY_API_KEY``) or a file (``--api-key-file PATH``: its first line),
+never from the command line, which every user of the machine can read (``ps``, ``/proc/PID/cmdline``);
+``--api-key KEY`` still works for existing scripts but warns on stderr. Spark gets it as the data source
+option ``apiToken``, a name Spark's default ``spark.redaction.regex`` hides in plans, the UI and logs.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from typing import Any
 
 from sink.http import GatewayError, GatewayHTTP, quote
 
+API_KEY_ENV = "GATEWAY_API_KEY"
+API_KEY_OPTION = "apiToken"  # matches Spark's default spark.redaction.regex: (?i)secret|password|token|access[.]?key
+ARGV_KEY_WARNING = (f"warning: --api-key puts the key on the command line, where other users of this machine can "
+                    f"read it (ps, /proc/PID/cmdline); set {API_KEY_ENV} or use --api-key-file PATH instead")
 ERROR_RE = re.compile(r"(?:sink\.http\.)?(Gateway(?:Unavailable|HTTPError|Error)|ValueError): (.+)")
 
 
@@ -35,7 +44,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (the source of truth)")
     ap.add_argument("--format", choices=("parquet", "delta"), default="parquet")
     ap.add_argument("--trigger", default="available-now", help="available-now (default) or interval=10s")
-    ap.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY"))
+    keys = ap.add_mutually_exclusive_group()
+    keys.add_argument("--api-key-file", metavar="PATH",
+                      help=f"read the API key from this file (its first line); default: the {API_KEY_ENV} variable")
+    keys.add_argument("--api-key", help=f"deprecated: visible to other users in ps; use {API_KEY_ENV} or --api-key-file")
     ap.add_argument("--commit-group", help="also commit each batch's end offsets to this consumer group")
     ap.add_argument("--starting-offsets", default="earliest", help="earliest (default) or latest")
     ap.add_argument("--max-records-per-trigger", type=int)
@@ -48,7 +60,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.trigger != "available-now" and not re.fullmatch(r"interval=\d+(ms|s|m)", args.trigger):
         ap.error("--trigger: available-now or interval=<n>(ms|s|m)")
+    if args.api_key is not None:
+        print(ARGV_KEY_WARNING, file=sys.stderr, flush=True)
+    elif args.api_key_file is not None:
+        try:
+            args.api_key = read_key_file(args.api_key_file)
+        except (OSError, ValueError) as e:
+            ap.error(f"--api-key-file: {e}")
+    else:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
     return args
+
+
+def read_key_file(path: str) -> str:
+    """The first line of ``path``, without surrounding whitespace (a trailing newline is usual)."""
+    with open(path, encoding="utf-8") as f:
+        key = f.readline().strip()
+    if not key:
+        raise ValueError(f"{path}: the first line is empty")
+    return key
 
 
 def build_session(master: str = "local[2]", driver_memory: str = "2g", app_name: str = "kafka-gateway-sink") -> Any:
@@ -153,7 +183,7 @@ def start_query(spark: Any, args: argparse.Namespace) -> Any:
     reader = (spark.readStream.format("kafka_gateway").option("gateway", args.gateway)
               .option("topics", args.topics).option("startingOffsets", args.starting_offsets))
     if args.api_key:
-        reader = reader.option("apiKey", args.api_key)
+        reader = reader.option(API_KEY_OPTION, args.api_key)
     if args.max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(args.max_records_per_trigger))
     if args.max_offsets_per_task:

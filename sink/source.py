@@ -8,7 +8,9 @@ Kafka partition, split into ranges of at most ``maxOffsetsPerTask`` offsets; ``r
 ``GET /topics/{t}/partitions/{p}/records`` with ``Accept: application/vnd.apache.arrow.stream`` and yields
 Arrow record batches. Everything ``read()`` needs travels in the :class:`RangePartition` (readers are pickled).
 
-Options (strings): ``gateway`` (URL, required), ``topics`` (comma list, required), ``apiKey``,
+Options (strings): ``gateway`` (URL, required), ``topics`` (comma list, required), ``apiToken`` (the gateway
+API key; a name Spark's default ``spark.redaction.regex`` redacts in plans, the UI and logs; the older
+``apiKey`` is still accepted but shown in clear),
 ``startingOffsets`` (``earliest`` (default) | ``latest`` | JSON ``{"topic:partition": offset}``),
 ``endingOffsets`` (batch only: ``latest`` | JSON), ``maxOffsetsPerTask`` (default 200000),
 ``maxRecordsPerTrigger`` (streaming: at most about this many offsets per micro-batch), ``maxBytesPerPage``,
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -133,7 +135,7 @@ def _format_option(v: str) -> str:
 class Settings:
     gateway: str
     topics: tuple[str, ...]
-    api_key: str | None
+    api_key: str | None = field(repr=False)  # never in a log line or an error message
     starting: str
     ending: str
     max_offsets_per_task: int
@@ -148,7 +150,7 @@ class Settings:
         if not gateway:
             raise ValueError("option 'gateway' is required (the gateway's base URL)")
         return cls(gateway=gateway.rstrip("/"), topics=tuple(parse_topics(o.get("topics"))),
-                   api_key=o.get("apikey") or None, starting=o.get("startingoffsets", "earliest"),
+                   api_key=o.get("apitoken") or o.get("apikey") or None, starting=o.get("startingoffsets", "earliest"),
                    ending=o.get("endingoffsets", "latest"),
                    max_offsets_per_task=_int_option(o, "maxoffsetspertask", DEFAULT_MAX_OFFSETS_PER_TASK) or 1,
                    max_records_per_trigger=_int_option(o, "maxrecordspertrigger", None),

@@ -83,6 +83,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "auth": {"existingSecret": "gateway-tokens"},
         "serviceMonitor": {"enabled": True},
     },
+    "peer-tls": {  # issue 21 items 16-17: HTTPS between replicas, no generated tokens, chart limits
+        "kafka": {"bootstrap": BOOTSTRAP},
+        "tls": {"enabled": True, "secretName": "gateway-tls"},
+        "auth": {"generateTokens": False, "peerToken": "peer-token-from-values", "adminToken": "admin-from-values"},
+        "serviceMonitor": {"enabled": True},
+        "networkPolicy": {"ingressFrom": [{"namespaceSelector": {"matchLabels": {"team": "edge"}}},
+                                          {"ipBlock": {"cidr": "10.20.0.0/16"}}],
+                          "metricsFrom": []},
+        "gateway": {"deniedTopics": "audit-*,re:^secret\\..*", "http": {"maxHeaderBytes": 32768,
+                                                                   "maxConnections": 2000}},
+    },
     "single-replica": {
         "kafka": {"bootstrap": "kafka:9092"},
         "replicaCount": 1,
@@ -99,7 +110,7 @@ for _values in VALUE_SETS.values():
 # Secrets the value sets name but do not create (they exist in the cluster), with their keys.
 EXTERNAL_SECRETS = {"kafka-client-tls": {"ca.crt", "tls.crt", "tls.key"}, "team-a-kafka": {"password"},
                     "kafka-sasl": {"password"}, "gateway-tenants": {"tenants.yml"},
-                    "gateway-tokens": {"admin-token", "peer-token"}}
+                    "gateway-tokens": {"admin-token", "peer-token"}, "gateway-tls": {"tls.crt", "tls.key", "ca.crt"}}
 
 
 # --- rendering -------------------------------------------------------------------------------------
@@ -238,6 +249,10 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
                              "type": "object", "additionalProperties": False, "properties": {
                                  "port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
                                  "scheme": {"enum": ["http", "https"]}, "interval": DURATION,
+                                 "tlsConfig": {"type": "object", "additionalProperties": False, "properties": {
+                                     "serverName": {"type": "string"}, "ca": {
+                                         "type": "object", "additionalProperties": False,
+                                         "properties": {"secret": SECRET_KEY_SELECTOR}}}},
                                  "scrapeTimeout": DURATION, "honorLabels": {"type": "boolean"},
                                  "bearerTokenSecret": SECRET_KEY_SELECTOR,
                                  "authorization": {"type": "object", "additionalProperties": False, "properties": {
@@ -349,12 +364,13 @@ def test_kafka_is_external_and_the_server_listens_on_all_interfaces(rendered: Re
 def test_probes(rendered: Rendered) -> None:
     c = rendered.container
     assert c["ports"][0]["name"] == "http"
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    scheme = {"scheme": "HTTPS"} if rendered.values["tls"]["enabled"] else {}  # the listener serves HTTPS only
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", **scheme}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http", **scheme}
     if rendered.values.get("readinessProbe") is None:  # null removes a default
         assert "readinessProbe" not in c
     else:
-        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", **scheme}
         # /readyz waits up to 5 s for a tenant's metadata
         assert c["readinessProbe"]["timeoutSeconds"] > 5
 
@@ -575,7 +591,7 @@ BAD_TEMPLATE = {
         {"kafka": {"bootstrap": "k:9092"}, "tenants": {"file": "version: 1", "existingSecret": "t"}},
         "tenants.file or tenants.existingSecret"),
     "no tokens and no generation": (
-        {"kafka": {"bootstrap": "k:9092"}, "auth": {"generateTokens": False}}, "auth.adminToken"),
+        {"kafka": {"bootstrap": "k:9092"}, "auth": {"generateTokens": False}}, "auth.peerToken"),
     "both PDB bounds": (
         {"kafka": {"bootstrap": "k:9092"}, "podDisruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}},
         "podDisruptionBudget"),

@@ -87,6 +87,26 @@ Whether the Kafka security protocol uses SASL / TLS.
 {{- end }}
 
 {{/*
+Whether the pods get GATEWAY_ADMIN_TOKEN: from auth.existingSecret, a given token, or a generated one.
+*/}}
+{{- define "kcg.adminToken" -}}
+{{- if or .Values.auth.existingSecret .Values.auth.adminToken .Values.auth.generateTokens }}true{{ end }}
+{{- end }}
+
+{{/*
+A probe from values; with tls.enabled an httpGet probe asks over HTTPS (the kubelet does not verify the
+certificate). Called with (list $ probe).
+*/}}
+{{- define "kcg.probe" -}}
+{{- $root := index . 0 }}
+{{- $probe := deepCopy (index . 1) }}
+{{- if and $root.Values.tls.enabled (hasKey $probe "httpGet") }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}
+
+{{/*
 Checks that need more than values.schema.json.
 */}}
 {{- define "kcg.validate" -}}
@@ -107,8 +127,14 @@ Checks that need more than values.schema.json.
 {{- if and $v.tenants.file $v.tenants.existingSecret }}
 {{- fail "set tenants.file or tenants.existingSecret, not both" }}
 {{- end }}
-{{- if and (not $v.auth.existingSecret) (not $v.auth.generateTokens) (not (and $v.auth.adminToken $v.auth.peerToken)) }}
-{{- fail "auth.generateTokens is false: set auth.adminToken and auth.peerToken, or auth.existingSecret" }}
+{{- if and (not $v.auth.existingSecret) (not $v.auth.generateTokens) (not $v.auth.peerToken) }}
+{{- fail "auth.generateTokens is false and no peer token is given: the replicas authenticate each other with it (GATEWAY_PEER_TOKEN, required with peers). Set auth.peerToken or auth.existingSecret" }}
+{{- end }}
+{{- if and $v.serviceMonitor.enabled (not (include "kcg.adminToken" .)) }}
+{{- fail "serviceMonitor.enabled scrapes /metrics with the admin token, but auth.generateTokens is false and auth.adminToken is empty: set auth.adminToken or auth.existingSecret" }}
+{{- end }}
+{{- if and $v.tls.enabled (not $v.tls.secretName) }}
+{{- fail "tls.enabled needs tls.secretName: a Secret with the certificate, its key and the CA (tls.certKey, tls.keyKey, tls.caKey)" }}
 {{- end }}
 {{- if eq $v.auth.adminTokenKey $v.auth.peerTokenKey }}
 {{- fail "auth.adminTokenKey and auth.peerTokenKey must differ" }}

@@ -84,6 +84,14 @@ FetchGroup = M.struct("OffsetFetchRequest", "OffsetFetchRequestGroup")
 FetchTopics = M.struct("OffsetFetchRequest", "OffsetFetchRequestTopics")
 
 
+def _tps(tps: Sequence[TopicPartition]) -> str:
+    """Partitions for a log line: topic[p,p,...] per topic."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in tps:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return "{" + ", ".join(f"{t}{sorted(ps)}" for t, ps in sorted(by_topic.items())) + "}"
+
+
 HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.aio.TickTimers)
 
 
@@ -156,6 +164,13 @@ class GroupCoordinator:
         # heartbeats from callbacks (_drive_heartbeats): the current drive's number, and what ended it
         self._hb_epoch = 0
         self._hb_result: Step | BaseException | None = None
+        #: since when (monotonic) the member has been trying to (re)join without reaching a stable generation
+        self._unstable_since: float | None = None
+        #: since when (monotonic) the member has been subscribed while owning no partition (None: it owns some,
+        #: or it is not subscribed); read by the metrics (kcg_consumer_instances_unassigned)
+        self._unassigned_since: float | None = None
+        #: times this member left and rejoined as a new member because its rebalance stalled (see _join)
+        self.stall_recoveries = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -184,6 +199,23 @@ class GroupCoordinator:
     @property
     def stable(self) -> bool:
         return self.member.state is MemberState.STABLE and not self.member.rejoin_needed
+
+    def unassigned_seconds(self, now: float | None = None) -> float:
+        """How long this member has been subscribed while owning no partition (0: it owns some, or it is
+        not subscribed). More members than partitions makes this legitimately grow for the spare ones."""
+        self._note_assignment(now)
+        since = self._unassigned_since
+        return 0.0 if since is None else max(0.0, (time.monotonic() if now is None else now) - since)
+
+    def _note_assignment(self, now: float | None = None) -> None:
+        if self._closing or not self._topics() or self.member.owned:
+            self._unassigned_since = None
+        elif self._unassigned_since is None:
+            self._unassigned_since = time.monotonic() if now is None else now
+
+    def _describe(self) -> str:
+        m = self.member
+        return f"group {self.group_id} member {m.member_id or '-'} generation {m.generation_id}"
 
     async def wait_stable(self, timeout: float) -> bool:
         if self.stable:
@@ -372,6 +404,12 @@ class GroupCoordinator:
 
     async def _after_heartbeat(self, step: Step) -> None:
         """What a heartbeat answer other than OK asks for."""
+        if step.action is Action.FATAL:
+            log.warning("%s: heartbeat failed for good: %s", self._describe(), step.error)
+        elif step.action is not Action.OK:
+            log.info("%s: heartbeat: %s", self._describe(),
+                     "coordinator moved" if step.action is Action.REDISCOVER else
+                     "coordinator loading" if step.action is Action.RETRY else self.member.rejoin_reason)
         if step.action is Action.REDISCOVER:
             self.coordinator_dead("heartbeat")
         elif step.action is Action.RETRY:
@@ -469,21 +507,33 @@ class GroupCoordinator:
     async def _lose_partitions(self) -> None:
         lost, self.member.owned = self.member.owned, []
         if lost:
+            log.info("%s: lost partitions %s (no longer a member of the generation)", self._describe(),
+                     _tps(lost))
             await self._on_lost(lost)
+        self._note_assignment()
 
     async def _join(self, topics: list[str]) -> None:
         m = self.member
+        if self._unstable_since is None:
+            self._unstable_since = time.monotonic()
         revoked = m.prepare_join()
         if revoked:
+            log.info("%s: revoking %s before rejoining (%s)", self._describe(), _tps(revoked), m.rejoin_reason)
             await self._on_revoke(revoked)
-        elif not m.cooperative or m.generation_id < 0:
-            pass
         await self.ensure_coordinator()
         join_timeout = m.rebalance_timeout_ms / 1000 + 5.0
         while not self._closing:
+            if m.stalled(time.monotonic() - self._unstable_since):
+                await self._recover_stall()
             req = m.join_request(topics)
+            log.info("%s: joining (reason: %s)", self._describe(), req.reason)
             resp = await self._send(req, timeout=join_timeout, blocking=True)
             step = m.on_join_response(resp)
+            if resp.error_code:
+                log.info("%s: JoinGroup answered %s", self._describe(), EC.describe(resp.error_code).name)
+            else:
+                log.info("%s: joined; leader %s%s", self._describe(), m.leader_id or "-",
+                         f", members {sorted(x.member_id for x in resp.members)}" if m.is_leader else "")
             if step.action is Action.REJOIN:
                 continue
             if step.action is Action.RETRY:
@@ -493,6 +543,7 @@ class GroupCoordinator:
                 self.coordinator_dead("join")
                 return
             if step.action is Action.FATAL:
+                log.warning("%s: JoinGroup failed for good: %s", self._describe(), step.error)
                 await self._lose_partitions()
                 raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
             if step.action is Action.ASSIGN:
@@ -503,21 +554,28 @@ class GroupCoordinator:
                                 self.group_id, member_id, problem)
                 if step.action is Action.FATAL:
                     raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
+                log.info("%s: as leader, assigned %s", self._describe(), m.last_plan)
             resp = await self._send(step.request, timeout=join_timeout, blocking=True)
             step = m.on_sync_response(resp)
             if step.action is Action.DONE:
+                log.info("%s: synced; assignment %s (added %s, revoked %s)", self._describe(),
+                         _tps(step.assigned), _tps(step.added), _tps(step.revoked))
                 if step.revoked:
                     await self._on_revoke(step.revoked)
                 await self._on_assign(step.assigned, step.added)
                 self.last_error = None
                 self._failed.clear()
+                self._unstable_since = None
+                self._note_assignment()
                 if not m.rejoin_needed:
                     self._stable.set()
                 return
+            log.info("%s: SyncGroup answered %s", self._describe(), EC.describe(resp.error_code).name)
             if step.action is Action.REDISCOVER:
                 self.coordinator_dead("sync")
                 return
             if step.action is Action.FATAL:
+                log.warning("%s: SyncGroup failed for good: %s", self._describe(), step.error)
                 await self._lose_partitions()
                 raise GroupFatalError(str(step.error), code=step.error.code if step.error else None)
             if step.action is Action.RETRY:
@@ -525,6 +583,69 @@ class GroupCoordinator:
             if m.generation_id < 0:
                 await self._lose_partitions()
             # REJOIN: loop
+
+    async def _recover_stall(self) -> None:
+        """The member has not reached a stable generation for longer than its session timeout although the
+        broker answers. Two ways out, chosen from what the broker says the group is (DescribeGroups):
+
+        - the leader the broker names in JoinGroup answers is not a member of the group any more (it left or
+          expired): no one will ever send that leader's SyncGroup, so every follower's SyncGroup is answered
+          REBALANCE_IN_PROGRESS for ever (Tansu 0.6, docs/groups.md; Apache Kafka elects a new leader
+          instead). The member rejoins under the departed leader's member id, which such a broker takes for
+          the leader's: it gets the member list and completes the rebalance;
+        - otherwise it leaves (static members too) and rejoins as a new member.
+
+        On a broker without the defect this costs one extra rebalance, and only after a stall.
+        """
+        m = self.member
+        stalled_for = time.monotonic() - (self._unstable_since or time.monotonic())
+        self.stall_recoveries += 1
+        self._unstable_since = time.monotonic()
+        stale_leader = m.leader_id if m.leader_id and m.leader_id != m.member_id else None
+        members = await self._describe_members()
+        if stale_leader is not None and members is not None and stale_leader not in members:
+            log.warning("%s: no stable generation for %.1f s (session timeout %.1f s): the coordinator names "
+                        "%s as leader, which is not a member of the group (members: %s); rejoining under the "
+                        "departed leader's member id to complete the rebalance (a broker defect: docs/groups.md)",
+                        self._describe(), stalled_for, m.session_timeout_ms / 1000, stale_leader, sorted(members))
+            await self._lose_partitions()
+            # our own member id leaves first: the rebalance then does not wait for it to expire
+            await self._leave_quietly(m.leave_request("rejoining under the departed leader's id", force_static=True))
+            m.adopt_member_id(stale_leader, "rebalance stalled on a departed leader")
+            return
+        log.warning("%s: no stable generation for %.1f s (session timeout %.1f s; leader %s, members %s); "
+                    "leaving the group and rejoining as a new member", self._describe(), stalled_for,
+                    m.session_timeout_ms / 1000, m.leader_id or "-",
+                    "unknown" if members is None else sorted(members))
+        await self._lose_partitions()
+        req = m.leave_request("rebalance stalled: rejoining as a new member", force_static=True)
+        m.reset_member("rebalance stalled: rejoining as a new member")
+        await self._leave_quietly(req)
+
+    async def _leave_quietly(self, req: Any | None) -> None:
+        """Send a LeaveGroup built by the member (if any); failures are only logged."""
+        if req is None:
+            return
+        try:
+            resp = await self._send(req, timeout=5.0)
+            codes = [resp.error_code] + [x.error_code for x in (resp.members or [])]
+            if any(codes):
+                log.info("%s: LeaveGroup answered %s", self._describe(), [EC.describe(c).name for c in codes if c])
+        except KafkaError as exc:
+            log.info("%s: LeaveGroup failed: %s", self._describe(), exc)
+
+    async def _describe_members(self) -> set[str] | None:
+        """The member ids the coordinator lists for this group (DescribeGroups), None if it cannot tell."""
+        try:
+            resp = await self._send(M.DescribeGroupsRequest(groups=[self.group_id],
+                                                            include_authorized_operations=False), timeout=5.0)
+        except KafkaError as exc:
+            log.info("%s: DescribeGroups failed: %s", self._describe(), exc)
+            return None
+        g = next((g for g in resp.groups if g.group_id == self.group_id), None)
+        if g is None or g.error_code:
+            return None
+        return {x.member_id for x in g.members}
 
     async def _leave(self, reason: str, force_static: bool = False) -> None:
         """onLeavePrepare then LeaveGroup: the revocation hook (which may commit) runs while this
@@ -538,7 +659,11 @@ class GroupCoordinator:
             except Exception:
                 log.exception("group %s: revocation hook failed while leaving", self.group_id)
         req = m.leave_request(reason, force_static=force_static)
+        log.info("%s: %s (%s)", self._describe(), "leaving" if req is not None else
+                 "stopping (a static member keeps its slot until its session times out)", reason)
         m.after_leave(reason)
+        self._unstable_since = None
+        self._note_assignment()
         if req is None or self.coordinator_id is None:
             return
         try:

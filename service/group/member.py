@@ -99,6 +99,8 @@ class GroupMember:
         self._members: list[Any] = []  # leader only: JoinGroup members of the current generation
         self.rebalances = 0
         self.bad_subscriptions: list[tuple[str, str]] = []
+        #: leader only: the latest assignment it computed, as {member id: partition count} (for logs)
+        self.last_plan: dict[str, int] = {}
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -114,6 +116,19 @@ class GroupMember:
         for tp in self.owned:
             out.setdefault(tp.topic, []).append(tp.partition)
         return out
+
+    def stalled(self, unstable_for_s: float) -> bool:
+        """Whether a member that has been trying to reach a stable generation for ``unstable_for_s`` seconds
+        (answers arriving, none of them an assignment) should give up its member id and rejoin as a new
+        member: after one session timeout, when the broker would have expired any member that stopped
+        heartbeating, a rebalance that still does not complete is stuck on a member that is gone."""
+        return self.state is not MemberState.FATAL and unstable_for_s * 1000 > self.session_timeout_ms
+
+    def adopt_member_id(self, member_id: str, reason: str) -> None:
+        """Rejoin under ``member_id`` (a departed leader's id a broker keeps naming as leader; see
+        GroupCoordinator._recover_stall)."""
+        self.member_id = member_id
+        self.reset_generation(reason)
 
     def reset_generation(self, reason: str) -> None:
         self.generation_id = -1
@@ -208,6 +223,7 @@ class GroupMember:
                 self.bad_subscriptions.append((m.member_id, str(exc)))
                 subs[m.member_id] = MemberSubscription(member_id=m.member_id, group_instance_id=m.group_instance_id)
         result = assignor.assign(partitions_per_topic, subs)
+        self.last_plan = {mid: sum(len(ps) for ps in result.get(mid, {}).values()) for mid in subs}
         assignments = [
             SyncAssignment(member_id=mid, assignment=cp.encode_assignment(result.get(mid, {})))
             for mid in subs

@@ -1,0 +1,126 @@
+"""Groups recover, always (issue 22 item 0): real Tansu, engine-level members over real sockets.
+
+A "kill -9" of a member is simulated by stopping its membership task and closing its connections without a
+LeaveGroup (what the broker sees of a killed process). Tansu 0.6 keeps a departed member as the group's
+leader (docs/groups.md): without the gateway's stall recovery the survivors sit with no partitions for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from service.client.client import KafkaClient
+from service.consumer.consumer import Consumer, ConsumerConfig
+from service.embedded import EmbeddedBroker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SESSION_MS = 6000  # above Tansu's 3 s hold of a static member's JoinGroup / SyncGroup
+CFG = {"session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": 300, "auto_offset_reset": "earliest",
+       "fetch_max_wait_ms": 100}
+PARTITIONS = 4
+
+
+class Members:
+    def __init__(self, bootstrap: str, group: str) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.live: list[Consumer] = []
+
+    def add(self, instance_id: str | None) -> Consumer:
+        c = Consumer(KafkaClient(self.bootstrap), ConsumerConfig(group_id=self.group, group_instance_id=instance_id,
+                                                                 client_id=instance_id or "dyn", **CFG))
+        self.live.append(c)
+        return c
+
+    async def kill(self, c: Consumer) -> None:
+        """What the broker sees of kill -9: heartbeats stop, connections close, no LeaveGroup."""
+        self.live.remove(c)
+        coord = c.coordinator
+        assert coord is not None and coord._task is not None
+        coord._closing = True
+        coord._task.cancel()
+        await asyncio.gather(coord._task, return_exceptions=True)
+        await c.client.close()
+
+    async def converge(self, timeout: float) -> float:
+        """Poll every live member until their assignments cover all partitions disjointly; the seconds it
+        took. Fails with the assignments seen if that does not happen within ``timeout``."""
+        started = time.monotonic()
+        while True:
+            await asyncio.gather(*(c.poll(timeout=0.2) for c in self.live))
+            owned = [set(c.assignment()) for c in self.live]
+            if (sum(len(o) for o in owned) == PARTITIONS and len(set().union(*owned)) == PARTITIONS
+                    and all(o for o in owned)):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"group stuck: assignments {[sorted(o) for o in owned]}")
+
+    async def close(self) -> None:
+        for c in self.live:
+            await c.close()
+            await c.client.close()
+
+
+@pytest.fixture
+async def members(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> AsyncIterator[Members]:
+    await kclient.create_topics({topic_name: PARTITIONS})
+    m = Members(tansu.bootstrap, f"g-{topic_name}")
+    try:
+        yield m
+    finally:
+        await m.close()
+
+
+async def _two(members: Members, topic: str, static: bool) -> tuple[Consumer, Consumer]:
+    a = members.add("inst-a" if static else None)
+    await a.subscribe([topic])
+    await members.converge(20)  # a alone first: a is the leader
+    b = members.add("inst-b" if static else None)
+    await b.subscribe([topic])
+    await members.converge(30)
+    assert a.member is not None and a.member.is_leader
+    return a, b
+
+
+@pytest.mark.parametrize("victim", ["leader", "follower"])
+async def test_kill_of_a_static_member_the_survivor_takes_every_partition(
+        members: Members, topic_name: str, victim: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="service.group.coordinator")
+    a, b = await _two(members, topic_name, static=True)
+    dead, survivor = (a, b) if victim == "leader" else (b, a)
+    await members.kill(dead)
+    # expiry after the session timeout, then at most a stall recovery (one more session timeout) and a
+    # rebalance (Tansu holds a static member's JoinGroup and SyncGroup 3 s each)
+    took = await members.converge(4 * SESSION_MS / 1000 + 8)
+    assert len(set(survivor.assignment())) == PARTITIONS
+    assert took < 4 * SESSION_MS / 1000 + 8
+    if victim == "leader":
+        assert survivor.coordinator is not None and survivor.coordinator.stall_recoveries >= 1
+        assert any("not a member of the group" in r.getMessage() for r in caplog.records)
+    # transitions are logged at INFO with group, member and generation
+    joined = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and ": synced; assignment" in
+              r.getMessage()]
+    assert any(f"group {members.group} member " in m and " generation " in m for m in joined)
+
+
+async def test_graceful_restarts_in_a_row_leave_no_member_without_partitions(
+        members: Members, topic_name: str) -> None:
+    """A rolling restart: each member in turn leaves (LeaveGroup) and a new one joins at once, the next
+    restart before the group settled."""
+    await _two(members, topic_name, static=False)
+    for _ in range(2):
+        for old in list(members.live):
+            members.live.remove(old)
+            await old.close()
+            await old.client.close()
+            new = members.add(None)
+            await new.subscribe([topic_name])
+            # the next restart comes before the group settled (a JoinGroup takes Tansu 3 s)
+            await asyncio.gather(*(c.poll(timeout=0.5) for c in members.live))
+        await members.converge(4 * SESSION_MS / 1000 + 8)

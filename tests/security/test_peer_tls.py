@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ from typing import Any
 import httpx
 import pytest
 import trustme
+from prometheus_client import CollectorRegistry
 
+from api.routing import Router
 from service.embedded import EmbeddedBroker, free_port
 from service.routing import owner, routing_key
+from service.settings import Settings
 from tests.integration.gateway_proc import FAST_ENV, GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -257,6 +261,29 @@ async def test_a_replica_with_the_wrong_ca_cannot_reach_the_others(replicas: dic
             assert TLS_ERROR in read_log(m)
         finally:
             await via_a.delete(f"/consumers/{GROUP}/instances/{name}", headers=V2)
+
+
+async def test_discovered_peers_are_https_and_verified_against_the_dns_name(certs: Certs) -> None:
+    """GATEWAY_PEER_DNS (the chart's headless Service) resolves to addresses: with peer TLS they are https URLs
+    whose certificates must name the DNS host (no per-pod IP in any certificate)."""
+    gateway = types.SimpleNamespace(replica_id="r0", max_poll_timeout=30.0, draining=False, name_placement=None)
+    settings = Settings(peer_dns="localhost:8443", peer_token=TOKEN, peer_tls_ca_file=str(certs.ca_file),
+                        peers="https://10.1.2.3:8443,10.1.2.4:8443")
+    router = Router(settings, gateway, CollectorRegistry())  # type: ignore[arg-type]
+    urls = await router.targets()
+    discovered = [u for u in urls if u not in router.static_urls]
+    assert router.static_urls == ["https://10.1.2.3:8443", "https://10.1.2.4:8443"]  # no scheme: https
+    assert discovered and all(u.startswith("https://") for u in discovered), urls
+    assert {router.server_name(u) for u in discovered} == {"localhost"}
+    assert {router.server_name(u) for u in router.static_urls} == {None}  # the URL's own host
+    assert router.pool._server_name is not None and router.pool._server_name(discovered[0]) == "localhost"
+    named = Router(settings.model_copy(update={"peer_tls_server_name": NAME}), gateway,  # type: ignore[arg-type]
+                   CollectorRegistry())
+    assert named.server_name("https://10.1.2.3:8443") == NAME
+    # without peer TLS everything stays http
+    plain = Router(Settings(peer_dns="localhost:8080", peer_token=TOKEN), gateway,  # type: ignore[arg-type]
+                   CollectorRegistry())
+    assert all(u.startswith("http://") for u in await plain.targets())
 
 
 @pytest.mark.parametrize("case", ["cert without key", "key without cert", "unreadable cert", "garbage key",

@@ -18,6 +18,11 @@ requests; requests may take up to the total. When a request's charge does not fi
 bounded time and is then refused (:class:`BudgetExhausted`: the HTTP layer answers 503 with ``Retry-After``);
 a fetch that gets no grant is not sent, and its fetcher is woken when memory is released.
 
+A fetch without a grant whose owner is polling makes room by dropping the prefetched records of the
+instances that have not asked for records for the longest time (:meth:`MemoryBudget.reclaim`: prefetch is a
+cache; positions do not move, the records are fetched again when those owners poll, and until then they do not
+prefetch), so consumers that stopped polling cannot starve the ones that poll.
+
 Grants shrink as the budget fills (a quarter of what is left, at least :data:`MIN_GRANT`), so many consumers keep
 long-polling with small fetches instead of a few holding the whole budget. Nothing here does I/O; the waiting
 queue uses the running event loop's futures only in :meth:`MemoryBudget.reserve`.
@@ -28,8 +33,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 KINDS = ("prefetch", "fetch", "range", "body")
 #: The smallest fetch grant: below it the fetch waits for memory to be released.
@@ -63,6 +71,8 @@ class MemoryBudget:
         self.refused: dict[str, int] = dict.fromkeys(KINDS, 0)  # charges refused (range, body) or deferred (fetch)
         self._waiters: deque[tuple[int, str, asyncio.Future[None]]] = deque()
         self._on_free: list[Callable[[], None]] = []
+        self._fetchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.reclaimed = 0  # prefetched bytes dropped for fetchers whose owners were waiting
 
     # -- accounting -------------------------------------------------------------------------------
     @property
@@ -108,6 +118,29 @@ class MemoryBudget:
         n = min(n, left)
         self._charge("fetch", n)
         return n
+
+    def register(self, fetcher: Any) -> None:
+        """A consumer fetcher whose prefetched records :meth:`reclaim` may drop (``last_demand``, ``polling``,
+        ``buffered_bytes``, ``shed()``)."""
+        self._fetchers.add(fetcher)
+
+    def reclaim(self, need: int, requester: Any = None, active_s: float = 1.0) -> int:
+        """Prefetched records are a cache: drop those of the fetchers whose owners asked for records longest
+        ago (not polling now, no poll for ``active_s``), until ``need`` bytes are free for ``requester``, a
+        fetcher with an owner waiting. The records are fetched again when their owners poll (positions do not
+        move). Returns the bytes freed."""
+        now = time.monotonic()
+        victims = sorted((f for f in list(self._fetchers)
+                          if f is not requester and not f.polling and f.buffered_bytes > 0
+                          and now - f.last_demand > active_s), key=lambda f: f.last_demand)
+        freed = 0
+        for f in victims:
+            if freed >= need:
+                break
+            freed += f.shed()
+        if freed:
+            self.reclaimed += freed
+        return freed
 
     def when_free(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (once) the next time memory is released."""

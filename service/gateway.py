@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.budget import MemoryBudget
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
@@ -161,18 +162,8 @@ class ConsumerInstance:
         self.last_used = time.monotonic()
 
 
-class Budget:
-    """A global bound on prefetched bytes across all instances of the process."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.used = 0
-
-    def add(self, delta: int) -> None:
-        self.used = max(0, self.used + delta)
-
-    def available(self) -> bool:
-        return self.used < self.total
+class Budget(MemoryBudget):
+    """The process-wide memory budget (:mod:`service.budget`); the name kept for existing callers."""
 
 
 @dataclass
@@ -211,7 +202,7 @@ class Gateway:
         self.idle_timeout = idle_timeout
         self.max_poll_timeout = max_poll_timeout
         self.prefetch_bytes = prefetch_bytes
-        self.budget = Budget(memory_budget_bytes)
+        self.budget: MemoryBudget = Budget(memory_budget_bytes)
         self.consumer_defaults = consumer_defaults or {}
         self.max_instances = max_instances
         if shutdown_timeout <= 0 or shutdown_concurrency < 1:

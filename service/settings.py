@@ -106,7 +106,14 @@ class Settings(BaseSettings):
         16 * 1024 * 1024, gt=0, description="No new fetch while an instance has this much buffered (fetched, not "
         "yet delivered); within the process budget memory_budget_bytes. 16 MB keeps a fast poller supplied while "
         "the broker prepares its next response (4 MB let the buffer run dry: poll p99 22-29 ms vs 16-19 ms)")
-    memory_budget_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Prefetch bound across all instances")
+    memory_budget_bytes: int = Field(
+        512 * 1024 * 1024, gt=0, description="One memory bound for the process: consumer prefetch and in-flight "
+        "fetches (at most three quarters of it), offset-range pages being read and rendered (3 x max_bytes each) "
+        "and request bodies being received (twice their size). A request that does not fit waits memory_wait_s, "
+        "then 503/50305 with Retry-After")
+    memory_wait_s: float = Field(
+        2.0, ge=0, description="How long a range read or request body waits for room in memory_budget_bytes "
+        "before 503/50305")
     max_batch_inflated_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Largest decompressed size of one record batch: a batch inflating "
         "past it (a decompression bomb) is refused with 422/42209 naming topic, partition and offset (range reads, "

@@ -101,6 +101,7 @@ class FetcherStats:
     aborted_batches: int = 0
     aborted_after_delivery: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    shed: int = 0  # buffers dropped for memory (MemoryBudget.reclaim)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class Fetcher:
         self.buffered_records = 0  # records in the buffer not yet handed out (paused partitions included)
         self.budget: Any = None  # optional process-wide memory budget (service.budget.MemoryBudget)
         self._budget_waiting = False
+        self._budget_registered = False
+        self._shed_at: float | None = None  # when shed() dropped the buffer; no prefetch until the next demand
         self.data_event = LightEvent()
         self.errors: dict[TopicPartition, Exception] = {}
         #: partitions held back at an offset whose batch inflates past the bound: (offset, until monotonic)
@@ -220,6 +223,18 @@ class Fetcher:
             self.errors.pop(tp, None)
             self.parked.pop(tp, None)
         self.wake()
+
+    def shed(self) -> int:
+        """Drop the buffered records for memory (:meth:`MemoryBudget.reclaim`): positions do not move, so they
+        are fetched again when the owner asks; until then this fetcher does not prefetch. Returns the bytes
+        freed."""
+        freed = self.buffered_bytes
+        for tp in list(self.buffer):
+            q = self.buffer.pop(tp)
+            self._account(-(sum(cf.size for cf in q)), -sum(len(cf.records) - cf.index for cf in q))
+        self._shed_at = time.monotonic()
+        self.stats.shed += 1
+        return freed
 
     def _account(self, delta: int, records: int = 0) -> None:
         self.buffered_bytes += delta
@@ -352,7 +367,7 @@ class Fetcher:
         """The owner wants records (a poll starts): resume fetching if it was paused for idleness."""
         self.last_demand = time.monotonic()
         self.polling += 1
-        if self.idle:
+        if self.idle or self._shed_at is not None:
             self.idle = False
             self._wake.set()
 
@@ -379,7 +394,14 @@ class Fetcher:
         if self.idle:
             await self._wake.wait()
             return
-        if self.buffered_bytes < self.config.prefetch_max_bytes and (self.budget is None or self.budget.available()):
+        if self._shed_at is not None:  # the buffer was dropped for memory: wait for the owner to ask again
+            if self.polling or self.last_demand > self._shed_at:
+                self._shed_at = None
+            else:
+                await self._wake.wait()
+                return
+        if self.buffered_bytes < self.config.prefetch_max_bytes and (
+                self.budget is None or self.budget.available() or self.polling):  # polling: may reclaim
             await self._send_fetches()
         waiters: list[asyncio.Future[Any]] = list(self._in_flight.values())
         wake = asyncio.ensure_future(self._wake.wait())
@@ -451,7 +473,13 @@ class Fetcher:
             # charged to it until the response has been handled; no grant: wait for memory to be freed.
             grant = cfg.max_bytes
             if budget is not None:
-                grant = budget.grant(min(cfg.max_bytes, max(1, len(tps)) * cfg.partition_max_bytes))
+                if not self._budget_registered:
+                    self._budget_registered = True
+                    budget.register(self)
+                want = min(cfg.max_bytes, max(1, len(tps)) * cfg.partition_max_bytes)
+                grant = budget.grant(want)
+                if not grant and self.polling and budget.reclaim(want, self):
+                    grant = budget.grant(want)  # an owner is waiting: idle instances' prefetch made room
                 if not grant:
                     if not self._budget_waiting:
                         self._budget_waiting = True

@@ -104,3 +104,35 @@ def test_client_fetch_sizes_are_clamped_to_the_documented_maxima() -> None:
     assert parse("fetch.max.bytes", "1024") == 1024
     _, parse = HONOURED["max.partition.fetch.bytes"]
     assert parse("max.partition.fetch.bytes", 2**31 - 1) == MAX_PARTITION_FETCH_BYTES
+
+
+class _FakeFetcher:
+    def __init__(self, budget: MemoryBudget, buffered: int, last_demand: float, polling: int = 0) -> None:
+        self.budget, self.buffered_bytes, self.last_demand, self.polling = budget, buffered, last_demand, polling
+        budget.add(buffered)
+        budget.register(self)
+        self.shed_calls = 0
+
+    def shed(self) -> int:
+        freed, self.buffered_bytes = self.buffered_bytes, 0
+        self.budget.add(-freed)
+        self.shed_calls += 1
+        return freed
+
+
+def test_reclaim_drops_the_prefetch_of_the_longest_idle_owners_first() -> None:
+    import time
+
+    b = MemoryBudget(16 * MiB)
+    now = time.monotonic()
+    oldest = _FakeFetcher(b, 4 * MiB, now - 100)
+    old = _FakeFetcher(b, 4 * MiB, now - 50)
+    polling = _FakeFetcher(b, 3 * MiB, now - 200, polling=1)  # an owner is waiting on it: kept
+    recent = _FakeFetcher(b, 1 * MiB, now)  # asked a moment ago: kept
+    hungry = _FakeFetcher(b, 0, now, polling=1)
+    assert b.grant(MiB) == 0
+    assert b.reclaim(2 * MiB, hungry) == 4 * MiB
+    assert (oldest.shed_calls, old.shed_calls, polling.shed_calls, recent.shed_calls) == (1, 0, 0, 0)
+    assert b.grant(MiB) == MiB and b.reclaimed == 4 * MiB
+    assert b.reclaim(100 * MiB, hungry) == 4 * MiB  # all that may go: only `old` was left
+    assert polling.buffered_bytes and recent.buffered_bytes

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 #: the failure panel and alert have data before the first failure
 BACKGROUND_TASKS = ("fetcher", "membership", "positions", "autocommit", "pattern")
 #: per-instance counters the collector sums per tenant (keys of its count dicts; "task:<name>" besides)
-COUNTERS = ("full", "incremental", "session_errors", "aborted", "wakeups", "rebalances", "heartbeats")
+COUNTERS = ("full", "incremental", "session_errors", "aborted", "wakeups", "rebalances", "heartbeats",
+            "stall_recoveries")
 #: scrapes start a readiness probe (Metadata of every tenant's brokers, as /readyz) at most this often ...
 READINESS_PROBE_INTERVAL_S = 5.0
 #: ... and a tenant whose probe takes longer than this is unreachable
@@ -212,6 +213,13 @@ class GatewayCollector(Collector):
                                    "tenant; resolution: the scrape interval). Well above the heartbeat interval: "
                                    "heartbeats are missed and the broker will evict the member at the session "
                                    "timeout", labels=["tenant"])
+        unassigned = GaugeMetricFamily("kcg_unassigned_consumer_instances",
+                                       "Consumer instances subscribed but owning no partition for longer than their "
+                                       "session timeout (a stalled rebalance, or more members than partitions)",
+                                       labels=["tenant"])
+        stalls = CounterMetricFamily("kcg_group_stall_recoveries",
+                                     "Times a group member found its rebalance stalled for a session timeout and "
+                                     "rejoined to complete it (docs/groups.md)", labels=["tenant"])
         seen: dict[int, tuple[object, int, float, bool]] = {}
         prefetch = GaugeMetricFamily("kcg_prefetch_buffer_bytes", "Prefetched bytes not yet delivered",
                                      labels=["tenant"])
@@ -225,6 +233,7 @@ class GatewayCollector(Collector):
         per_tenant: list[tuple[str, dict[str, int], float, float, int]] = []
         for tid, rt in list(self.gateway.tenants.items()):
             instances.add_metric([tid], len(rt.instances))
+            stuck = 0
             sums: dict[str, int] = {}
             hb_max = age_max = 0.0
             pre = 0
@@ -243,6 +252,10 @@ class GatewayCollector(Collector):
                     if c.coordinator.heartbeat_latency is not None:
                         hb_max = max(hb_max, c.coordinator.heartbeat_latency)
                     counts["heartbeats"] = c.coordinator.heartbeats
+                    counts["stall_recoveries"] = int(getattr(c.coordinator, "stall_recoveries", 0))
+                    too_long = getattr(c.coordinator, "unassigned_too_long", None)
+                    if too_long is not None and too_long(self.clock()):
+                        stuck += 1
                     age = self._heartbeat_age(c.coordinator, self.clock(), seen)
                     if age is not None:
                         age_max = max(age_max, age)
@@ -253,6 +266,7 @@ class GatewayCollector(Collector):
                     if v is not None:
                         lags[(inst.group, tp.topic, tp.partition)] = v
             per_tenant.append((tid, sums, hb_max, age_max, pre))
+            unassigned.add_metric([tid], stuck)
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
         # Instances gone since the previous scrape (deleted, expired): their last counts stay in the tenant's
@@ -276,6 +290,7 @@ class GatewayCollector(Collector):
             aborted.add_metric([tid], totals["aborted"])
             hb.add_metric([tid], hb_max)
             heartbeats.add_metric([tid], totals["heartbeats"])
+            stalls.add_metric([tid], totals["stall_recoveries"])
             hb_age.add_metric([tid], age_max)
             for key, n in sorted(totals.items()):
                 if key.startswith("task:"):
@@ -283,7 +298,7 @@ class GatewayCollector(Collector):
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
         self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
-                          prefetch, lag, task_failures, *self._readiness()]
+                          prefetch, lag, task_failures, unassigned, stalls, *self._readiness()]
 
 
 @contextlib.contextmanager

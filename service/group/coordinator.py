@@ -167,7 +167,7 @@ class GroupCoordinator:
         #: since when (monotonic) the member has been trying to (re)join without reaching a stable generation
         self._unstable_since: float | None = None
         #: since when (monotonic) the member has been subscribed while owning no partition (None: it owns some,
-        #: or it is not subscribed); read by the metrics (kcg_consumer_instances_unassigned)
+        #: or it is not subscribed); read by the metrics (kcg_unassigned_consumer_instances)
         self._unassigned_since: float | None = None
         #: times this member left and rejoined as a new member because its rebalance stalled (see _join)
         self.stall_recoveries = 0
@@ -206,6 +206,10 @@ class GroupCoordinator:
         self._note_assignment(now)
         since = self._unassigned_since
         return 0.0 if since is None else max(0.0, (time.monotonic() if now is None else now) - since)
+
+    def unassigned_too_long(self, now: float | None = None) -> bool:
+        """Subscribed without partitions for longer than the session timeout (kcg_unassigned_consumer_instances)."""
+        return self.unassigned_seconds(now) * 1000 > self.member.session_timeout_ms
 
     def _note_assignment(self, now: float | None = None) -> None:
         if self._closing or not self._topics() or self.member.owned:
@@ -520,6 +524,7 @@ class GroupCoordinator:
         if revoked:
             log.info("%s: revoking %s before rejoining (%s)", self._describe(), _tps(revoked), m.rejoin_reason)
             await self._on_revoke(revoked)
+        self._note_assignment()
         await self.ensure_coordinator()
         join_timeout = m.rebalance_timeout_ms / 1000 + 5.0
         while not self._closing:

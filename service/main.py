@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -135,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"consumer-gateway: refusing to start: {problem}", file=sys.stderr, flush=True)
         return 2
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(settings.event_loop)) as runner:
+        factory = _loop_factory(settings.event_loop)
+        if settings.tls_cert_file:  # a TLS handshake is bounded like a request head
+            factory = _with_handshake_timeout(factory, settings.http_header_timeout_s)
+        with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(settings))
     except KeyboardInterrupt:
         pass
@@ -176,6 +180,27 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
             raise SystemExit("GATEWAY_EVENT_LOOP=uvloop but uvloop is not installed") from None
         return None
     return uvloop.new_event_loop
+
+
+def _with_handshake_timeout(factory: Callable[[], asyncio.AbstractEventLoop] | None,
+                            timeout_s: float) -> Callable[[], asyncio.AbstractEventLoop]:
+    """Loops whose TLS listeners drop a connection that has not completed its handshake within ``timeout_s``
+    (uvicorn passes no handshake timeout: the loops' default is 60 s, and the header timeout and connection
+    limit of service/httpserver.py start only once the handshake is done)."""
+
+    def make() -> asyncio.AbstractEventLoop:
+        loop = factory() if factory is not None else asyncio.new_event_loop()
+        create_server = loop.create_server
+
+        async def bounded(*args: Any, **kwargs: Any) -> asyncio.Server:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", timeout_s)
+            return await create_server(*args, **kwargs)
+
+        loop.create_server = bounded  # type: ignore[method-assign]
+        return loop
+
+    return make
 
 
 def _http_protocol(choice: str) -> str:

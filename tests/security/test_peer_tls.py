@@ -41,6 +41,7 @@ BINARY = {"Content-Type": "application/vnd.kafka.binary.v2+json"}
 SERVED_BY = "x-kcg-served-by"
 GROUP = "tls-group"
 TLS_ERROR = "failed the TLS handshake"
+HANDSHAKE_S = 2.0  # replica b's GATEWAY_HTTP_HEADER_TIMEOUT_S, which also bounds TLS handshakes
 
 
 class TlsGateway(GatewayProcess):
@@ -138,6 +139,7 @@ def replicas(tansu: EmbeddedBroker, certs: Certs, tmp_path_factory: pytest.TempP
         p.env["GATEWAY_REPLICA_ID"] = rid
     procs["a"].env["GATEWAY_PEERS"] = ",".join(https[r] for r in "abmp")
     procs["b"].env["GATEWAY_PEERS"] = ",".join(https[r] for r in "ab")
+    procs["b"].env["GATEWAY_HTTP_HEADER_TIMEOUT_S"] = str(HANDSHAKE_S)
     procs["m"].env["GATEWAY_PEERS"] = ",".join(https[r] for r in "abm")  # trusts only the other CA
     procs["p"].env["GATEWAY_PEERS"] = procs["p"].url
     for p in procs.values():
@@ -209,6 +211,26 @@ def test_the_listener_refuses_plain_http(replicas: dict[str, TlsGateway]) -> Non
 def read_log(g: TlsGateway) -> str:
     assert g.log_file is not None
     return g.log_file.read_text()
+
+
+def test_connections_that_never_finish_a_handshake_are_dropped(replicas: dict[str, TlsGateway]) -> None:
+    """A TLS slow-loris: connections that never send a ClientHello are closed after the header timeout (the
+    event loops' default handshake timeout is 60 s), while other clients are served."""
+    b = replicas["b"]
+    idle = [socket.create_connection(("127.0.0.1", b.port), timeout=HANDSHAKE_S * 5) for _ in range(20)]
+    try:
+        started = time.monotonic()
+        assert httpx.get(f"{b.url}/healthz", timeout=5, verify=b.verify).status_code == 200
+        for s in idle:
+            try:
+                data = s.recv(1)  # blocks until the server closes the connection (TimeoutError: it did not)
+            except ConnectionResetError:
+                data = b""
+            assert data == b""
+        assert time.monotonic() - started < HANDSHAKE_S * 3
+    finally:
+        for s in idle:
+            s.close()
 
 
 async def consumer_requests(g: TlsGateway) -> float:

@@ -20,6 +20,7 @@ from api.docs_ui import install_docs
 from api.errors import error_response, install_error_handlers, v3_aware
 from api.fastpath import RecordsFastPath
 from api.hosts import AllowedHosts, HostCheckMiddleware
+from api.kafka_texts import client_text
 from api.openapi import install_openapi
 from api.produce import router as produce_router
 from api.responses import OrjsonResponse
@@ -295,7 +296,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             try:
                 await asyncio.wait_for(client.refresh_metadata(), 5.0)
             except (KafkaError, TimeoutError) as exc:
-                problems[tenant.id] = str(exc) or "timed out"
+                # the error's name, not broker addresses (logged by client_text)
+                problems[tenant.id] = client_text(exc) if isinstance(exc, KafkaError) else "timed out"
 
         # every tenant's brokers at once: the probe takes at most 5 s however many tenants are unreachable
         await asyncio.gather(*(check(t) for t in tenants.tenants.values()))

@@ -32,8 +32,10 @@ from api.consumer_config import (
 )
 from api.errors import documented_errors
 from api.hosts import parse_host
+from api.kafka_texts import client_text
 from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
+from service.client.errors import KafkaError
 from service.gateway import (
     GROUP_ID_PATTERN,
     SHUTDOWN_MESSAGE,
@@ -736,7 +738,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
         raise
     except Exception as exc:  # report in-band: the status line was already sent
         code = 42209 if isinstance(exc, InflatedSizeError) else 50002  # a decompression bomb: as in a poll
-        msg = orjson.dumps({"error_code": code, "message": str(exc)})
+        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)  # no broker text or address
+        msg = orjson.dumps({"error_code": code, "message": text})
         yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
     finally:
         inst.active_requests -= 1

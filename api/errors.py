@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.kafka_texts import client_text
 from api.responses import OrjsonResponse
 from service.client.errors import (
     AuthenticationError,
@@ -110,22 +111,23 @@ def for_request(request: Request, resp: Response) -> Response:
 
 
 def kafka_error_response(exc: KafkaError) -> OrjsonResponse:
+    # the error's name and code, never the broker's text or addresses (logged: api/kafka_texts.py)
+    text = client_text(exc)
     if isinstance(exc, CommitFailedError):
-        return error_response(409, 40903, str(exc))
+        return error_response(409, 40903, text)
     if isinstance(exc, BrokerResponseError):
         if exc.code == EC.UNKNOWN_TOPIC_OR_PARTITION:
-            return error_response(404, 40401, f"topic or partition not found: {exc}")
+            return error_response(404, 40401, f"topic or partition not found: {text}")
         if exc.code in (EC.TOPIC_AUTHORIZATION_FAILED, EC.GROUP_AUTHORIZATION_FAILED):
-            return error_response(403, 40301, f"Kafka denied access: {exc}")
+            return error_response(403, 40301, f"Kafka denied access: {text}")
         if exc.code == EC.REBALANCE_IN_PROGRESS:
-            return error_response(409, 40903, f"the group is rebalancing: {exc}")
-    if isinstance(exc, NoBrokersAvailableError):
-        return error_response(503, 50302, f"no Kafka broker reachable: {exc}", {"Retry-After": "1"})
-    if isinstance(exc, AuthenticationError):
-        return error_response(503, 50302, f"cannot authenticate to Kafka: {exc}", {"Retry-After": "5"})
+            return error_response(409, 40903, f"the group is rebalancing: {text}")
+    if isinstance(exc, NoBrokersAvailableError | AuthenticationError):
+        retry = "1" if isinstance(exc, NoBrokersAvailableError) else "5"
+        return error_response(503, 50302, text, {"Retry-After": retry})
     if isinstance(exc, KafkaConnectionError) or exc.retriable:
-        return error_response(503, 50003, f"retriable Kafka error: {exc}", {"Retry-After": "1"})
-    return error_response(500, 50002, f"Kafka error: {exc}")
+        return error_response(503, 50003, f"retriable Kafka error: {text}", {"Retry-After": "1"})
+    return error_response(500, 50002, text)
 
 
 def _validation_message(errors: list[Any]) -> tuple[int, str]:

@@ -62,6 +62,7 @@ from pydantic import BaseModel, Field
 
 from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
+from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
@@ -317,6 +318,7 @@ def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:
     status = 200
     failed = 0
     oks: list[bool] = []
+    failures: list[Any] = []
     for r in results:
         if type(r) is RecordMetadata:
             parts.append(b'{"partition":%d,"offset":%d,"error_code":null,"error":null}' % (r.partition, r.offset))
@@ -325,10 +327,15 @@ def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:
             code = _rest_code(r)
             if status == 200 and code in (40301, 40101):
                 status = 403 if code == 40301 else 401
-            parts.append(orjson.dumps({"partition": None, "offset": None, "error_code": code, "error": r.message}))
+            # the code's name, not the broker's text (logged): it may name brokers and addresses
+            parts.append(orjson.dumps({"partition": None, "offset": None, "error_code": code,
+                                       "error": failure_text(r)}))
+            failures.append(r)
             failed += 1
             oks.append(False)
     body = b'{"offsets":[' + b",".join(parts) + b'],"key_schema_id":null,"value_schema_id":null}'
+    if failures:
+        failure_texts(failures)
     return body, status, failed, oks
 
 

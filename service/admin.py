@@ -148,7 +148,9 @@ def check_assignments(assignments: Mapping[int, Sequence[int]], brokers: set[int
 def refusal(exc: BrokerResponseError) -> GatewayError | BrokerResponseError:
     """The HTTP error for a broker's refusal of an admin request (others are left to the Kafka error mapping)."""
     if exc.code in _REFUSALS:
-        return AdminRefused(str(exc))
+        if exc.broker_message:  # it may name brokers and hosts: logged, never answered
+            log.warning("admin request refused: %s", exc)
+        return AdminRefused(exc.public_message)
     return exc
 
 

@@ -68,6 +68,7 @@ from starlette.responses import StreamingResponse
 from api.auth import current_tenant
 from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
+from api.kafka_texts import failure_text, failure_texts
 from api.produce import producer_for
 from api.produce_common import LONG_DIGITS, failure_code, json_bytes, partitions_or_create
 from api.topics import catalog
@@ -670,6 +671,7 @@ class _Producing:
                 send.append((r.key, r.value, r.headers, r.partition, r.timestamp))
                 where.append(i)
         acked = acked_bytes = failed = 0
+        failures: list[Any] = []
         if send:
             try:
                 results = await self.producer.send_many(topic, send)
@@ -686,8 +688,11 @@ class _Producing:
                         acked += 1
                         acked_bytes += rec.size
                     else:
-                        out[i] = error_result(failure_code(res), res.message)
+                        out[i] = error_result(failure_code(res), failure_text(res))  # broker text: logged
+                        failures.append(res)
                         failed += 1
+        if failures:
+            failure_texts(failures)
         tid = self.tenant.id
         if acked:
             self.metrics.produced_records.labels(tid).inc(acked)

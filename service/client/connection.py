@@ -312,7 +312,7 @@ class BrokerConnection:
                 version = nxt
                 continue
             if resp.error_code:
-                raise BrokerResponseError(resp.error_code, f"ApiVersions from {self.address}")
+                raise BrokerResponseError(resp.error_code, "ApiVersions", f"from {self.address}")
             broker: dict[int, VersionRange] = {
                 k.api_key: (k.min_version, k.max_version) for k in resp.api_keys
             }

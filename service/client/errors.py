@@ -25,12 +25,20 @@ class BrokerResponseError(KafkaError):
     def __init__(self, code: int, context: str = "", message: str | None = None) -> None:
         info = describe(code)
         self.name = info.name
+        self.context = context  # the gateway's words; the broker's message may name hosts
+        self.broker_message = message
         text = f"{info.name} ({code})"
         if context:
             text = f"{context}: {text}"
         if message:
             text = f"{text}: {message}"
         super().__init__(text, retriable=info.retriable, code=code)
+
+    @property
+    def public_message(self) -> str:
+        """Without the broker's text (what clients are told): the context, the error's name and code."""
+        text = f"Kafka error {self.name} ({self.code})"
+        return f"{self.context}: {text}" if self.context else text
 
 
 class KafkaConnectionError(KafkaError):

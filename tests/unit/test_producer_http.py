@@ -79,8 +79,9 @@ def test_render_confluent_shape_and_status() -> None:
     assert status == 200 and failed == 2 and oks == [True, False, False]
     assert orjson.loads(body) == {"offsets": [
         {"partition": 1, "offset": 7, "error_code": None, "error": None},
-        {"partition": None, "offset": None, "error_code": 50003, "error": "NOT_LEADER"},
-        {"partition": None, "offset": None, "error_code": 50002, "error": "INVALID_RECORD"},
+        # the error's name and code, never the failure's text (it may hold the broker's message: logged)
+        {"partition": None, "offset": None, "error_code": 50003, "error": "Kafka error NOT_LEADER_OR_FOLLOWER (6)"},
+        {"partition": None, "offset": None, "error_code": 50002, "error": "Kafka error INVALID_RECORD (87)"},
     ], "key_schema_id": None, "value_schema_id": None}
     _, status, _, _ = render([RecordMetadata(0, 1), ProduceFailure(29, "TOPIC_AUTHORIZATION_FAILED", False)])
     assert status == 403

@@ -171,6 +171,7 @@ class GroupCoordinator:
         self._unassigned_since: float | None = None
         #: times this member left and rejoined as a new member because its rebalance stalled (see _join)
         self.stall_recoveries = 0
+        self._failed_rounds = 0  # JoinGroup/SyncGroup error answers since _unstable_since
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -520,6 +521,7 @@ class GroupCoordinator:
         m = self.member
         if self._unstable_since is None:
             self._unstable_since = time.monotonic()
+            self._failed_rounds = 0
         revoked = m.prepare_join()
         if revoked:
             log.info("%s: revoking %s before rejoining (%s)", self._describe(), _tps(revoked), m.rejoin_reason)
@@ -528,7 +530,7 @@ class GroupCoordinator:
         await self.ensure_coordinator()
         join_timeout = m.rebalance_timeout_ms / 1000 + 5.0
         while not self._closing:
-            if m.stalled(time.monotonic() - self._unstable_since):
+            if m.stalled(time.monotonic() - self._unstable_since, self._failed_rounds):
                 await self._recover_stall()
             req = m.join_request(topics)
             log.info("%s: joining (reason: %s)", self._describe(), req.reason)
@@ -536,6 +538,8 @@ class GroupCoordinator:
             step = m.on_join_response(resp)
             if resp.error_code:
                 log.info("%s: JoinGroup answered %s", self._describe(), EC.describe(resp.error_code).name)
+                if resp.error_code != EC.MEMBER_ID_REQUIRED:
+                    self._failed_rounds += 1
             else:
                 log.info("%s: joined; leader %s%s", self._describe(), m.leader_id or "-",
                          f", members {sorted(x.member_id for x in resp.members)}" if m.is_leader else "")
@@ -576,6 +580,7 @@ class GroupCoordinator:
                     self._stable.set()
                 return
             log.info("%s: SyncGroup answered %s", self._describe(), EC.describe(resp.error_code).name)
+            self._failed_rounds += 1
             if step.action is Action.REDISCOVER:
                 self.coordinator_dead("sync")
                 return
@@ -594,10 +599,10 @@ class GroupCoordinator:
         broker answers. Two ways out, chosen from what the broker says the group is (DescribeGroups):
 
         - the leader the broker names in JoinGroup answers is not a member of the group any more (it left or
-          expired): no one will ever send that leader's SyncGroup, so every follower's SyncGroup is answered
-          REBALANCE_IN_PROGRESS for ever (Tansu 0.6, docs/groups.md; Apache Kafka elects a new leader
-          instead). The member rejoins under the departed leader's member id, which such a broker takes for
-          the leader's: it gets the member list and completes the rebalance;
+          expired; possibly this member's own id): no one will ever send that leader's SyncGroup, so every
+          follower's SyncGroup is answered REBALANCE_IN_PROGRESS for ever (Tansu 0.6, docs/groups.md; Apache
+          Kafka elects a new leader instead). The member rejoins under the departed leader's member id, which
+          such a broker takes for the leader's: it gets the member list and completes the rebalance;
         - otherwise it leaves (static members too) and rejoins as a new member.
 
         On a broker without the defect this costs one extra rebalance, and only after a stall.
@@ -606,17 +611,20 @@ class GroupCoordinator:
         stalled_for = time.monotonic() - (self._unstable_since or time.monotonic())
         self.stall_recoveries += 1
         self._unstable_since = time.monotonic()
-        stale_leader = m.leader_id if m.leader_id and m.leader_id != m.member_id else None
+        self._failed_rounds = 0
+        leader = m.leader_id
         members = await self._describe_members()
-        if stale_leader is not None and members is not None and stale_leader not in members:
+        if leader and members is not None and leader not in members:
             log.warning("%s: no stable generation for %.1f s (session timeout %.1f s): the coordinator names "
                         "%s as leader, which is not a member of the group (members: %s); rejoining under the "
                         "departed leader's member id to complete the rebalance (a broker defect: docs/groups.md)",
-                        self._describe(), stalled_for, m.session_timeout_ms / 1000, stale_leader, sorted(members))
+                        self._describe(), stalled_for, m.session_timeout_ms / 1000, leader, sorted(members))
             await self._lose_partitions()
-            # our own member id leaves first: the rebalance then does not wait for it to expire
-            await self._leave_quietly(m.leave_request("rejoining under the departed leader's id", force_static=True))
-            m.adopt_member_id(stale_leader, "rebalance stalled on a departed leader")
+            if leader != m.member_id:
+                # our own member id leaves first: the rebalance then does not wait for it to expire
+                await self._leave_quietly(m.leave_request("rejoining under the departed leader's id",
+                                                          force_static=True))
+            m.adopt_member_id(leader, "rebalance stalled on a departed leader")
             return
         log.warning("%s: no stable generation for %.1f s (session timeout %.1f s; leader %s, members %s); "
                     "leaving the group and rejoining as a new member", self._describe(), stalled_for,

@@ -117,12 +117,15 @@ class GroupMember:
             out.setdefault(tp.topic, []).append(tp.partition)
         return out
 
-    def stalled(self, unstable_for_s: float) -> bool:
-        """Whether a member that has been trying to reach a stable generation for ``unstable_for_s`` seconds
-        (answers arriving, none of them an assignment) should give up its member id and rejoin as a new
-        member: after one session timeout, when the broker would have expired any member that stopped
-        heartbeating, a rebalance that still does not complete is stuck on a member that is gone."""
-        return self.state is not MemberState.FATAL and unstable_for_s * 1000 > self.session_timeout_ms
+    def stalled(self, unstable_for_s: float, failed_rounds: int) -> bool:
+        """Whether a member that has been trying to reach a stable generation for ``unstable_for_s`` seconds,
+        with ``failed_rounds`` JoinGroup/SyncGroup answers that were errors, should stop retrying the usual way
+        (see GroupCoordinator._recover_stall): after one session timeout, when the broker would have expired
+        any member that stopped heartbeating, and at least two failed rounds (one JoinGroup plus SyncGroup
+        round may legitimately take about a session timeout on a broker that holds them), a rebalance that
+        still does not complete is stuck on a member that is gone."""
+        return (self.state is not MemberState.FATAL and failed_rounds >= 2
+                and unstable_for_s * 1000 > self.session_timeout_ms)
 
     def adopt_member_id(self, member_id: str, reason: str) -> None:
         """Rejoin under ``member_id`` (a departed leader's id a broker keeps naming as leader; see

@@ -167,8 +167,11 @@ async def test_graceful_leave_rebalances_without_waiting_for_the_session(
 async def test_static_member_restart_keeps_partitions_without_rebalancing_others(
         tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
     await kclient.create_topics({topic_name: 4})
-    a = group.add(group_instance_id="instance-a", session_timeout_ms=6000)
-    b = group.add(group_instance_id="instance-b", session_timeout_ms=6000)
+    # Tansu holds a static member's JoinGroup and SyncGroup 3 s each and does not count the restarted
+    # member's JoinGroup as contact: the session timeout must be well above those 6 s, or the broker expires
+    # the restarted member's slot before its first heartbeat and b rebalances (docs/groups.md)
+    a = group.add(group_instance_id="instance-a", session_timeout_ms=12000)
+    b = group.add(group_instance_id="instance-b", session_timeout_ms=12000)
     for c in (a, b):
         await c.subscribe([topic_name])
     await drain([a, b], 1, timeout=0.5)
@@ -176,7 +179,7 @@ async def test_static_member_restart_keeps_partitions_without_rebalancing_others
     a_parts = set(a.assignment())
     b_rebalances = b.stats.rebalances
     await a.close()  # static member: no LeaveGroup by default
-    a2 = group.add(group_instance_id="instance-a", session_timeout_ms=6000)
+    a2 = group.add(group_instance_id="instance-a", session_timeout_ms=12000)
     await a2.subscribe([topic_name])
     await a2.wait_for_assignment(10)
     await group.converge([a2, b], 4, timeout=30)

@@ -72,7 +72,7 @@ EXPOSE 8080
 
 # The slim image has no curl: ask /healthz with the standard library (urlopen raises on non-2xx).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-P", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('GATEWAY_PORT', '8080'), timeout=3)"]
+    CMD ["python", "-P", "-c", "import os, ssl, urllib.request as u; t = bool(os.environ.get('GATEWAY_TLS_CERT_FILE')); u.urlopen('%s://127.0.0.1:%s/healthz' % ('https' if t else 'http', os.environ.get('GATEWAY_PORT', '8080')), timeout=3, context=ssl._create_unverified_context() if t else None)"]
 
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["consumer-gateway"]

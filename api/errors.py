@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.kafka_texts import client_text
 from api.responses import OrjsonResponse
+from service.budget import BudgetExhausted
 from service.client.errors import (
     AuthenticationError,
     BrokerResponseError,
@@ -76,6 +77,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (503, 50303, 'the gateway replica holding the consumer instance failed or timed out during the request '
                  '(Retry-After; if it keeps failing the instance is gone: create it again)'),
     (503, 50304, 'too many open HTTP connections to this replica (GATEWAY_HTTP_MAX_CONNECTIONS): retry later'),
+    (503, 50305, "the gateway's memory budget (GATEWAY_MEMORY_BUDGET_BYTES) is spent: the request waited "
+                 "GATEWAY_MEMORY_WAIT_S for room (Retry-After)"),
     (503, 50306, "the gateway replica keeping the tenant's consumer-instance count across the replicas (the ring "
                  "owner of the tenant) did not answer: nothing was created (Retry-After)"),
 )
@@ -168,6 +171,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KafkaError)
     async def _kafka(request: Request, exc: KafkaError) -> OrjsonResponse:
         return kafka_error_response(exc)
+
+    @app.exception_handler(BudgetExhausted)
+    async def _budget(request: Request, exc: BudgetExhausted) -> OrjsonResponse:
+        return error_response(503, 50305, str(exc), {"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(NoOffsetForPartitionError)
     async def _no_offset(request: Request, exc: NoOffsetForPartitionError) -> OrjsonResponse:

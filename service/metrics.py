@@ -181,6 +181,23 @@ class GatewayCollector(Collector):
             ready.add_metric([], 0)
         return [ready, reachable]
 
+    def _budget(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """The process memory budget (service/budget.py): bytes in use by kind, the total, refusals."""
+        budget = getattr(self.gateway, "budget", None)
+        if budget is None or not hasattr(budget, "by_kind"):
+            return []
+        used = GaugeMetricFamily("kcg_memory_budget_used_bytes", "Bytes charged to GATEWAY_MEMORY_BUDGET_BYTES by "
+                                 "kind (prefetch: buffered records; fetch: in-flight fetch grants; range: range "
+                                 "pages; body: request bodies)", labels=["kind"])
+        for kind, n in budget.by_kind.items():
+            used.add_metric([kind], n)
+        total = GaugeMetricFamily("kcg_memory_budget_bytes", "GATEWAY_MEMORY_BUDGET_BYTES", value=budget.total)
+        refused = CounterMetricFamily("kcg_memory_budget_refusals", "Requests refused with 503/50305 (range, body) "
+                                      "and fetches deferred (fetch) for want of memory", labels=["kind"])
+        for kind, n in budget.refused.items():
+            refused.add_metric([kind], n)
+        return [used, total, refused]
+
     def _heartbeat_age(self, coordinator: object, now: float, seen: dict[int, tuple[object, int, float, bool]]
                        ) -> float | None:
         """Seconds since ``coordinator`` last completed a heartbeat, as far as scrapes can tell (the count
@@ -298,7 +315,7 @@ class GatewayCollector(Collector):
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
         self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
-                          prefetch, lag, task_failures, unassigned, stalls, *self._readiness()]
+                          prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget()]
 
 
 @contextlib.contextmanager

@@ -8,10 +8,13 @@ leader (docs/groups.md): without the gateway's stall recovery the survivors sit 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from service.client.client import KafkaClient
@@ -19,6 +22,19 @@ from service.consumer.consumer import Consumer, ConsumerConfig
 from service.embedded import EmbeddedBroker
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import group_coordinator
+from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_replicas import (
+    BIN,
+    V2,
+    clients,
+    converged,
+    create,
+    name_owned_by,
+    produce,
+    replica_set,
+    start,
+)
+from tests.integration.test_replicas import cleanup as cleanup  # the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -158,3 +174,60 @@ async def test_on_kafka_semantics_a_killed_static_leader_is_replaced_without_sta
             assert b.member is not None and gc.group("g").leader_id == b.member.member_id
         finally:
             await members.close()
+
+
+# -- the gateway: replicas with static membership (the chart's default) -------------------------------------
+
+async def _poll(http: httpx.AsyncClient, base: str, seen: set[bytes]) -> None:
+    r = await http.get(f"{base}/records", params={"timeout": 500, "max_records": 1000}, headers=BIN)
+    assert r.status_code == 200, r.text
+    seen.update(base64.b64decode(rec["value"]) for rec in r.json())
+
+
+async def _partitions(http: httpx.AsyncClient, base: str) -> int:
+    r = await http.get(f"{base}/assignments", headers=V2)
+    assert r.status_code == 200, r.text
+    return len(r.json()["partitions"])
+
+
+async def test_gateway_kill_9_of_the_replica_holding_the_static_leader(
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        cleanup: list[GatewayProcess]) -> None:
+    """Two replicas, static membership, one instance on each; kill -9 of the replica holding the group's
+    leader: the instance on the other replica gets every partition and reads every record (it commits
+    nothing, so it reads them all)."""
+    await kclient.create_topics({topic_name: PARTITIONS})
+    values = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 2000, PARTITIONS)
+    procs = replica_set(tansu, tmp_path, ["a", "b"], env={
+        "GATEWAY_STATIC_MEMBERSHIP": "true", "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(SESSION_MS)})
+    start(*procs.values())
+    cleanup.extend(procs.values())
+    await converged(list(procs.values()), {"a", "b"})
+    group = f"g-{topic_name}"
+    n1, n2 = name_owned_by("a", ["a", "b"], group, "c"), name_owned_by("b", ["a", "b"], group, "d")
+    b1, b2 = f"/consumers/{group}/instances/{n1}", f"/consumers/{group}/instances/{n2}"
+    async with clients(procs["a"], procs["b"]) as (ha, hb):
+        for http, name in ((ha, n1), (hb, n2)):
+            assert (await create(http, group, name)).status_code == 200
+        seen1: set[bytes] = set()
+        seen2: set[bytes] = set()
+        assert (await ha.post(f"{b1}/subscription", headers=V2, json={"topics": [topic_name]})).status_code == 204
+        deadline = time.monotonic() + 30
+        while await _partitions(ha, b1) != PARTITIONS:  # n1 alone first: it leads the group
+            assert time.monotonic() < deadline
+            await _poll(ha, b1, seen1)
+        assert (await hb.post(f"{b2}/subscription", headers=V2, json={"topics": [topic_name]})).status_code == 204
+        deadline = time.monotonic() + 40
+        while await _partitions(hb, b2) == 0 or await _partitions(ha, b1) == PARTITIONS:
+            assert time.monotonic() < deadline, "the second instance got no partitions"
+            await asyncio.gather(_poll(ha, b1, seen1), _poll(hb, b2, seen2))
+        procs["a"].kill()
+        # expiry at the session timeout, recovery after two failed rounds, then a rebalance
+        deadline = time.monotonic() + 5 * SESSION_MS / 1000 + 15
+        while not values <= seen2:
+            assert time.monotonic() < deadline, (
+                f"instance on b has {await _partitions(hb, b2)} partitions, missing {len(values - seen2)} records")
+            await _poll(hb, b2, seen2)
+        assert await _partitions(hb, b2) == PARTITIONS
+    log_b = (tmp_path / "gw-b.log").read_text()
+    assert "not a member of the group" in log_b  # the broker kept the dead leader; b's member took over

@@ -34,6 +34,8 @@ ASSETS: dict[str, str] = {
     "redoc.standalone.js": _JS,
     "favicon.png": "image/png",
 }
+#: every path install_docs serves (none of them is an API operation of the contract)
+DOCS_PATHS = ("/docs", SWAGGER_INIT_PATH, "/redoc", ASSETS_PATH + "/{name}")
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.S)
 
 

@@ -23,6 +23,7 @@ from openapi_spec_validator import validate
 
 import api.errors
 from api.app import create_app
+from api.docs_ui import DOCS_PATHS
 from api.openapi import ERROR_CODES, app_operations, app_schema
 from service.settings import Settings
 from tests.integration.node_tools import NODE_ENV, node_tool
@@ -176,7 +177,7 @@ def test_every_route_is_documented_and_every_operation_exists(app: FastAPI, comm
     iter_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
     served = {(r.path, m.lower()) for r in (iter_contexts(app.routes) if iter_contexts else app.routes)
               for m in (getattr(r, "methods", None) or ()) if m != "HEAD"}
-    docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url, *DOCS_PATHS}
     assert {path for path, _ in served - documented} <= docs
 
 

@@ -23,8 +23,8 @@ from api.hosts import AllowedHosts, HostCheckMiddleware
 from api.kafka_texts import client_text
 from api.openapi import install_openapi
 from api.produce import router as produce_router
+from api.replicas import install_routing
 from api.responses import OrjsonResponse
-from api.routing import install_routing
 from api.topics import router as topics_router
 from api.v3 import router as v3_router
 from service.budget import BudgetExhausted, MemoryBudget
@@ -181,7 +181,9 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     connection = settings.connection_config()
-    denied_topics = TopicDenyList.from_setting(settings.denied_topics, defaults=settings.denied_topics_defaults)
+    # the gateway's own topic (instance descriptors) is never a tenant's, whatever its name
+    denied_topics = TopicDenyList.from_setting(",".join(filter(None, [settings.denied_topics, settings.instances_topic])),
+                                               defaults=settings.denied_topics_defaults)
     if settings.tenants_file:
         tenants = TenantRegistry.from_file(settings.tenants_file, default_bootstrap=bootstrap,
                                            default_connection=connection, denied_topics=denied_topics,
@@ -198,6 +200,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         max_instances=settings.max_instances,
         shutdown_timeout=settings.shutdown_timeout_s,
         static_membership=settings.static_membership,
+        durable_instances=settings.durable_instances,
+        instances_topic=settings.instances_topic,
         consumer_defaults={
             "session_timeout_ms": settings.session_timeout_ms(),
             "heartbeat_interval_ms": settings.heartbeat_interval_ms(),
@@ -215,7 +219,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.start()
         if routing is not None:
-            await routing.start()  # peer discovery (api/routing.py)
+            await routing.start()  # peer discovery (api/replicas/peers.py)
         lag_task = asyncio.create_task(metrics.watch_event_loop())
         gc_task = None
         if settings.gc_freeze_interval_s > 0:
@@ -263,7 +267,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
 
     # The lean GET .../records (api/fastpath.py): innermost, so routing and ObserveMiddleware still apply
     app.add_middleware(RecordsFastPath)
-    # Forwarding to the replica holding an instance (api/routing.py); inside ObserveMiddleware (added after
+    # Forwarding to the replica holding an instance (api/replicas/); inside ObserveMiddleware (added after
     # it, so outer: slashes stripped, bodies capped before routing)
     routing = install_routing(app, settings, gateway)
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics,

@@ -298,9 +298,74 @@ def runtime(request: Request, tenant: Tenant) -> TenantRuntime:
     return gateway(request).tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
 
 
-def instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ConsumerInstance:
+async def instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ConsumerInstance:
+    """The instance the request names; with durable instances (GATEWAY_DURABLE_INSTANCES) one that no replica
+    holds is re-created here from its descriptor when this replica may (no peers, or the routing layer found
+    no holder and sends it to its ring owner: ``may_recreate``)."""
     bind(tenant.id, group, instance_id)
-    return gateway(request).get_instance(runtime(request, tenant), group, instance_id)
+    gw = gateway(request)
+    rt = runtime(request, tenant)
+    if not gw.durable_instances or (group, instance_id) in rt.instances:
+        return gw.get_instance(rt, group, instance_id)
+
+    async def resubscribe(inst: ConsumerInstance, sub: dict[str, Any]) -> None:
+        await apply_subscription(tenant, inst, sub)
+
+    return await gw.find_instance(rt, group, instance_id, recreate=may_recreate(request), resubscribe=resubscribe)
+
+
+def may_recreate(request: Request) -> bool:
+    """Whether this replica may re-create an instance it does not hold: without routing between replicas it
+    is the only one; with routing only when the routing layer marked the request (no replica holds the
+    instance, and this replica is its ring owner)."""
+    if getattr(request.app.state, "routing", None) is None:
+        return True
+    return bool(request.scope.get("state", {}).get("kcg_recreate"))
+
+
+async def apply_subscription(tenant: Tenant, inst: ConsumerInstance, sub: dict[str, Any]) -> None:
+    """Apply a subscription as its descriptor records it ({"topics"} | {"pattern"} | {"partitions"}), with the
+    same tenant checks as the subscribe and assign routes."""
+    if "topics" in sub:
+        await _subscribe_topics(tenant, inst, list(sub["topics"]))
+    elif "pattern" in sub:
+        await _subscribe_pattern(tenant, inst, str(sub["pattern"]))
+    elif "partitions" in sub:
+        await _assign(tenant, inst, [TopicPartition(str(t), int(p)) for t, p in sub["partitions"]])
+
+
+async def _subscribe_topics(tenant: Tenant, inst: ConsumerInstance, topics: list[str]) -> None:
+    tenant.check_subscription_size(len(set(topics)))  # 422/42206 past max_topics_per_subscription
+    for t in topics:
+        tenant.require_topic(t)
+        require_legal_topic_name(t)
+    # the engine refuses switching modes (pattern/assignment → topics) with 409/40903
+    await inst.consumer.subscribe(topics=topics)
+
+
+async def _subscribe_pattern(tenant: Tenant, inst: ConsumerInstance, pattern: str) -> None:
+    # Tenant-safe before subscribing: the pattern only ever matches the tenant's allowed topics (now and
+    # topics created later); a forbidden topic it would match is left out, never delivered. The
+    # engine compiles the pattern with RE2 (an invalid one is 422/42206) and refuses switching modes.
+    inst.consumer.subs.topic_filter = tenant.allows_topic
+    await inst.consumer.subscribe(pattern=pattern)
+
+
+async def _assign(tenant: Tenant, inst: ConsumerInstance, parts: list[TopicPartition]) -> None:
+    tenant.check_subscription_size(len({p.topic for p in parts}))  # 422/42206, as a subscription
+    for p in parts:
+        tenant.require_topic(p.topic)
+        require_legal_topic_name(p.topic)
+    if inst.consumer.subs.is_group_managed:  # before the metadata lookup: a mode conflict is 409 whatever the topics
+        raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
+    md = await inst.consumer.client.ensure_metadata({p.topic for p in parts})
+    for p in parts:
+        if md.topic_error(p.topic):
+            raise GatewayError(f"topic {p.topic!r} not found", status=404, error_code=40401)
+        if p.partition not in md.topics[p.topic].partitions:
+            raise GatewayError(f"partition {p.partition} of topic {p.topic!r} not found", status=404,
+                               error_code=40402)
+    await inst.consumer.assign(parts)
 
 
 def acceptable_content_type(ct: str) -> bool:
@@ -415,34 +480,30 @@ STREAM_CHUNK_RECORDS = 5000
 @router.delete(BASE, status_code=204, responses=ERRORS, summary="Delete a consumer instance (leaves the group)")
 async def delete_consumer(request: Request, group: str, instance_id: str,
                           tenant: Tenant = Depends(current_tenant)) -> Response:
-    await gateway(request).delete_instance(runtime(request, tenant), group, instance_id)
+    await gateway(request).delete_instance(runtime(request, tenant), group, instance_id,
+                                          orphans=gateway(request).durable_instances and may_recreate(request))
     return Response(status_code=204)
 
 
 @router.post(BASE + "/subscription", status_code=204, responses=ERRORS, summary="Subscribe to topics or a pattern")
 async def subscribe(request: Request, group: str, instance_id: str, body: Subscription,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     # As Confluent's v2 consumer (KafkaConsumerState.subscribe): a topics list wins over a pattern, and
     # an empty list unsubscribes (Java's subscribe(empty) = unsubscribe()).
     if body.topics is None and body.topic_pattern is None:
         return Response(status_code=204)  # nothing to subscribe to: a no-op, as in Confluent's v2 consumer
+    gw = gateway(request)
     if body.topics is not None:
         if not body.topics:
             await inst.consumer.unsubscribe()
+            await gw.describe(runtime(request, tenant), inst, None)
             return Response(status_code=204)
-        tenant.check_subscription_size(len(set(body.topics)))  # 422/42206 past max_topics_per_subscription
-        for t in body.topics:
-            tenant.require_topic(t)
-            require_legal_topic_name(t)
-        # the engine refuses switching modes (pattern/assignment → topics) with 409/40903
-        await inst.consumer.subscribe(topics=body.topics)
+        await _subscribe_topics(tenant, inst, body.topics)
+        await gw.describe(runtime(request, tenant), inst, {"topics": sorted(set(body.topics))})
     else:
-        # Tenant-safe before subscribing: the pattern only ever matches the tenant's allowed topics (now and
-        # topics created later); a forbidden topic it would match is left out, never delivered. The
-        # engine compiles the pattern with RE2 (an invalid one is 422/42206) and refuses switching modes.
-        inst.consumer.subs.topic_filter = tenant.allows_topic
-        await inst.consumer.subscribe(pattern=body.topic_pattern or "")
+        await _subscribe_pattern(tenant, inst, body.topic_pattern or "")
+        await gw.describe(runtime(request, tenant), inst, {"pattern": body.topic_pattern or ""})
     return Response(status_code=204)
 
 
@@ -450,7 +511,7 @@ async def subscribe(request: Request, group: str, instance_id: str, body: Subscr
             summary="Topics this instance is subscribed to")
 async def get_subscription(request: Request, group: str, instance_id: str,
                            tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     topics = sorted(inst.consumer.subscription()) if inst.consumer.subs.is_group_managed else []
     return v2({"topics": topics})
 
@@ -458,29 +519,20 @@ async def get_subscription(request: Request, group: str, instance_id: str,
 @router.delete(BASE + "/subscription", status_code=204, responses=ERRORS, summary="Unsubscribe")
 async def unsubscribe(request: Request, group: str, instance_id: str,
                       tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     await inst.consumer.unsubscribe()
+    await gateway(request).describe(runtime(request, tenant), inst, None)
     return Response(status_code=204)
 
 
 @router.post(BASE + "/assignments", status_code=204, responses=ERRORS, summary="Manually assign partitions")
 async def assign(request: Request, group: str, instance_id: str, body: Partitions,
                  tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
-    tenant.check_subscription_size(len({p.topic for p in body.partitions}))  # 422/42206, as a subscription
-    for p in body.partitions:
-        tenant.require_topic(p.topic)
-        require_legal_topic_name(p.topic)
-    if inst.consumer.subs.is_group_managed:  # before the metadata lookup: a mode conflict is 409 whatever the topics
-        raise SubscriptionError("subscription to topics, to a pattern and manual assignment are mutually exclusive")
-    md = await inst.consumer.client.ensure_metadata({p.topic for p in body.partitions})
-    for p in body.partitions:
-        if md.topic_error(p.topic):
-            raise GatewayError(f"topic {p.topic!r} not found", status=404, error_code=40401)
-        if p.partition not in md.topics[p.topic].partitions:
-            raise GatewayError(f"partition {p.partition} of topic {p.topic!r} not found", status=404,
-                               error_code=40402)
-    await inst.consumer.assign(tps(body.partitions))
+    inst = await instance(request, tenant, group, instance_id)
+    parts = tps(body.partitions)
+    await _assign(tenant, inst, parts)
+    await gateway(request).describe(runtime(request, tenant), inst,
+                                    {"partitions": [[tp.topic, tp.partition] for tp in parts]} if parts else None)
     return Response(status_code=204)
 
 
@@ -488,7 +540,7 @@ async def assign(request: Request, group: str, instance_id: str, body: Partition
             summary="Partitions currently assigned to this instance")
 async def get_assignments(request: Request, group: str, instance_id: str,
                           tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     return v2({"partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in inst.consumer.assignment()]})
 
 
@@ -503,7 +555,7 @@ def _require_assigned(inst: ConsumerInstance, parts: list[TopicPartition]) -> No
              summary="Seek to offsets (or, our extension, to timestamps)")
 async def seek(request: Request, group: str, instance_id: str, body: Positions,
                tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     offs = body.offsets or []
     stamps = body.timestamps or []
     _require_assigned(inst, tps(offs) + tps(stamps))  # type: ignore[arg-type]
@@ -517,7 +569,7 @@ async def seek(request: Request, group: str, instance_id: str, body: Positions,
 @router.post(BASE + "/positions/beginning", status_code=204, responses=ERRORS, summary="Seek to the beginning")
 async def seek_beginning(request: Request, group: str, instance_id: str, body: Partitions,
                          tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     _require_assigned(inst, tps(body.partitions))
     inst.consumer.seek_to_beginning(tps(body.partitions))
     return Response(status_code=204)
@@ -526,7 +578,7 @@ async def seek_beginning(request: Request, group: str, instance_id: str, body: P
 @router.post(BASE + "/positions/end", status_code=204, responses=ERRORS, summary="Seek to the end")
 async def seek_end(request: Request, group: str, instance_id: str, body: Partitions,
                    tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     _require_assigned(inst, tps(body.partitions))
     inst.consumer.seek_to_end(tps(body.partitions))
     return Response(status_code=204)
@@ -542,7 +594,7 @@ COMMIT_ANSWER: dict[str, Any] = {
              summary="Commit offsets (each offset + 1, as Confluent does); an empty body commits everything consumed")
 async def commit(request: Request, group: str, instance_id: str, body: CommitOffsets | None = Body(None),
                  tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     offsets = (body.offsets if body is not None else None) or []  # null offsets = an empty body, as before
     for o in offsets:
         tenant.require_topic(o.topic)
@@ -593,7 +645,7 @@ def committed_partitions(body: list[TopicPartition] | None, topics: list[str] | 
 async def committed(request: Request, group: str, instance_id: str, body: Partitions | None = Body(None),
                     topic: QueryTopics = None, partition: QueryPartitions = None,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     parts = committed_partitions(tps(body.partitions) if body is not None else None, topic, partition,
                                  list(inst.consumer.assignment()))
     for tp in parts:
@@ -635,7 +687,7 @@ async def records(request: Request, group: str, instance_id: str,
                                                          description="soft cap on key+value bytes")] = None,
                   max_records: Annotated[int | None, Query(ge=1, le=100000)] = None,
                   tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = instance(request, tenant, group, instance_id)
+    inst = await instance(request, tenant, group, instance_id)
     media = _accept(request, inst)
     if media in (NDJSON, SSE):
         # A stream's chunks are only a transfer unit (one line or event per record either way): without

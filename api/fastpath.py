@@ -106,7 +106,7 @@ class RecordsFastPath:
         request = Request(scope, receive)
         try:
             tenant = await current_tenant(request)
-            inst = instance(request, tenant, match[1], match[2])
+            inst = await instance(request, tenant, match[1], match[2])
             media = _accept(request, inst)
             body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
                                       query.get("max_records"))

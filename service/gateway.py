@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ from service.budget import MemoryBudget
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
+from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
+from service.durable.descriptors import InstanceDescriptor
 from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
@@ -157,6 +160,11 @@ class ConsumerInstance:
     closed: bool = False
     #: the reservation of this instance with the tenant's owner of record (max_instances across replicas)
     quota_token: str | None = None
+    #: what its descriptor records as the subscription ({"topics"} | {"pattern"} | {"partitions"} | None)
+    subscription: dict[str, Any] | None = None
+    created_wall: float = field(default_factory=time.time)
+    described_at: float = 0.0  # when its descriptor was last written (monotonic; 0: never)
+    recreated: bool = False  # re-created from its descriptor (durable instances)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -178,6 +186,8 @@ class TenantRuntime:
     producer: Any = None
     # The tenant's TopicCatalog (service/topics.py: cached topic metadata for /topics), created on first use.
     topics: Any = None
+    # The tenant's instance descriptors (service/durable: durable instances), started on first use.
+    descriptors: Any = None  # service.durable.store.DescriptorStore
 
 
 class Gateway:
@@ -195,6 +205,9 @@ class Gateway:
         shutdown_timeout: float = 10.0,
         shutdown_concurrency: int = 256,
         static_membership: bool = False,
+        durable_instances: bool = False,
+        instances_topic: str = DEFAULT_INSTANCES_TOPIC,
+        descriptor_timeout: float = 5.0,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9-]{1,40}", replica_id):
             raise ValueError("replica id must be 1-40 letters, digits or '-'")
@@ -230,6 +243,14 @@ class Gateway:
         self._pollers: set[asyncio.Task[Any]] = set()  # requests waiting in a poll (woken by draining)
         self._drain_cancelled: set[asyncio.Task[Any]] = set()
         self._drain_listeners: set[Callable[[], None]] = set()  # see on_drain
+        #: durable instances (service/durable): every instance has a descriptor in the tenant's cluster, and
+        #: an instance this replica is asked for but does not hold is re-created from it (see find_instance)
+        self.durable_instances = durable_instances
+        self.instances_topic = instances_topic
+        self.descriptor_timeout = descriptor_timeout
+        self.recreated_total = 0
+        self.descriptor_failures = 0
+        self._recreating: dict[tuple[str, str, str], asyncio.Future[ConsumerInstance | None]] = {}
 
     # -- tenants -------------------------------------------------------------------------------------
     def register_tenant(self, tenant_id: str, client: KafkaClient) -> TenantRuntime:
@@ -343,6 +364,10 @@ class Gateway:
         for t in pending:
             t.cancel()
         producers = [rt.producer for rt in self.tenants.values() if rt.producer is not None]
+        stores = [rt.descriptors for rt in self.tenants.values() if rt.descriptors is not None]
+        for store in stores:  # descriptors stay: the instances are re-created elsewhere from them
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(store.stop(), 1.0)
         if producers:
             _, stuck = await asyncio.wait([asyncio.create_task(p.close()) for p in producers],
                                           timeout=max(0.1, deadline - time.monotonic()))
@@ -390,7 +415,8 @@ class Gateway:
         return any(key in rt.instances for rt in self.tenants.values())
 
     async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
-                              name: str | None = None, tenant_max_instances: int | None = None) -> ConsumerInstance:
+                              name: str | None = None, tenant_max_instances: int | None = None,
+                              recreated: bool = False) -> ConsumerInstance:
         if self.draining:
             raise ShuttingDown("the gateway is shutting down; create the instance again (on another replica)",
                                headers={"Retry-After": "1"})
@@ -433,6 +459,8 @@ class Gateway:
             self.instance_quota.settle(rt.tenant_id, token)
         self._expired.pop((rt.tenant_id, group, instance_id), None)
         self.created_total += 1
+        if not recreated:
+            await self.describe(rt, inst)
         return inst
 
     def _new_instance(self, rt: TenantRuntime, group: str, name: str, options: InstanceOptions) -> ConsumerInstance:
@@ -481,11 +509,124 @@ class Gateway:
         inst.touch()
         return inst
 
-    async def delete_instance(self, rt: TenantRuntime, group: str, instance_id: str) -> None:
+    async def delete_instance(self, rt: TenantRuntime, group: str, instance_id: str, *,
+                              orphans: bool = False) -> None:
+        """Close and forget the instance. With durable instances its descriptor gets a tombstone; with
+        ``orphans`` (no replica holds it: the routing layer checked, or there are no peers) an instance that
+        is only a descriptor (its replica died) is deleted too."""
+        if orphans and (group, instance_id) not in rt.instances and await self._descriptor_of(rt, group, instance_id):
+            await self._forget(rt, group, instance_id)
+            return
         inst = self.get_instance(rt, group, instance_id)
         rt.instances.pop((group, instance_id), None)
         await self._release_quota(inst)
         await self._close_instance(inst)
+        await self._forget(rt, group, instance_id)
+
+    # -- durable instances ----------------------------------------------------------------------------
+    def descriptors(self, rt: TenantRuntime) -> Any:
+        """The tenant's descriptor store (in the tenant's own cluster), started on first use; None without
+        durable instances."""
+        if not self.durable_instances:
+            return None
+        if rt.descriptors is None:
+            from service.durable.store import DescriptorStore
+
+            rt.descriptors = DescriptorStore(rt.client, self.instances_topic, replica_id=self.replica_id)
+            rt.descriptors.start()
+        return rt.descriptors
+
+    def _descriptor(self, inst: ConsumerInstance) -> InstanceDescriptor:
+        return InstanceDescriptor(
+            inst.tenant, inst.group, inst.name, options=dataclasses.asdict(inst.options),
+            group_instance_id=inst.consumer.config.group_instance_id, subscription=inst.subscription,
+            created=inst.created_wall, last_used=time.time() - max(0.0, time.monotonic() - inst.last_used))
+
+    async def describe(self, rt: TenantRuntime, inst: ConsumerInstance,
+                       subscription: dict[str, Any] | type[Ellipsis] | None = ...) -> None:
+        """Write the instance's descriptor (at creation, at each subscription change, and now and then
+        while it is used). A failure is logged and counted, never raised: the instance works, it would
+        just not survive its replica."""
+        if subscription is not ...:
+            inst.subscription = subscription  # type: ignore[assignment]
+        store = self.descriptors(rt)
+        if store is None or inst.closed:
+            return
+        try:
+            await asyncio.wait_for(store.put(self._descriptor(inst)), self.descriptor_timeout)
+            inst.described_at = time.monotonic()
+        except Exception as exc:
+            self.descriptor_failures += 1
+            log.warning("could not write the descriptor of consumer instance %s (group %s): %s; it will not "
+                        "survive this replica", inst.instance_id, inst.group, exc)
+
+    async def _forget(self, rt: TenantRuntime, group: str, name: str) -> None:
+        store = self.descriptors(rt)
+        if store is None:
+            return
+        try:
+            await asyncio.wait_for(store.tombstone(rt.tenant_id, group, name), self.descriptor_timeout)
+        except Exception as exc:
+            self.descriptor_failures += 1
+            log.warning("could not delete the descriptor of consumer instance %s (group %s): %s", name, group, exc)
+
+    async def _descriptor_of(self, rt: TenantRuntime, group: str, name: str) -> InstanceDescriptor | None:
+        store = self.descriptors(rt)
+        if store is None:
+            return None
+        if not await store.wait_caught_up(self.descriptor_timeout):
+            log.warning("instance descriptors of tenant %s not read within %.0f s", rt.tenant_id,
+                        self.descriptor_timeout)
+            return None
+        return store.get(rt.tenant_id, group, name)
+
+    async def find_instance(self, rt: TenantRuntime, group: str, instance_id: str, *, recreate: bool = False,
+                            resubscribe: Callable[[ConsumerInstance, dict[str, Any]], Awaitable[None]] | None = None
+                            ) -> ConsumerInstance:
+        """The instance, as :meth:`get_instance`; with ``recreate`` (no replica holds it: the routing layer
+        checked, or there are no peers) an instance known only by its descriptor is re-created first: same
+        options and static member id, its subscription or assignment applied by ``resubscribe`` (the API
+        layer, which checks the tenant's topics), positions from the group's committed offsets."""
+        key = (rt.tenant_id, group, instance_id)
+        if recreate and self.durable_instances and (group, instance_id) not in rt.instances and not self.draining:
+            lock = self._recreating.setdefault(key, asyncio.Lock())
+            try:
+                async with lock:
+                    if (group, instance_id) not in rt.instances:
+                        await self._recreate(rt, group, instance_id, resubscribe)
+            finally:
+                if not lock.locked():
+                    self._recreating.pop(key, None)
+        return self.get_instance(rt, group, instance_id)
+
+    async def _recreate(self, rt: TenantRuntime, group: str, name: str,
+                        resubscribe: Callable[[ConsumerInstance, dict[str, Any]], Awaitable[None]] | None) -> None:
+        desc = await self._descriptor_of(rt, group, name)
+        if desc is None:
+            return
+        fields = {f.name for f in dataclasses.fields(InstanceOptions)}
+        opts = {k: v for k, v in desc.options.items() if k in fields}
+        overrides = dict(opts.get("overrides") or {})
+        if isinstance(overrides.get("assignment_strategies"), list):
+            overrides["assignment_strategies"] = tuple(overrides["assignment_strategies"])
+        opts["overrides"] = overrides
+        opts["group_instance_id"] = desc.group_instance_id
+        inst = await self.create_instance(rt, group, InstanceOptions(**opts), name, recreated=True)
+        inst.recreated = True
+        inst.created_wall = desc.created
+        inst.subscription = desc.subscription
+        self._expired.pop((rt.tenant_id, group, name), None)
+        self.recreated_total += 1
+        log.info("re-created consumer instance %s (tenant %s, group %s, static member %s) from its descriptor; "
+                 "last held by replica %s", name, rt.tenant_id, group, desc.group_instance_id or "-",
+                 desc.replica or "?")
+        if desc.subscription and resubscribe is not None:
+            try:
+                await resubscribe(inst, desc.subscription)
+            except Exception:
+                log.exception("re-created consumer instance %s: its subscription %s could not be applied", name,
+                              desc.subscription)
+        await self.describe(rt, inst)
 
     async def _close_instance(self, inst: ConsumerInstance) -> bool:
         """Close the instance's consumer; False if that failed (it is never raised to the caller)."""
@@ -520,7 +661,16 @@ class Gateway:
                      inst.instance_id, inst.tenant, inst.group, self.idle_timeout)
             await self._release_quota(inst)
             await self._close_instance(inst)
+            await self._forget(rt, inst.group, inst.instance_id)
             self.expired_total += 1
+        if self.durable_instances:
+            # a descriptor's last-used time follows the instance's (at most every idle timeout / 4), so the
+            # descriptor of an instance in use never looks abandoned
+            mono = time.monotonic()
+            for rt in list(self.tenants.values()):
+                for inst in list(rt.instances.values()):
+                    if inst.last_used > inst.described_at and mono - inst.described_at > self.idle_timeout / 4:
+                        await self.describe(rt, inst)
         while len(self._expired) > 100_000:
             self._expired.popitem(last=False)
         return len(victims)

@@ -76,6 +76,14 @@ class Settings(BaseSettings):
         False, description="Instances created without group.instance.id get one derived from this replica's "
         "stable identity ('<replica_id>.<tenant>.<instance name>'), so a restarted pod whose clients recreate "
         "their instances within the session timeout rejoins without a rebalance (KIP-345)")
+    durable_instances: bool = Field(
+        False, description="Durable consumer instances (issue 22, in progress): each instance has a descriptor in "
+        "the tenant's cluster (instances_topic); an instance a replica is asked for but nobody holds (its replica "
+        "died or restarted) is re-created from it with the same options, static member id and subscription, "
+        "positions from the committed offsets. Off by default until replica hand-off is complete")
+    instances_topic: str = Field(
+        "__kcg_instances", min_length=1, max_length=249,
+        description="The compacted topic of the instance descriptors (created at first use)")
     peers: str | None = Field(
         None, description="Routing: comma-separated base URLs of every gateway replica (this one included), "
         "e.g. http://10.0.0.5:8080. Requests for an instance another replica holds are forwarded to it")

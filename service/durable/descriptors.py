@@ -27,6 +27,7 @@ import orjson
 
 KEY_PREFIX = b"kcg.i.1\0"
 VERSION = 1
+DEFAULT_TOPIC = "__kcg_instances"
 
 
 @dataclass

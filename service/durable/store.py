@@ -22,7 +22,7 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
-from service.durable.descriptors import DescriptorTable, InstanceDescriptor, encode_key
+from service.durable.descriptors import DEFAULT_TOPIC, DescriptorTable, InstanceDescriptor, encode_key
 from service.fetch.ranges import OffsetOutOfRange, read_page
 from service.fetch.read_committed import READ_UNCOMMITTED
 from service.producer import Producer, ProducerConfig
@@ -31,7 +31,6 @@ from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOPIC = "__kcg_instances"
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
 
@@ -59,9 +58,9 @@ class DescriptorStore:
     def caught_up(self) -> bool:
         return self._caught_up.is_set()
 
-    async def start(self) -> None:
-        """Create the topic if needed and start following it (the catch-up runs in the background;
-        :meth:`wait_caught_up` waits for it)."""
+    def start(self) -> None:
+        """Start following the topic (created if missing) in the background, in the running loop;
+        :meth:`wait_caught_up` waits for the catch-up."""
         if self._task is None:
             self._task = asyncio.create_task(self._follow(), name=f"descriptors-{self.topic}")
 

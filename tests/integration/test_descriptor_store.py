@@ -31,7 +31,7 @@ async def test_descriptors_are_shared_through_the_topic(tansu: EmbeddedBroker) -
     a = DescriptorStore(a_client, topic, replica_id="a", follow_wait_ms=50)
     b = DescriptorStore(b_client, topic, replica_id="b", follow_wait_ms=50)
     try:
-        await a.start()
+        a.start()
         assert await a.wait_caught_up(20)
         assert len(a.table) == 0
         d1 = InstanceDescriptor("t1", "g", "c1", options={"format": "json"}, group_instance_id="gi-1",
@@ -46,7 +46,7 @@ async def test_descriptors_are_shared_through_the_topic(tansu: EmbeddedBroker) -
         d1.subscription = {"partitions": [["x", 0]]}
         await a.put(d1)
         # a replica started later reads everything there is
-        await b.start()
+        b.start()
         assert await b.wait_caught_up(20)
         got = b.get("t1", "g", "c1")
         assert got is not None and got.subscription == {"partitions": [["x", 0]]} and got.group_instance_id == "gi-1"

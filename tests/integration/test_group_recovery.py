@@ -231,3 +231,52 @@ async def test_gateway_kill_9_of_the_replica_holding_the_static_leader(
         assert await _partitions(hb, b2) == PARTITIONS
     log_b = (tmp_path / "gw-b.log").read_text()
     assert "not a member of the group" in log_b  # the broker kept the dead leader; b's member took over
+
+
+@pytest.mark.timeout(240)
+async def test_gateway_rolling_restart_with_static_membership(
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        cleanup: list[GatewayProcess]) -> None:
+    """Two replicas, static membership, one instance on each, records flowing; each replica in turn gets
+    SIGTERM, restarts, and its client recreates its instance (same name, so the same group.instance.id):
+    after each restart both instances own partitions again and together read every record."""
+    await kclient.create_topics({topic_name: PARTITIONS})
+    procs = replica_set(tansu, tmp_path, ["a", "b"], env={
+        "GATEWAY_STATIC_MEMBERSHIP": "true", "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(SESSION_MS)})
+    start(*procs.values())
+    cleanup.extend(procs.values())
+    await converged(list(procs.values()), {"a", "b"})
+    group = f"g-{topic_name}"
+    names = {"a": name_owned_by("a", ["a", "b"], group, "c"), "b": name_owned_by("b", ["a", "b"], group, "d")}
+    bases = {rid: f"/consumers/{group}/instances/{n}" for rid, n in names.items()}
+    seen: set[bytes] = set()
+    produced: set[bytes] = set()
+
+    async def setup(http: httpx.AsyncClient, rid: str) -> None:
+        assert (await create(http, group, names[rid])).status_code == 200
+        r = await http.post(f"{bases[rid]}/subscription", headers=V2, json={"topics": [topic_name]})
+        assert r.status_code == 204, r.text
+
+    async def settle(https: dict[str, httpx.AsyncClient], batch: int) -> None:
+        """Produce a batch, then poll both instances until both own partitions and every record was read."""
+        start_at = len(produced)
+        produced.update(await asyncio.to_thread(produce, tansu.bootstrap, topic_name, start_at, batch, PARTITIONS))
+        deadline = time.monotonic() + 5 * SESSION_MS / 1000 + 15
+        while True:
+            owned = {rid: await _partitions(https[rid], bases[rid]) for rid in https}
+            if produced <= seen and all(owned.values()) and sum(owned.values()) == PARTITIONS:
+                return
+            assert time.monotonic() < deadline, f"owned {owned}, missing {len(produced - seen)} records"
+            await asyncio.gather(*(_poll(https[rid], bases[rid], seen) for rid in https))
+
+    async with clients(procs["a"], procs["b"]) as (ha, hb):
+        https = {"a": ha, "b": hb}
+        await setup(ha, "a")
+        await setup(hb, "b")
+        await settle(https, 400)
+        for rid in ("a", "b"):
+            procs[rid].stop()  # SIGTERM: a static member sends no LeaveGroup
+            procs[rid].start()
+            await converged(list(procs.values()), {"a", "b"})
+            await setup(https[rid], rid)  # the client recreates its instance, which rejoins under its id
+            await settle(https, 400)

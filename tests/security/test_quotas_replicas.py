@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -176,3 +177,34 @@ def test_a_killed_replica_leaks_no_slot(tansu: EmbeddedBroker, tmp_path: Path) -
     finally:
         a.stop()
         b.stop()
+
+
+def test_an_owner_that_does_not_answer_fails_closed(tansu: EmbeddedBroker, tmp_path: Path) -> None:
+    """The tenant's owner of record is reachable but silent (SIGSTOP): the create is refused with 503/50306 and
+    Retry-After, nothing is created; once the owner is seen gone, the remaining replica counts by itself."""
+    procs = start_pair(tansu.bootstrap, tmp_path)
+    by_id = dict(zip("ab", procs, strict=True))
+    silent = owner(["a", "b"], routing_key("\x00quota", "capped"))
+    other = "b" if silent == "a" else "a"
+    group = "g-" + uuid.uuid4().hex[:8]
+    name = names_on(group, other, 1)[0]
+    proc = by_id[silent].proc
+    assert proc is not None
+    try:
+        proc.send_signal(signal.SIGSTOP)
+        r = create(by_id[other].url, group, name)
+        assert r.status_code == 503, r.text
+        assert r.json()["error_code"] == 50306 and r.headers["Retry-After"] == "1", r.text
+        assert "did not answer" in r.json()["message"]
+        r = httpx.get(f"{by_id[other].url}/internal/lookup", params={"group": group, "name": name}, headers=PEER)
+        assert r.json()["held"] is False  # nothing was created
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{by_id[other].url}/internal/peers", headers=PEER).json()["placement"] != [other]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)  # polling a condition: the peer probe runs every 0.2 s (1 s timeout)
+        r = create(by_id[other].url, group, name)
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        for p in procs:
+            p.stop()

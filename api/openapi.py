@@ -18,14 +18,13 @@ descriptions rather than as ``oneOf``/``anyOf`` combinators, for the same reason
 error schemas are flat objects.
 
 :func:`install_openapi` makes ``app.openapi()`` (and ``/openapi.json``) return the enriched schema;
-``openapi.yaml`` at the repository root is that schema, written by ``tools/export_openapi.py`` and kept
-in step by ``tests/integration/test_openapi.py``.
+``openapi.yaml`` at the repository root is that schema (:func:`api.contract.app_schema`), written by
+``tools/export_openapi.py`` and kept in step by ``tests/integration/test_openapi.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -663,18 +662,3 @@ def install_openapi(app: FastAPI) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-
-def app_schema() -> dict[str, Any]:
-    """The contract as the app generates it, from an app built with default settings (nothing is started,
-    no environment variable is read)."""
-    from api.app import create_app
-    from service.settings import Settings
-
-    tenants_log = logging.getLogger("service.tenants")
-    level = tenants_log.level
-    tenants_log.setLevel(logging.ERROR)  # the 'no authentication' warning is about serving, not documenting
-    try:
-        app = create_app(Settings.model_construct(), "localhost:9092")
-    finally:
-        tenants_log.setLevel(level)
-    return app.openapi()

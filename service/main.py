@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
-    from api.routing import peer_tls_problem, peer_token_problem
+    from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
 
     return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
             or peer_tls_problem(settings))

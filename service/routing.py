@@ -14,7 +14,7 @@ group and instance name are therefore placed on the same replica (harmless); req
 of their own tenant because every replica first tries its own instances and a forwarded request that the
 target does not hold comes back marked absent.
 
-Nothing here does I/O: the HTTP side (probing peers, forwarding) is :mod:`api.routing`.
+Nothing here does I/O: the HTTP side (probing peers, forwarding) is :mod:`api.replicas`.
 """
 
 from __future__ import annotations

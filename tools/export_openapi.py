@@ -15,7 +15,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.openapi import app_schema
+from api.contract import app_schema
 
 HEADER = ("# The kafka-consumer-gateway HTTP API contract, generated from the app: do not edit by hand.\n"
           "# Regenerate with: .venv/bin/python tools/export_openapi.py > openapi.yaml\n")

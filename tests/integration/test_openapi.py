@@ -23,8 +23,9 @@ from openapi_spec_validator import validate
 
 import api.errors
 from api.app import create_app
+from api.contract import app_schema
 from api.docs_ui import DOCS_PATHS
-from api.openapi import ERROR_CODES, app_operations, app_schema
+from api.openapi import ERROR_CODES, app_operations
 from service.settings import Settings
 from tests.integration.node_tools import NODE_ENV, node_tool
 

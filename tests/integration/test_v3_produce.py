@@ -386,7 +386,7 @@ async def test_tenant_isolation(gw: GatewayProcess, tansu: EmbeddedBroker, http:
 
 
 async def test_contract_names_the_operation_and_the_result_shape() -> None:
-    from api.openapi import app_schema
+    from api.contract import app_schema
 
     schema = app_schema()
 

@@ -27,7 +27,7 @@ import pytest
 import trustme
 from prometheus_client import CollectorRegistry
 
-from api.routing import Router
+from api.replicas import Router
 from service.embedded import EmbeddedBroker, free_port
 from service.routing import owner, routing_key
 from service.settings import Settings

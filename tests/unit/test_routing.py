@@ -1,5 +1,5 @@
 """Routing between replicas, the sans-io core (service/routing.py), the routing middleware against a fake
-peer (api/routing.py, no network) and the gateway's part: placement of generated names, static membership."""
+peer (api/replicas/, no network) and the gateway's part: placement of generated names, static membership."""
 
 from __future__ import annotations
 
@@ -370,7 +370,7 @@ async def test_middleware_forwards_and_marks_hops() -> None:
 async def test_upstream_pool() -> None:
     """The forwarding client: keep-alive reuse, chunked and sized bodies, a large body streamed, a read
     timeout, a refused connection, and a kept-alive connection the peer closed meanwhile (GET sent again)."""
-    from api.routing import UpstreamConnectError, UpstreamError, UpstreamPool
+    from api.replicas.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 
     big = b"x" * (3 << 20)
     connections = 0

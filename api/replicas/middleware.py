@@ -31,6 +31,8 @@ _HOP = HOP_HEADER.encode()
 
 
 class RoutingMiddleware:
+    """The ASGI middleware of the routing layer (installed by :func:`api.replicas.install_routing`)."""
+
     def __init__(self, app: ASGIApp, router: Router) -> None:
         self.app = app
         self.router = router

@@ -1,5 +1,9 @@
-"""The :class:`Router` of one replica: its state, and its concerns put together from the modules that
-implement them (see the map in :mod:`api.replicas`)."""
+"""The :class:`Router` of one replica: the routing state (settings, peer table, hints, clients, metrics,
+quota coordinator) in one object, whose behaviour comes from one mixin per concern: :class:`PeerSet`
+(:mod:`~api.replicas.peers`), :class:`PeerAuth` (:mod:`~api.replicas.peer_auth`), :class:`Forwarding`
+(:mod:`~api.replicas.forward`), :class:`Routing` (:mod:`~api.replicas.route`), :class:`QuotaTransport`
+(:mod:`~api.replicas.quota`) and :class:`InternalEndpoints` (:mod:`~api.replicas.internal`). Each mixin
+declares the attributes it reads; they are all set here."""
 
 from __future__ import annotations
 

@@ -672,8 +672,11 @@ class GroupCoordinator:
             except Exception:
                 log.exception("group %s: revocation hook failed while leaving", self.group_id)
         req = m.leave_request(reason, force_static=force_static)
-        log.info("%s: %s (%s)", self._describe(), "leaving" if req is not None else
-                 "stopping (a static member keeps its slot until its session times out)", reason)
+        if req is not None:
+            log.info("%s: leaving (%s)", self._describe(), reason)
+        elif m.member_id and m.group_instance_id is not None:
+            log.info("%s: stopping without LeaveGroup (%s): a static member keeps its slot until its session "
+                     "times out", self._describe(), reason)
         m.after_leave(reason)
         self._unstable_since = None
         self._note_assignment()

@@ -109,3 +109,50 @@ def test_metric_counts_instances_without_partitions_past_their_session_timeout()
     assert sample(registry, "kcg_group_stall_recoveries_total") == 2
     stuck.member.owned = [TopicPartition("t", 1)]
     assert sample(registry, "kcg_unassigned_consumer_instances") == 0
+
+
+class RecoveringCoordinator(GroupCoordinator):
+    """_recover_stall with DescribeGroups answered by ``described`` and LeaveGroups recorded, no broker."""
+
+    def __init__(self, described: set[str] | None) -> None:
+        c = coordinator(["t"])
+        self.__dict__.update(c.__dict__)
+        self.described = described
+        self.left: list[str] = []
+
+    async def _describe_members(self) -> set[str] | None:
+        return self.described
+
+    async def _leave_quietly(self, req: Any | None) -> None:
+        if req is not None:
+            self.left.append(req.members[0].member_id)
+
+
+def stuck(c: GroupCoordinator, member_id: str, leader: str) -> None:
+    c.member.member_id, c.member.leader_id, c.member.generation_id = member_id, leader, 0
+    c.member.state = MemberState.UNJOINED
+    c._unstable_since, c._failed_rounds = 0.0, 3
+
+
+async def test_recovery_adopts_a_departed_leaders_id_after_leaving_under_its_own() -> None:
+    c = RecoveringCoordinator(described={"inst-a-me"})
+    stuck(c, "inst-a-me", "inst-b-gone")
+    await c._recover_stall()
+    assert c.left == ["inst-a-me"]
+    assert (c.member.member_id, c.member.group_instance_id, c.stall_recoveries) == ("inst-b-gone", "inst-a", 1)
+    assert c._failed_rounds == 0 and c.member.rejoin_needed
+
+
+async def test_recovery_of_a_leader_the_broker_dropped_rejoins_under_its_own_id() -> None:
+    c = RecoveringCoordinator(described={"inst-b-1"})
+    stuck(c, "inst-a-me", "inst-a-me")
+    await c._recover_stall()
+    assert c.left == [] and c.member.member_id == "inst-a-me" and c.member.generation_id == -1
+
+
+async def test_recovery_leaves_and_rejoins_as_new_when_the_leader_is_a_member_or_unknown() -> None:
+    for described in ({"inst-a-me", "inst-b-1"}, None):
+        c = RecoveringCoordinator(described=described)
+        stuck(c, "inst-a-me", "inst-b-1")
+        await c._recover_stall()
+        assert c.left == ["inst-a-me"] and c.member.member_id == "" and c.member.group_instance_id == "inst-a"

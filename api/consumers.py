@@ -33,7 +33,7 @@ from api.consumer_config import (
 from api.errors import documented_errors
 from api.hosts import parse_host
 from api.kafka_texts import client_text
-from api.render import NDJSON_SEP, SSE_SEP, render_binary, render_json
+from api.render import NDJSON_SEP, render_binary, render_json
 from api.responses import OrjsonResponse
 from service.client.errors import KafkaError
 from service.gateway import (
@@ -50,6 +50,7 @@ from service.gateway import (
 from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
 from service.protocol.records import InflatedSizeError
+from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
 from service.subscription import (
     SubscriptionError,
     TopicPartition,
@@ -686,10 +687,24 @@ async def records(request: Request, group: str, instance_id: str,
                   max_bytes: Annotated[int | None, Query(ge=1, le=INT32_MAX,
                                                          description="soft cap on key+value bytes")] = None,
                   max_records: Annotated[int | None, Query(ge=1, le=100000)] = None,
+                  resume: Annotated[str | None, Query(
+                      max_length=MAX_TOKEN_CHARS, description="streams: a resume token (an SSE event id, an ndjson "
+                      "record's 'resume' field) to seek the instance to before streaming; a Last-Event-ID header "
+                      "wins over it (docs/streams.md)")] = None,
                   tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = await instance(request, tenant, group, instance_id)
     media = _accept(request, inst)
     if media in (NDJSON, SSE):
+        # Last-Event-ID first: an EventSource reconnects with the URL it was given (maybe an older ?resume=)
+        token = request.headers.get("last-event-id") or resume
+        codec = _resume_codec(request)
+        binding = Binding(inst.tenant, inst.group, inst.instance_id)
+        positions = None
+        if token:
+            try:
+                positions = codec.decode(token, binding)
+            except ResumeTokenError as exc:
+                raise GatewayError(f"resume token refused: {exc}", status=400, error_code=40004) from None
         # A stream's chunks are only a transfer unit (one line or event per record either way): without
         # max_records / max.poll.records, take up to STREAM_CHUNK_RECORDS of what is buffered per chunk
         limit = max_records or inst.options.max_poll_records or STREAM_CHUNK_RECORDS
@@ -698,9 +713,20 @@ async def records(request: Request, group: str, instance_id: str,
         # life, like a plain poll holds one while it waits: no slot is 429/42901 before the status line.
         slot = tenant.stream_slot()
         await slot.__aenter__()
+        headers = {"cache-control": "no-cache"}
+        skipped: list[TopicPartition] = []
+        try:
+            if positions is not None:
+                skipped = await _resume(gateway(request), inst, positions)
+        except BaseException:
+            await slot.__aexit__(None, None, None)
+            raise
+        if skipped:
+            headers["x-resume-skipped"] = _skipped_text(skipped)
         return _SlotStreamingResponse(
-            _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes),
-            release=slot, media_type=media, headers={"cache-control": "no-cache"})
+            _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes,
+                    codec, binding, skipped),
+            release=slot, media_type=media, headers=headers)
     return Response(await poll_records(request, inst, tenant, timeout, max_bytes, max_records), media_type=media)
 
 
@@ -750,15 +776,119 @@ class _SlotStreamingResponse(StreamingResponse):
             await self._release.__aexit__(None, None, None)
 
 
+RESUME_ASSIGNMENT_WAIT_S = 30.0  # a resume waits at most this long (and the poll timeout cap) for an assignment
+_SKIPPED_LISTED = 50  # partitions named in X-Resume-Skipped / the SSE comment before "+N more"
+
+
+def _resume_codec(request: Request) -> ResumeCodec:
+    """The process's token codec: keyed from GATEWAY_RESUME_KEY, else GATEWAY_PEER_TOKEN (the same on every
+    replica, across restarts), else a random key of this process."""
+    codec: ResumeCodec | None = getattr(request.app.state, "resume_codec", None)
+    if codec is None:
+        settings = request.app.state.settings
+        secret = settings.resume_key or settings.peer_token
+        codec = ResumeCodec(derive_key(secret.get_secret_value() if secret is not None else None))
+        request.app.state.resume_codec = codec
+    return codec
+
+
+async def _resume(gw: Gateway, inst: ConsumerInstance,
+                  positions: dict[TopicPartition, int | None]) -> list[TopicPartition]:
+    """Seek the instance to a token's positions; returns the token's partitions it does not own (skipped).
+
+    A group-managed instance without partitions yet (just subscribed, re-created, rebalancing) is given up to
+    the poll timeout cap to get them first. A partition the token has as unresolved goes back to its
+    committed offset, else to the instance's auto.offset.reset."""
+    consumer = inst.consumer
+    async with inst.lock:
+        if not consumer.assignment() and consumer.subs.is_group_managed:
+            await consumer.wait_for_assignment(min(gw.max_poll_timeout, RESUME_ASSIGNMENT_WAIT_S))
+        assigned = set(consumer.assignment())
+        skipped = [tp for tp in positions if tp not in assigned]
+        unresolved = [tp for tp, off in positions.items() if off is None and tp in assigned]
+        for tp, off in positions.items():
+            if off is not None and tp in assigned:
+                consumer.seek(tp, off)
+        if unresolved:
+            committed = await consumer.committed(unresolved) if consumer.coordinator is not None else {}
+            for tp in unresolved:
+                om = committed.get(tp)
+                if om is not None and om.offset >= 0:
+                    consumer.seek(tp, om.offset)
+                elif inst.options.auto_offset_reset == "earliest":
+                    consumer.seek_to_beginning([tp])
+                elif inst.options.auto_offset_reset == "latest":
+                    consumer.seek_to_end([tp])
+    if skipped:
+        log.info("stream resume: %d partition(s) of the token not assigned to the instance, skipped: %s",
+                 len(skipped), _skipped_text(skipped))
+    return skipped
+
+
+def _skipped_text(skipped: list[TopicPartition]) -> str:
+    names = ",".join(f"{tp.topic}:{tp.partition}" for tp in sorted(skipped)[:_SKIPPED_LISTED])
+    more = len(skipped) - _SKIPPED_LISTED
+    return names + (f",+{more} more" if more > 0 else "")
+
+
+def _token_prefix(codec: ResumeCodec, binding: Binding, inst: ConsumerInstance,
+                  chunks: list[tuple[TopicPartition, list[Any]]]) -> TokenPrefix | None:
+    """The token builder of one poll: the positions of every assigned partition after it, with the polled
+    partitions set back to their first record (the chunks, applied in order, bring them forward)."""
+    subs = inst.consumer.subs
+    start: dict[TopicPartition, int | None] = {}
+    for tp in subs.assigned():
+        start[tp] = subs.position(tp)
+    for tp, recs in reversed(chunks):
+        start[tp] = recs[0].offset
+    return codec.prefix(binding, start, [(tp, recs[-1].offset + 1) for tp, recs in chunks])
+
+
+def _sse_with_ids(out: Any, chunks: list[tuple[TopicPartition, list[Any]]], prefix: TokenPrefix | None) -> bytes:
+    """One SSE event per record, each with the resume token after it as its id (rendered with the ndjson
+    separator: a record is one line)."""
+    pieces: list[bytes] = []
+    for k, ((_, recs), part) in enumerate(zip(chunks, out.parts, strict=True)):
+        lines = part.split(b"\n")
+        # no token (too large): events without id, so a reconnect resumes from the last one (redelivers)
+        if prefix is None or len(lines) != len(recs):  # (the renderers keep a record on one line)
+            pieces += (b"data: ", part.replace(b"\n", b"\n\ndata: "), b"\n\n")
+            continue
+        token = prefix.token
+        for rec, line in zip(recs, lines, strict=True):
+            pieces += (b"data: ", line, b"\nid: ", token(k, rec.offset + 1), b"\n\n")
+    return b"".join(pieces)
+
+
+def _ndjson_with_token(out: Any, chunks: list[tuple[TopicPartition, list[Any]]],
+                       prefix: TokenPrefix | None) -> bytes:
+    """The poll's records, one per line; the last one carries ``"resume"``: the token after it."""
+    if prefix is None:
+        return out.ndjson()  # type: ignore[no-any-return]
+    pieces: list[bytes | memoryview] = []
+    for i, part in enumerate(out.parts):
+        if i:
+            pieces.append(b"\n")
+        pieces.append(part)
+    last = pieces[-1]
+    pieces[-1] = memoryview(last)[:-1]  # the last record's closing brace
+    pieces += (b',"resume":"', prefix.token(len(chunks) - 1, chunks[-1][1][-1].offset + 1), b'"}\n')
+    return b"".join(pieces)
+
+
 async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
-                  limit: int, max_bytes: int | None) -> AsyncIterator[bytes]:
+                  limit: int, max_bytes: int | None, codec: ResumeCodec, binding: Binding,
+                  skipped: list[TopicPartition]) -> AsyncIterator[bytes]:
     """Records as they arrive. Backpressure: the next poll happens only after the previous chunk was
     written, so a slow reader stops the polling (and, once the prefetch buffer is full, fetching) —
-    never the heartbeats."""
+    never the heartbeats. Every SSE event has the resume token after its record as id; in ndjson the last
+    record of each write has it as "resume" (docs/streams.md)."""
     inst.active_requests += 1
     metrics = request.app.state.metrics
     gw = gateway(request)
     try:
+        if skipped and media == SSE:
+            yield b": resume skipped (not assigned to this instance) " + _skipped_text(skipped).encode() + b"\n\n"
         while not inst.closed:
             if gw.draining:
                 # SIGTERM: end cleanly, telling the client to commit what it got (the listener stays open
@@ -771,6 +901,9 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
             started = time.monotonic()
             async with inst.lock:
                 chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
+                chunks = [c for c in chunks if c[1]]
+                # positions read with the records, before another request of the instance can move them
+                prefix = _token_prefix(codec, binding, inst, chunks) if chunks else None
             inst.touch()
             if not chunks:
                 if media == SSE:
@@ -778,11 +911,11 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
             if media == SSE:
-                out = render(chunks, SSE_SEP)
-                data = out.sse()
+                out = render(chunks, NDJSON_SEP)
+                data = _sse_with_ids(out, chunks, prefix)
             else:
                 out = render(chunks, NDJSON_SEP)
-                data = out.ndjson()
+                data = _ndjson_with_token(out, chunks, prefix)
             metrics.records.labels(tenant.id).inc(out.count)
             metrics.bytes.labels(tenant.id).inc(out.payload)
             yield data

@@ -38,6 +38,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (400, 40002, 'v3: Kafka refused the request (topic already exists; invalid topic name, partitions count, '
                  'replication factor, replicas assignment or config)'),
     (400, 40003, 'the Host / forwarded headers do not make a valid http(s) base URL (set GATEWAY_PUBLIC_URL)'),
+    (400, 40004, 'stream resume token (Last-Event-ID / ?resume=) not valid for this consumer instance: altered, '
+                 'garbage, issued for another instance, group or tenant, or signed with another key'),
     (401, 40101, 'missing or invalid credentials'),
     (403, 40301, "topic or group outside the tenant's allowed patterns, or an internal topic (the operator's "
                  "deny-list: __*, _schemas, _confluent*, GATEWAY_DENIED_TOPICS)"),

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     peer_token: SecretStr | None = Field(
         None, description="Shared secret of the replicas: required on the /internal endpoints and marks "
         "forwarded requests. Required with peers (the gateway refuses to start without it)")
+    resume_key: SecretStr | None = Field(
+        None, description="Secret behind the MAC of stream resume tokens (SSE id, ndjson 'resume'); the same on "
+        "every replica. Unset: derived from GATEWAY_PEER_TOKEN; neither: a random key per process (tokens then "
+        "do not survive a restart and are refused with 400/40004)")
     tls_cert_file: str | None = Field(
         None, description="PEM certificate (chain) of this gateway's listener: with tls_key_file the port serves "
         "HTTPS only (clients, probes and peers). Unset: plain HTTP")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from api.consumer_config import MAX_FETCH_MAX_BYTES, MAX_PARTITION_FETCH_BYTES, HONOURED
+from api.consumer_config import HONOURED, MAX_FETCH_MAX_BYTES, MAX_PARTITION_FETCH_BYTES
 from service.budget import MIN_GRANT, BudgetExhausted, MemoryBudget
 
 MiB = 1024 * 1024

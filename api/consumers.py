@@ -718,6 +718,7 @@ async def records(request: Request, group: str, instance_id: str,
         try:
             if positions is not None:
                 skipped = await _resume(gateway(request), inst, positions)
+            epoch = _stream_epoch(inst)
         except BaseException:
             await slot.__aexit__(None, None, None)
             raise
@@ -725,7 +726,7 @@ async def records(request: Request, group: str, instance_id: str,
             headers["x-resume-skipped"] = _skipped_text(skipped)
         return _SlotStreamingResponse(
             _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes,
-                    codec, binding, skipped),
+                    codec, binding, skipped, epoch),
             release=slot, media_type=media, headers=headers)
     return Response(await poll_records(request, inst, tenant, timeout, max_bytes, max_records), media_type=media)
 
@@ -778,6 +779,11 @@ class _SlotStreamingResponse(StreamingResponse):
 
 RESUME_ASSIGNMENT_WAIT_S = 30.0  # a resume waits at most this long (and the poll timeout cap) for an assignment
 _SKIPPED_LISTED = 50  # partitions named in X-Resume-Skipped / the SSE comment before "+N more"
+_EPOCH = "_kcg_resume_epoch"  # attribute of a ConsumerInstance: how many resumes took it over
+
+
+def _stream_epoch(inst: ConsumerInstance) -> int:
+    return int(getattr(inst, _EPOCH, 0))
 
 
 def _resume_codec(request: Request) -> ResumeCodec:
@@ -801,6 +807,9 @@ async def _resume(gw: Gateway, inst: ConsumerInstance,
     committed offset, else to the instance's auto.offset.reset."""
     consumer = inst.consumer
     async with inst.lock:
+        # an older stream of the instance (a connection cut without the server noticing yet) stops before
+        # its next poll: it must not take records past the token into a socket nobody reads
+        setattr(inst, _EPOCH, _stream_epoch(inst) + 1)
         if not consumer.assignment() and consumer.subs.is_group_managed:
             await consumer.wait_for_assignment(min(gw.max_poll_timeout, RESUME_ASSIGNMENT_WAIT_S))
         assigned = set(consumer.assignment())
@@ -878,7 +887,7 @@ def _ndjson_with_token(out: Any, chunks: list[tuple[TopicPartition, list[Any]]],
 
 async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
                   limit: int, max_bytes: int | None, codec: ResumeCodec, binding: Binding,
-                  skipped: list[TopicPartition]) -> AsyncIterator[bytes]:
+                  skipped: list[TopicPartition], epoch: int) -> AsyncIterator[bytes]:
     """Records as they arrive. Backpressure: the next poll happens only after the previous chunk was
     written, so a slow reader stops the polling (and, once the prefetch buffer is full, fetching) —
     never the heartbeats. Every SSE event has the resume token after its record as id; in ndjson the last
@@ -900,6 +909,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 break
             started = time.monotonic()
             async with inst.lock:
+                if _stream_epoch(inst) != epoch:  # a resume took the instance over (see _resume)
+                    break
                 chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
                 chunks = [c for c in chunks if c[1]]
                 # positions read with the records, before another request of the instance can move them

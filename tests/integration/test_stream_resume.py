@@ -1,0 +1,243 @@
+"""Resumable streams on Tansu through a real gateway process: a client reads part of an SSE / ndjson stream,
+drops the connection, reconnects with the last resume token and gets exactly the rest (no gap, no record
+twice past the token); altered, foreign and other-process tokens are refused with 400/40004 before streaming;
+a token naming partitions the instance lost in a rebalance says which ones it skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import orjson
+import pytest
+from confluent_kafka import Producer as CKProducer
+
+from service.client.client import KafkaClient
+from service.embedded import EmbeddedBroker
+from tests.integration.gateway_proc import GatewayProcess
+
+pytestmark = pytest.mark.integration
+V2 = "application/vnd.kafka.v2+json"
+H = {"Content-Type": V2}
+SSE = {"Accept": "text/event-stream"}
+NDJSON = {"Accept": "application/x-ndjson"}
+Rec = tuple[int, int]  # (partition, offset)
+
+
+@pytest.fixture(scope="module")
+def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_RESUME_KEY": "resume-test-key"},
+                        log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+        yield g
+
+
+def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
+    p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce(topic, value=b"v%d" % i, partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+async def instance(http: httpx.AsyncClient, group: str, topic: str, name: str | None = None) -> str:
+    body: dict[str, object] = {"format": "binary", "auto.offset.reset": "earliest"}
+    if name:
+        body["name"] = name
+    r = await http.post(f"/consumers/{group}", json=body, headers=H)
+    assert r.status_code == 200, r.text
+    base = "/consumers/" + r.json()["base_uri"].split("/consumers/", 1)[1]
+    r = await http.post(f"{base}/subscription", json={"topics": [topic]}, headers=H)
+    assert r.status_code == 204, r.text
+    return base
+
+
+async def sse_events(resp: httpx.Response) -> AsyncIterator[tuple[str | None, dict[str, object] | None, str]]:
+    """(id, data, comment) per SSE block."""
+    ident: str | None = None
+    data: dict[str, object] | None = None
+    comment = ""
+    async for line in resp.aiter_lines():
+        if line == "":
+            if ident is not None or data is not None or comment:
+                yield ident, data, comment
+            ident, data, comment = None, None, ""
+        elif line.startswith("id: "):
+            ident = line[4:]
+        elif line.startswith("data: "):
+            data = orjson.loads(line[6:])
+        elif line.startswith(":"):
+            comment = line
+
+
+async def read_sse(http: httpx.AsyncClient, base: str, want: int, headers: dict[str, str] | None = None,
+                   params: dict[str, str | int] | None = None, timeout: float = 30.0
+                   ) -> tuple[list[Rec], str | None, httpx.Headers, list[str]]:
+    """Read until ``want`` record events were processed (each one's id kept), then drop the connection."""
+    got: list[Rec] = []
+    last: str | None = None
+    comments: list[str] = []
+    deadline = time.monotonic() + timeout
+    async with http.stream("GET", f"{base}/records", headers={**SSE, **(headers or {})},
+                           params={"max_records": 7, **(params or {})}) as resp:
+        assert resp.status_code == 200, (await resp.aread()).decode()
+        async for ident, data, comment in sse_events(resp):
+            assert time.monotonic() < deadline, f"only {len(got)} of {want} records"
+            if comment and "keep-alive" not in comment:
+                comments.append(comment)
+            if data is None:
+                continue
+            assert "error_code" not in data, data
+            assert ident, "an event without a resume id"
+            got.append((int(data["partition"]), int(data["offset"])))  # type: ignore[call-overload]
+            last = ident
+            if len(got) >= want:
+                break
+        return got, last, resp.headers, comments
+
+
+async def read_ndjson(http: httpx.AsyncClient, base: str, want: int, params: dict[str, str | int] | None = None,
+                      timeout: float = 30.0) -> tuple[list[Rec], str | None, int]:
+    """Read at least ``want`` lines, then drop the connection; only records up to the last line with a
+    "resume" token count as processed. Returns those, the token, and how many lines were read."""
+    processed: list[Rec] = []
+    pending: list[Rec] = []
+    token: str | None = None
+    lines = 0
+    deadline = time.monotonic() + timeout
+    async with http.stream("GET", f"{base}/records", headers=NDJSON,
+                           params={"max_records": 7, **(params or {})}) as resp:
+        assert resp.status_code == 200, (await resp.aread()).decode()
+        async for line in resp.aiter_lines():
+            assert time.monotonic() < deadline, f"only {lines} of {want} lines"
+            if not line:
+                continue
+            rec = orjson.loads(line)
+            assert "error_code" not in rec, rec
+            lines += 1
+            pending.append((rec["partition"], rec["offset"]))
+            if "resume" in rec:
+                processed += pending
+                pending = []
+                token = rec["resume"]
+            if lines >= want and token is not None:
+                break
+    return processed, token, lines
+
+
+def assert_exactly(all_records: list[Rec], n: int, partitions: int) -> None:
+    assert len(all_records) == len(set(all_records)), "a record delivered twice past the token"
+    expect = {(p, o) for p in range(partitions) for o in range(n // partitions)}
+    assert set(all_records) == expect, f"missing {sorted(expect - set(all_records))[:10]}"
+
+
+async def test_sse_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(
+        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    n, parts = 300, 3
+    await kclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    base = await instance(http, "resume-sse", topic_name)
+    first, last_id, _, _ = await read_sse(http, base, 40)
+    assert len(first) == 40 and last_id
+    # the browser way: Last-Event-ID on the URL of the first request; a stale ?resume= loses to the header
+    stale = None
+    rest, _, headers, comments = await read_sse(http, base, n - 40, headers={"Last-Event-ID": last_id},
+                                               params={"resume": stale or last_id})
+    assert "x-resume-skipped" not in headers and not comments
+    assert_exactly(first + rest, n, parts)
+    # once more from a token in the middle: the events after it come again, exactly once each
+    again, _, _, _ = await read_sse(http, base, 1, headers={"Last-Event-ID": last_id})
+    assert again[0] in rest[: parts * 7 + 1]
+
+
+async def test_ndjson_reconnect_with_resume_param_has_no_gap_and_no_duplicate(
+        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    n, parts = 300, 3
+    await kclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    base = await instance(http, "resume-ndjson", topic_name)
+    first, token, lines = await read_ndjson(http, base, 30)
+    assert token and 0 < len(first) <= lines
+    rest: list[Rec] = []
+    while len(first) + len(rest) < n:  # several cuts in a row, each resumed from the last token
+        more, token, _ = await read_ndjson(http, base, min(45, n - len(first) - len(rest)), params={"resume": token})
+        assert token and more
+        rest += more
+    assert_exactly(first + rest, n, parts)
+
+
+async def test_altered_foreign_and_garbage_tokens_are_400_40004_before_streaming(
+        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    await kclient.create_topics({topic_name: 2})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 20, 2)
+    base = await instance(http, "resume-bad", topic_name)
+    _, token, _, _ = await read_sse(http, base, 3)
+    assert token
+    other = await instance(http, "resume-bad-other", topic_name)
+    head, tail = token.split(".")
+    flipped = tail[:-3] + ("A" if tail[-3] != "A" else "B") + tail[-2:]
+    cases = [({"Last-Event-ID": head + "." + flipped}, None, base), ({}, {"resume": "garbage"}, base),
+             ({}, {"resume": token}, other),  # another instance (and group)
+             ({"Accept": "application/x-ndjson", "Last-Event-ID": "x.y"}, None, base)]
+    for headers, params, url in cases:
+        r = await http.get(f"{url}/records", headers={**SSE, **headers}, params=params)
+        assert r.status_code == 400, r.text
+        assert r.headers["content-type"].startswith("application/")
+        body = r.json()
+        assert body["error_code"] == 40004 and "resume token" in body["message"], body
+    # the instance still streams afterwards (the refused requests moved nothing)
+    ok, _, _, _ = await read_sse(http, base, 1, headers={"Last-Event-ID": token})
+    assert len(ok) == 1
+
+
+async def test_token_of_another_process_without_a_key_is_refused_cleanly(
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: object) -> None:
+    """Open mode with neither GATEWAY_RESUME_KEY nor GATEWAY_PEER_TOKEN: a random key per process, so the
+    token of one process is a clean 400 at another (as after a restart), never a 500."""
+    await kclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 10, 1)
+    with GatewayProcess(tansu.bootstrap) as a, GatewayProcess(tansu.bootstrap) as b:
+        async with httpx.AsyncClient(base_url=a.url, timeout=60) as ha, \
+                httpx.AsyncClient(base_url=b.url, timeout=60) as hb:
+            base_a = await instance(ha, "resume-proc-a", topic_name, name="c1")
+            _, token, _, _ = await read_sse(ha, base_a, 2)
+            assert token
+            base_b = await instance(hb, "resume-proc-a", topic_name, name="c1")
+            assert base_b == base_a  # the same tenant, group and instance id: only the key differs
+            r = await hb.get(f"{base_b}/records", headers={**SSE, "Last-Event-ID": token})
+            assert r.status_code == 400 and r.json()["error_code"] == 40004, r.text
+
+
+async def test_partitions_lost_in_a_rebalance_are_skipped_and_named(
+        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    n, parts = 120, 4
+    await kclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    group = "resume-rebalance"
+    one = await instance(http, group, topic_name)
+    first, token, _, _ = await read_sse(http, one, 10)
+    assert token
+    two = await instance(http, group, topic_name)
+    # the second member joins; both get a share of the four partitions
+    mine: set[int] = set()
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "no rebalance"
+        r = await http.get(f"{two}/records", params={"timeout": 500, "max_records": 1}, headers={
+            "Accept": "application/vnd.kafka.binary.v2+json"})
+        assert r.status_code == 200, r.text
+        a1 = (await http.get(f"{one}/assignments", headers=H)).json()["partitions"]
+        a2 = (await http.get(f"{two}/assignments", headers=H)).json()["partitions"]
+        if a1 and a2 and len(a1) + len(a2) == parts:
+            mine = {p["partition"] for p in a1}
+            break
+    lost = sorted(set(range(parts)) - mine)
+    got, _, headers, comments = await read_sse(http, one, 3, headers={"Last-Event-ID": token})
+    assert headers["x-resume-skipped"] == ",".join(f"{topic_name}:{p}" for p in lost)
+    assert comments and all(f"{topic_name}:{p}" in comments[0] for p in lost)
+    assert got and {p for p, _ in got} <= mine
+    # the kept partitions continue right after the token: the first record of each is the next one
+    resumed_from = {p: o for p, o in reversed(got)}
+    done = {p: max((o for q, o in first if q == p), default=-1) for p in mine}
+    for p, o in resumed_from.items():
+        assert o == done[p] + 1, (p, o, done)

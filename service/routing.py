@@ -47,6 +47,9 @@ SCHEME_HEADER = "x-kcg-client-scheme"
 ABSENT_HEADER = "x-kcg-absent"
 #: On a forwarded response: the replica that served it.
 SERVED_BY_HEADER = "x-kcg-served-by"
+#: On a forwarded instance request: no replica holds the instance and the target is its owner among the
+#: live replicas: it re-creates the instance from its descriptor (durable instances) before serving it.
+RECREATE_HEADER = "x-kcg-recreate"
 
 _INSTANCE_PATH = re.compile(r"^/consumers/([^/]+)/instances/([^/]+)(?:/.*)?$")
 _CREATE_PATH = re.compile(r"^/consumers/([^/]+)$")

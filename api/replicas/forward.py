@@ -25,6 +25,7 @@ from service.routing import (
     ABSENT_HEADER,
     CLIENT_HEADER,
     HOP_HEADER,
+    RECREATE_HEADER,
     SCHEME_HEADER,
     SERVED_BY_HEADER,
     TOKEN_HEADER,
@@ -71,6 +72,8 @@ class Forwarding:
         out.append((SCHEME_HEADER.encode(), scope.get("scheme", "http").encode()))
         if self.token:
             out.append((_TOKEN, self.token.encode()))
+        if scope.get("kcg_recreate"):
+            out.append((RECREATE_HEADER.encode(), b"1"))
         return out
 
     def _is_stream(self, scope: Scope) -> bool:

@@ -19,6 +19,7 @@ from api.replicas.route import NOT_HERE_CODES
 from service.routing import (
     ABSENT_HEADER,
     HOP_HEADER,
+    RECREATE_HEADER,
     TOKEN_HEADER,
     group_of_create_path,
     instance_of_path,
@@ -55,6 +56,9 @@ class RoutingMiddleware:
             router.restore_client(scope)
             if instance_of_path(path) is not None:
                 send = marking_absent(send)
+                if header(scope, RECREATE_HEADER.encode()) is not None:
+                    # the forwarding replica found no holder and this replica is the owner: re-create
+                    scope.setdefault("state", {})["kcg_recreate"] = True
             router.metrics.in_flight_in.inc()
             try:
                 await self.app(scope, receive, send)

@@ -26,6 +26,8 @@ from service.routing import (
     HintCache,
     PeerTable,
     name_of_create_body,
+    owner,
+    routing_key,
 )
 
 #: error codes of a route's answer that mean "this replica does not hold the instance"
@@ -105,8 +107,24 @@ class Routing:
 
     async def _not_held(self, app: ASGIApp, scope: Scope, receive: Receive, body: bytes, send: Send, group: str,
                         name: str, local: Captured | None, gone: Captured | None, unreachable: list[str]) -> None:
-        """No replica holds it: this replica's own answer (authentication first: a 401 stays a 401), a 410
-        from where it expired rather than a 404, and a 404 that names the unreachable replicas."""
+        """No replica holds it. With durable instances its owner among the live replicas re-creates it from
+        its descriptor (here, or forwarded there marked to re-create); otherwise, or when that fails, this
+        replica's own answer (authentication first: a 401 stays a 401), a 410 from where it expired rather
+        than a 404, and a 404 that names the unreachable replicas."""
+        if self.gateway.durable_instances and not self.gateway.draining:
+            live = [r for r in self.table.placement_ids() if r not in unreachable]
+            target = owner(live, routing_key(group, name)) or self.self_id
+            if target == self.self_id:
+                scope.setdefault("state", {})["kcg_recreate"] = True
+                self.metrics.count("recreate_here")
+                await app(scope, replaying(body, receive), send)
+                return
+            got = await self.forward(target, {**scope, "kcg_recreate": True}, body, send)
+            if got == "done":
+                self.metrics.count("recreate_forwarded")
+                return
+            if got == "unreachable":
+                unreachable.append(target)
         if local is None:
             hold = HoldNotFound(send)
             await app(scope, replaying(body, receive), hold.send)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -40,8 +42,11 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
     assert p.flush(30) == 0
 
 
-async def instance(http: httpx.AsyncClient, group: str, topic: str, name: str | None = None) -> str:
+async def instance(http: httpx.AsyncClient, group: str, topic: str, name: str | None = None,
+                   commit: bool = True) -> str:
     body: dict[str, object] = {"format": "binary", "auto.offset.reset": "earliest"}
+    if not commit:
+        body["auto.commit.enable"] = "false"
     if name:
         body["name"] = name
     r = await http.post(f"/consumers/{group}", json=body, headers=H)
@@ -191,7 +196,7 @@ async def test_altered_foreign_and_garbage_tokens_are_400_40004_before_streaming
 
 
 async def test_token_of_another_process_without_a_key_is_refused_cleanly(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: object) -> None:
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> None:
     """Open mode with neither GATEWAY_RESUME_KEY nor GATEWAY_PEER_TOKEN: a random key per process, so the
     token of one process is a clean 400 at another (as after a restart), never a 500."""
     await kclient.create_topics({topic_name: 1})
@@ -241,3 +246,82 @@ async def test_partitions_lost_in_a_rebalance_are_skipped_and_named(
     done = {p: max((o for q, o in first if q == p), default=-1) for p in mine}
     for p, o in resumed_from.items():
         assert o == done[p] + 1, (p, o, done)
+
+
+@pytest.mark.timeout(180)
+async def test_reconnect_after_kill_9_of_the_owner_with_durable_instances(
+        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path) -> None:
+    """The stream is cut by kill -9 of its gateway; the restarted one re-creates the instance from its
+    descriptor (positions from the committed offsets: none here) and the token brings it to exactly where
+    the client stopped: the rest arrives with no gap and nothing twice, in SSE and in ndjson."""
+    n, parts = 150, 3
+    await kclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    env = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true",
+           "GATEWAY_RESUME_KEY": "resume-test-key", "GATEWAY_LOG_LEVEL": "info"}
+    suffix = uuid.uuid4().hex[:6]
+    g1 = GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log")
+    g1.start()
+    try:
+        async with httpx.AsyncClient(base_url=g1.url, timeout=60) as h:
+            sse_base = await instance(h, f"resume-kill-sse-{suffix}", topic_name, name="c1", commit=False)
+            nd_base = await instance(h, f"resume-kill-nd-{suffix}", topic_name, name="c1", commit=False)
+            first_sse, last_id, _, _ = await read_sse(h, sse_base, 40)
+            first_nd, token, _ = await read_ndjson(h, nd_base, 40)
+            assert last_id and token
+            # a stream open at the kill: the client had processed up to last_id
+            async with h.stream("GET", f"{sse_base}/records", headers={**SSE, "Last-Event-ID": last_id},
+                                params={"max_records": 7}) as resp:
+                assert resp.status_code == 200
+                g1.kill()
+                with pytest.raises(httpx.HTTPError):
+                    async for _ in resp.aiter_lines():
+                        pass
+    finally:
+        g1.kill()
+    g2 = GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log")
+    g2.start()
+    try:
+        async with httpx.AsyncClient(base_url=g2.url, timeout=60) as h:
+            rest_sse, _, _, _ = await read_sse(h, sse_base, n - 40, headers={"Last-Event-ID": last_id})
+            assert_exactly(first_sse + rest_sse, n, parts)
+            rest_nd: list[Rec] = []
+            while len(first_nd) + len(rest_nd) < n:
+                more, token, _ = await read_ndjson(h, nd_base, min(45, n - len(first_nd) - len(rest_nd)),
+                                                   params={"resume": token or ""})
+                rest_nd += more
+            assert_exactly(first_nd + rest_nd, n, parts)
+    finally:
+        g2.stop()
+    assert "re-created consumer instance c1" in (tmp_path / "gw.log").read_text()
+
+
+async def test_a_resume_ends_the_older_stream_of_the_instance(
+        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    """A cut the server has not noticed (a half-open connection): the old stream would go on taking records
+    into a socket nobody reads. The resume takes the instance over: the old stream ends at its next poll,
+    and the new one has exactly the rest."""
+    n, parts = 200, 2
+    await kclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    base = await instance(http, "resume-takeover", topic_name)
+    async with httpx.AsyncClient(base_url=str(http.base_url), timeout=60) as old_client, \
+            old_client.stream("GET", f"{base}/records", headers=SSE, params={"max_records": 5}) as old:
+        assert old.status_code == 200
+        first: list[Rec] = []
+        last_id = None
+        events = sse_events(old)
+        async for ident, data, _ in events:
+            if data is not None:
+                first.append((int(data["partition"]), int(data["offset"])))  # type: ignore[call-overload]
+                last_id = ident
+                if len(first) == 25:
+                    break
+        assert last_id
+        rest, _, _, _ = await read_sse(http, base, n - 25, headers={"Last-Event-ID": last_id})
+        assert_exactly(first + rest, n, parts)
+
+        async def drain() -> int:
+            return sum([1 async for _ in events])
+
+        await asyncio.wait_for(drain(), 15)  # the old stream's body ended: it was taken over

@@ -850,7 +850,7 @@ def _token_prefix(codec: ResumeCodec, binding: Binding, inst: ConsumerInstance,
         start[tp] = subs.position(tp)
     for tp, recs in reversed(chunks):
         start[tp] = recs[0].offset
-    return codec.prefix(binding, start, [(tp, recs[-1].offset + 1) for tp, recs in chunks])
+    return codec.prefix(binding, start, [(tp, recs[0].offset, recs[-1].offset + 1) for tp, recs in chunks])
 
 
 def _sse_with_ids(out: Any, chunks: list[tuple[TopicPartition, list[Any]]], prefix: TokenPrefix | None) -> bytes:

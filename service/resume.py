@@ -3,21 +3,23 @@
 A token says where an instance's stream stands after one record: for every partition the stream knew of
 (its assignment then) the next offset to deliver, or "unresolved" for a partition whose position was not
 known yet (it starts from the committed offset or the reset policy). Tokens are cheap per record: a stream
-builds one :class:`TokenPrefix` per poll from the positions before the poll (*start*) and the poll's chunks
-in delivery order (partition, next offset after the chunk); the token of a record adds only (chunk index k,
-the record's next offset) and the MAC. Decoding applies the first k chunks whole, then the record's own.
+signs one :class:`TokenPrefix` per poll holding the positions before the poll (*start*) and the poll's
+chunks in delivery order (partition, first offset, next offset after the chunk); the token of a record adds
+only its place (chunk index k, the record's next offset), unsigned but checked to lie inside chunk k, so an
+edited place can only name a point of the same poll, as an honest token of that poll would. Decoding applies
+the first k chunks whole, then the record's own position.
 
-Text form: ``<base64url(prefix)>.<base64url(k as 4 bytes, next offset as 8 bytes, MAC)>``; the prefix is
-``version | flags | body`` and the body (zlib-compressed when that is shorter: flag bit 0) is::
+Text form: ``<base64url(prefix)>.<base64url(MAC)>.<base64url(k as 4 bytes, next offset as 8 bytes)>``; the
+prefix is ``version | flags | body`` and the body (zlib-compressed when that is shorter: flag bit 0) is::
 
     varint n_topics, then per topic: varint len, name (UTF-8), varint n_partitions,
         then per partition (ascending): varint (partition - previous partition), varint (offset + 1; 0: unresolved)
-    varint n_chunks, then per chunk: varint topic index, varint partition, varint next offset after the chunk
+    varint n_chunks, then per chunk: varint topic index, varint partition, varint first offset,
+        varint (next offset after the chunk - first offset)
 
-The MAC is keyed BLAKE2b (96 bits; a MAC by design, and half the cost of HMAC-SHA256 per SSE event) over
-the binding (tenant, group, instance id) and the token's bytes; the binding is not in the token, so a token
-of another instance, group or tenant, an altered one and one signed with another key are all refused the
-same way (:class:`ResumeTokenError`).
+The MAC is keyed BLAKE2b (128 bits; a MAC by design) over the binding (tenant, group, instance id) and the
+prefix; the binding is not in the token, so a token of another instance, group or tenant, an altered one and
+one signed with another key are all refused the same way (:class:`ResumeTokenError`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from service.subscription import TopicPartition
 
 VERSION = 1
 _FLAG_ZLIB = 1
-MAC_BYTES = 12
+MAC_BYTES = 16
 #: the longest token text accepted or issued (an HTTP header or query value must carry it); an assignment
 #: whose token would be longer (thousands of partitions with incompressible offsets) gets no tokens
 MAX_TOKEN_CHARS = 6000
@@ -124,11 +126,11 @@ def _unb64(s: str) -> bytes:
         raise ResumeTokenError("resume token is not base64url") from None
 
 
-def _body(start: Mapping[TopicPartition, int | None], chunks: Sequence[tuple[TopicPartition, int]]) -> bytes:
+def _body(start: Mapping[TopicPartition, int | None], chunks: Sequence[tuple[TopicPartition, int, int]]) -> bytes:
     by_topic: dict[str, list[tuple[int, int | None]]] = {}
     for tp, off in start.items():
         by_topic.setdefault(tp.topic, []).append((tp.partition, off))
-    for tp, _ in chunks:
+    for tp, _, _ in chunks:
         by_topic.setdefault(tp.topic, [])
     out = bytearray()
     _varint(out, len(by_topic))
@@ -145,30 +147,27 @@ def _body(start: Mapping[TopicPartition, int | None], chunks: Sequence[tuple[Top
             prev = partition
             _varint(out, 0 if off is None else off + 1)
     _varint(out, len(chunks))
-    for tp, end in chunks:
+    for tp, first, end in chunks:
         _varint(out, index[tp.topic])
         _varint(out, tp.partition)
-        _varint(out, end)
+        _varint(out, first)
+        _varint(out, end - first)
     return bytes(out)
 
 
 class TokenPrefix:
-    """Everything of a poll's tokens but the record's place: built once per poll, then :meth:`token` per
-    record costs one keyed-hash copy and a 32-character base64."""
+    """Everything of a poll's tokens but the record's place: signed once per poll, then :meth:`token` per
+    record is one 16-character base64 (no hashing per record)."""
 
-    __slots__ = ("_mac", "_text")
+    __slots__ = ("_text",)
 
-    def __init__(self, mac: Any, text: bytes) -> None:
-        self._mac = mac
+    def __init__(self, text: bytes) -> None:
         self._text = text
 
     def token(self, chunk: int, next_offset: int) -> bytes:
         """The token after a record of the poll's ``chunk``-th chunk whose next offset is ``next_offset``."""
-        tail = _TAIL(chunk, next_offset)
-        m = self._mac.copy()
-        m.update(tail)
-        # 24 bytes: base64 without padding, url-safe alphabet
-        return self._text + binascii.b2a_base64(tail + m.digest(), newline=False).translate(_URLSAFE)
+        # 12 bytes: base64 without padding, url-safe alphabet
+        return self._text + binascii.b2a_base64(_TAIL(chunk, next_offset), newline=False).translate(_URLSAFE)
 
 
 _TAIL = struct.Struct(">IQ").pack
@@ -187,9 +186,10 @@ class ResumeCodec:
         return m
 
     def prefix(self, binding: Binding, start: Mapping[TopicPartition, int | None],
-               chunks: Sequence[tuple[TopicPartition, int]]) -> TokenPrefix | None:
-        """The token builder of one poll: ``start`` = positions before it, ``chunks`` = (partition, next
-        offset after the chunk) in delivery order. None when a token would exceed :data:`MAX_TOKEN_CHARS`."""
+               chunks: Sequence[tuple[TopicPartition, int, int]]) -> TokenPrefix | None:
+        """The token builder of one poll: ``start`` = positions before it, ``chunks`` = (partition, first
+        offset, next offset after the chunk) in delivery order. None when a token would exceed
+        :data:`MAX_TOKEN_CHARS`."""
         body = _body(start, chunks)
         flags = 0
         if len(body) > _COMPRESS_ABOVE:
@@ -197,10 +197,10 @@ class ResumeCodec:
             if len(packed) < len(body):
                 body, flags = packed, _FLAG_ZLIB
         raw = bytes((VERSION, flags)) + body
-        text = _b64(raw) + b"."
-        if len(text) + 32 > MAX_TOKEN_CHARS:
+        text = _b64(raw) + b"." + _b64(self._mac(binding, raw).digest()) + b"."
+        if len(text) + 16 > MAX_TOKEN_CHARS:
             return None
-        return TokenPrefix(self._mac(binding, raw), text)
+        return TokenPrefix(text)
 
     def encode(self, binding: Binding, positions: Mapping[TopicPartition, int | None]) -> str | None:
         """A token of plain positions (no chunk applied)."""
@@ -209,23 +209,21 @@ class ResumeCodec:
 
     def decode(self, token: str, binding: Binding) -> dict[TopicPartition, int | None]:
         """The positions a token carries (None: unresolved then), checked against ``binding``."""
-        if not token or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
+        if not token or len(token) > MAX_TOKEN_CHARS or token.count(".") != 2:
             raise ResumeTokenError("not a resume token")
-        head_text, tail_text = token.split(".")
+        prefix_text, mac_text, place_text = token.split(".")
         try:
-            raw, tail = _unb64(head_text), _unb64(tail_text)
+            raw, mac, place = _unb64(prefix_text), _unb64(mac_text), _unb64(place_text)
         except UnicodeEncodeError:
             raise ResumeTokenError("not a resume token") from None
-        if len(raw) < 2 or len(tail) != 12 + MAC_BYTES:
+        if len(raw) < 2 or len(mac) != MAC_BYTES or len(place) != 12:
             raise ResumeTokenError("not a resume token")
         if raw[0] != VERSION:
             raise ResumeTokenError(f"resume token version {raw[0]} is not supported (expected {VERSION})")
-        m = self._mac(binding, raw)
-        m.update(tail[:12])
-        if not hmac.compare_digest(m.digest(), tail[12:]):
+        if not hmac.compare_digest(self._mac(binding, raw).digest(), mac):
             raise ResumeTokenError("resume token does not belong to this consumer instance (altered, issued "
                                    "for another instance, group or tenant, or by a gateway with another key)")
-        chunk, head_next = struct.unpack(">IQ", tail[:12])
+        chunk, head_next = struct.unpack(">IQ", place)
         body = raw[2:]
         if raw[1] & ~_FLAG_ZLIB:
             raise ResumeTokenError("resume token has unknown flags")
@@ -262,14 +260,18 @@ def _parse(body: bytes, chunk: int, head_next: int) -> dict[TopicPartition, int 
         raise ResumeTokenError("resume token out of range")
     chunks = []
     for _ in range(n):
-        index, partition, end = r.varint(), r.varint(), r.varint()
+        index, partition, first = r.varint(), r.varint(), r.varint()
+        end = first + r.varint()
         if index >= len(topics) or partition > _INT32_MAX or end > _OFFSET_MAX:
             raise ResumeTokenError("resume token out of range")
-        chunks.append((TopicPartition(topics[index], partition), end))
-    if r.pos != len(body) or head_next > _OFFSET_MAX or (chunks and chunk >= len(chunks)) or (
-            not chunks and (chunk or head_next)):
+        chunks.append((TopicPartition(topics[index], partition), first, end))
+    if r.pos != len(body):
         raise ResumeTokenError("malformed resume token")
-    for tp, end in chunks[:chunk]:
+    # the unsigned place: inside its chunk (an edited one names at most another point of the same poll)
+    if (chunks and (chunk >= len(chunks) or not chunks[chunk][1] <= head_next <= chunks[chunk][2])) or (
+            not chunks and (chunk or head_next)):
+        raise ResumeTokenError("resume token place outside its poll")
+    for tp, _, end in chunks[:chunk]:
         out[tp] = end
     if chunks:
         out[chunks[chunk][0]] = head_next

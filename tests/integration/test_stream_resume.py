@@ -179,9 +179,9 @@ async def test_altered_foreign_and_garbage_tokens_are_400_40004_before_streaming
     _, token, _, _ = await read_sse(http, base, 3)
     assert token
     other = await instance(http, "resume-bad-other", topic_name)
-    head, tail = token.split(".")
-    flipped = tail[:-3] + ("A" if tail[-3] != "A" else "B") + tail[-2:]
-    cases = [({"Last-Event-ID": head + "." + flipped}, None, base), ({}, {"resume": "garbage"}, base),
+    head, mac, place = token.split(".")
+    flipped = mac[:-3] + ("A" if mac[-3] != "A" else "B") + mac[-2:]
+    cases = [({"Last-Event-ID": f"{head}.{flipped}.{place}"}, None, base), ({}, {"resume": "garbage"}, base),
              ({}, {"resume": token}, other),  # another instance (and group)
              ({"Accept": "application/x-ndjson", "Last-Event-ID": "x.y"}, None, base)]
     for headers, params, url in cases:

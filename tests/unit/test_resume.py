@@ -33,7 +33,7 @@ def test_round_trip_plain_positions() -> None:
 def test_chunks_apply_in_order_up_to_the_token() -> None:
     c = codec()
     start: dict[TP, int | None] = {TP("t", 0): 10, TP("t", 1): 20, TP("u", 0): 5}
-    chunks = [(TP("t", 0), 13), (TP("t", 1), 25), (TP("t", 0), 16)]
+    chunks = [(TP("t", 0), 10, 13), (TP("t", 1), 20, 25), (TP("t", 0), 13, 16)]
     p = c.prefix(B, start, chunks)
     assert p is not None
     # mid first chunk: only its record counts
@@ -68,9 +68,10 @@ def test_token_of_another_instance_group_or_tenant_is_refused(other: Binding) ->
 
 def test_every_altered_character_is_refused() -> None:
     c = codec()
-    p = c.prefix(B, {TP("t", 0): 100, TP("t", 1): 7}, [(TP("t", 0), 105)])
+    p = c.prefix(B, {TP("t", 0): 100, TP("t", 1): 7}, [(TP("t", 0), 100, 105)])
     assert p is not None
     tok = p.token(0, 103).decode()
+    signed = tok.rsplit(".", 1)[0]
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
     refused = 0
     for i, ch in enumerate(tok):
@@ -83,12 +84,18 @@ def test_every_altered_character_is_refused() -> None:
             except ResumeTokenError:
                 refused += 1
                 continue
-            # base64 of a last group may ignore low bits: only an identical decoding may pass
-            assert got == c.decode(tok, B)
-    assert refused >= 2 * (len(tok) - 1) - 4
+            if i < len(signed):  # base64 of a last group may ignore low bits: only the same decoding passes
+                assert got == c.decode(tok, B)
+            else:  # the unsigned place: at most another point of the same poll, as an honest token of it
+                assert got[TP("t", 1)] == 7 and 100 <= got[TP("t", 0)] <= 105  # type: ignore[operator]
+    assert refused >= 2 * (len(signed) - 1) - 4
+    # a place outside the poll's chunk is refused
+    for k, off in ((0, 99), (0, 106), (1, 101)):
+        with pytest.raises(ResumeTokenError, match="outside"):
+            c.decode(p.token(k, off).decode(), B)
 
 
-@pytest.mark.parametrize("garbage", ["", ".", "abc", "a.b", "a.b.c", "é.é", "AAAA." + "A" * 32, "!!!!.????",
+@pytest.mark.parametrize("garbage", ["", ".", "abc", "a.b", "a.b.c", "é.é", "AAAA." + "A" * 32, "!!!!.????.????", "a.b.c.d",
                                      "x" * (MAX_TOKEN_CHARS + 1)])
 def test_garbage_is_refused_cleanly(garbage: str) -> None:
     with pytest.raises(ResumeTokenError):
@@ -101,10 +108,10 @@ def test_unknown_version_is_named() -> None:
     assert tok is not None
     import base64
 
-    head, tail = tok.split(".")
+    head, mac, place = tok.split(".")
     raw = bytearray(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
     raw[0] = 9
-    bad = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode() + "." + tail
+    bad = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode() + "." + mac + "." + place
     with pytest.raises(ResumeTokenError, match="version 9"):
         c.decode(bad, B)
 
@@ -134,6 +141,8 @@ def test_decompression_is_bounded() -> None:
     p = c.prefix(B, pos, [])
     assert p is not None
     assert len(c.decode(p.token(0, 0).decode(), B)) == 5000
+    with pytest.raises(ResumeTokenError):
+        c.decode(p.token(0, 1).decode(), B)  # no chunks: the place must be (0, 0)
 
 
 # -- framing in streams --------------------------------------------------------------------------------

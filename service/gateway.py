@@ -352,7 +352,7 @@ class Gateway:
 
         async def close_one(inst: ConsumerInstance) -> bool:
             async with slots:
-                return await self._close_instance(inst)
+                return await self._close_instance(inst, hand_off=self.durable_instances)
 
         tasks = [asyncio.create_task(close_one(i), name=f"close-{i.instance_id}") for i in instances]
         waiting: set[asyncio.Task[Any]] = set(tasks)
@@ -628,14 +628,17 @@ class Gateway:
                               desc.subscription)
         await self.describe(rt, inst)
 
-    async def _close_instance(self, inst: ConsumerInstance) -> bool:
-        """Close the instance's consumer; False if that failed (it is never raised to the caller)."""
+    async def _close_instance(self, inst: ConsumerInstance, *, hand_off: bool = False) -> bool:
+        """Close the instance's consumer; False if that failed (it is never raised to the caller).
+        ``hand_off``: the instance lives on (durable instances, this replica stops): a static member leaves its
+        group too, so the replica that re-creates it joins a group without a departed member in it (a static
+        member that stays behind stalls rebalances on some brokers: docs/groups.md)."""
         if inst.closed:
             return True
         inst.closed = True
         self.closed_total += 1
         try:
-            await inst.consumer.close()
+            await inst.consumer.close(force_static_leave=hand_off)
         except Exception:  # closing must never fail the caller
             log.exception("closing consumer instance %s failed", inst.instance_id)
             return False

@@ -113,3 +113,4 @@ async def test_kill_9_of_the_holder_is_invisible_to_clients(tansu: EmbeddedBroke
     assert duplicates <= uncommitted, duplicates - uncommitted
     log = (tmp_path / f"gw-{new_owner}.log").read_text()
     assert f"re-created consumer instance {name}" in log
+

@@ -33,7 +33,8 @@ V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 def start_gateway(env: dict[str, str]) -> tuple[subprocess.Popen[str], str, str]:
     port = free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    full.update(env, GATEWAY_PORT=str(port), GATEWAY_LOG_LEVEL="warning")
+    full.update(env, GATEWAY_PORT=str(port), GATEWAY_LOG_LEVEL="warning",
+                GATEWAY_DEFAULT_REQUESTS_PER_SECOND="0")  # a benchmark is one tenant at full speed
     proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=full, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     bootstrap = None

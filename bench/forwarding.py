@@ -52,7 +52,9 @@ def start_replicas(bootstrap: str, ids: list[str], logdir: Path) -> tuple[list[s
         env = {**base, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(ports[rid]),
                "GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": ",".join(urls.values()), "GATEWAY_PEER_REFRESH_S": "0.5",
                "GATEWAY_LOG_LEVEL": "warning", "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
-               "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": "1000"}
+               "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": "1000", "GATEWAY_PEER_TOKEN": "bench-forwarding-peer-token",
+               # one tenant at full speed: the shipped per-tenant rate and poll limits off
+               "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
         out = open(logdir / f"gw-{rid}.log", "ab")
         procs.append(subprocess.Popen([sys.executable, "-m", "service.main"], env=env, cwd=REPO, stdout=out,
                                       stderr=subprocess.STDOUT))
@@ -60,7 +62,8 @@ def start_replicas(bootstrap: str, ids: list[str], logdir: Path) -> tuple[list[s
         deadline = time.monotonic() + 30
         while True:
             try:
-                view = httpx.get(f"{url}/internal/peers", timeout=1)
+                view = httpx.get(f"{url}/internal/peers", timeout=1,
+                                 headers={"x-kcg-peer-token": "bench-forwarding-peer-token"})
                 if view.status_code == 200 and sorted(view.json()["placement"]) == sorted(ids):
                     break
             except httpx.TransportError:

@@ -129,6 +129,8 @@ class GatewayProc(GatewayProcess):
     def __init__(self, bootstrap: str, env: dict[str, str], log_file: Path) -> None:
         super().__init__(bootstrap, env, log_file, cwd=ROOT, base_env={
             "GATEWAY_LOG_LEVEL": "warning",
+            # one tenant at full speed: the shipped per-tenant rate and poll limits off
+            "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0",
             "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": str(EMBEDDED_LONG_POLL_FETCH_WAIT_MS)})
 
     @property

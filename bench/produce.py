@@ -224,7 +224,7 @@ def main() -> None:
     broker = EmbeddedBroker()
     broker.start()
     gw = GatewayProcess(broker.bootstrap, dict(kv.split("=", 1) for kv in a.gateway_env), tmp / "gateway.log",
-                        base_env={"GATEWAY_LOG_LEVEL": "warning"}, cwd=ROOT)
+                        base_env={"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}, cwd=ROOT)
     gw.start()
     rows: dict[str, list[tuple[float, str]]] = {}
     try:

@@ -79,7 +79,8 @@ def direct(bootstrap: str, topic: str, partitions: int, n: int, out: Path) -> fl
 
 def start_gateway(bootstrap: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning"}
+    env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
+           "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "service.main"], cwd=REPO, env=env, stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -249,6 +249,7 @@ class Gateway:
         self.instances_topic = instances_topic
         self.descriptor_timeout = descriptor_timeout
         self.recreated_total = 0
+        self.handed_off_total = 0
         self.descriptor_failures = 0
         self._recreating: dict[tuple[str, str, str], asyncio.Future[ConsumerInstance | None]] = {}
 
@@ -637,6 +638,8 @@ class Gateway:
             return True
         inst.closed = True
         self.closed_total += 1
+        if hand_off:
+            self.handed_off_total += 1
         try:
             await inst.consumer.close(force_static_leave=hand_off)
         except Exception:  # closing must never fail the caller

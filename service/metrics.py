@@ -198,6 +198,28 @@ class GatewayCollector(Collector):
             refused.add_metric([kind], n)
         return [used, total, refused]
 
+    def _durable(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """Durable instances (service/durable): re-creations, hand-offs, descriptor write failures and how far
+        each tenant's descriptor follower is behind its topic."""
+        gw = self.gateway
+        if not getattr(gw, "durable_instances", False):
+            return []
+        recreated = CounterMetricFamily("kcg_instances_recreated", "Consumer instances re-created from their "
+                                        "descriptors (their replica died, stopped or restarted)",
+                                        value=getattr(gw, "recreated_total", 0))
+        handed = CounterMetricFamily("kcg_instances_handed_off", "Consumer instances this replica closed for "
+                                     "another replica to re-create (SIGTERM)", value=getattr(gw, "handed_off_total", 0))
+        failures = CounterMetricFamily("kcg_descriptor_failures", "Instance descriptor writes or deletes that "
+                                       "failed (the instance would not survive its replica)",
+                                       value=getattr(gw, "descriptor_failures", 0))
+        lag = GaugeMetricFamily("kcg_descriptor_topic_lag", "Descriptor records this replica has not read yet "
+                                "(per tenant; -1 before the first read)", labels=["tenant"])
+        for tid, rt in list(gw.tenants.items()):
+            store = getattr(rt, "descriptors", None)
+            if store is not None:
+                lag.add_metric([tid], store.lag)
+        return [recreated, handed, failures, lag]
+
     def _heartbeat_age(self, coordinator: object, now: float, seen: dict[int, tuple[object, int, float, bool]]
                        ) -> float | None:
         """Seconds since ``coordinator`` last completed a heartbeat, as far as scrapes can tell (the count
@@ -315,7 +337,8 @@ class GatewayCollector(Collector):
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
         self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
-                          prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget()]
+                          prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget(),
+                          *self._durable()]
 
 
 @contextlib.contextmanager

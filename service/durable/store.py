@@ -53,6 +53,7 @@ class DescriptorStore:
         self.writes = 0
         self.write_failures = 0
         self.read_failures = 0
+        self.lag = -1  # records of the topic not read yet (-1: not read once)
 
     @property
     def caught_up(self) -> bool:
@@ -139,6 +140,8 @@ class DescriptorStore:
                     self.table.apply(0, r.offset, r.key, r.value)
                 if page.next_offset > pos:
                     self.table.position[0] = max(self.table.position.get(0, 0), page.next_offset)
+                if page.high_watermark >= 0:
+                    self.lag = max(0, page.high_watermark - self.table.position.get(0, 0))
                 backoff = 0.2
                 if page.next_offset >= page.high_watermark >= 0:
                     if not self._caught_up.is_set():

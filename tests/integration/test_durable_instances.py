@@ -94,6 +94,10 @@ def test_an_instance_survives_kill_9_of_its_gateway(tansu: EmbeddedBroker, durab
             assert again == list(range(10, 20)), again
             r = c.get(f"{base2}/subscription")
             assert r.status_code == 200 and r.json() == {"topics": [topic]}
+            metrics = c.get(f"{g2.url}/metrics").text
+            assert "kcg_instances_recreated_total 1.0" in metrics, metrics
+            assert 'kcg_descriptor_topic_lag{tenant="default"} 0.0' in metrics
+            assert "kcg_descriptor_failures_total 0.0" in metrics
             # a delete is durable too
             assert c.delete(base2, headers=V2).status_code == 204
     finally:

@@ -52,7 +52,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 MULTI_REPLICA_PANELS = {"Forwarded requests / s (multi-replica only)", "Forwarding latency (multi-replica only)"}
 ALERT_NAMES = {"KcgGatewayDown", "KcgNotReady", "KcgConsumerLagGrowing", "KcgCommitFailures", "KcgMissedHeartbeats",
                "KcgSlowHeartbeats", "KcgEventLoopStall", "KcgEventLoopLagging", "KcgBackgroundTaskFailures",
-               "KcgHttpServerErrors", "KcgInstancesWithoutPartitions"}
+               "KcgHttpServerErrors", "KcgInstancesWithoutPartitions", "KcgDescriptorFailures"}
 
 V2 = "application/vnd.kafka.v2+json"
 BIN = "application/vnd.kafka.binary.v2+json"

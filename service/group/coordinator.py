@@ -171,6 +171,7 @@ class GroupCoordinator:
         self._unassigned_since: float | None = None
         #: times this member left and rejoined as a new member because its rebalance stalled (see _join)
         self.stall_recoveries = 0
+        self._deferred_recoveries = 0  # stall recoveries left to another member (see _recover_stall)
         self._failed_rounds = 0  # JoinGroup/SyncGroup error answers since _unstable_since
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -615,6 +616,20 @@ class GroupCoordinator:
         leader = m.leader_id
         members = await self._describe_members()
         if leader and members is not None and leader not in members:
+            # One member takes the departed leader's place: the live member with the smallest id (members of
+            # one gateway stall together and would otherwise all adopt the same id and fence each other). The
+            # others rejoin as usual; after deferring twice a member adopts it itself (the designated one may be
+            # a client outside the gateway that never recovers).
+            others = sorted(x for x in members if x != m.member_id)
+            if (others and m.member_id and leader != m.member_id and others[0] < m.member_id
+                    and self._deferred_recoveries < 2):
+                self._deferred_recoveries += 1
+                log.warning("%s: no stable generation for %.1f s: the coordinator names the departed %s as "
+                            "leader; member %s takes its place (the smallest live id), this member rejoins",
+                            self._describe(), stalled_for, leader, others[0])
+                m.request_rejoin("rebalance stalled on a departed leader: another member takes its place")
+                return
+            self._deferred_recoveries = 0
             log.warning("%s: no stable generation for %.1f s (session timeout %.1f s): the coordinator names "
                         "%s as leader, which is not a member of the group (members: %s); rejoining under the "
                         "departed leader's member id to complete the rebalance (a broker defect: docs/groups.md)",

@@ -156,3 +156,20 @@ async def test_recovery_leaves_and_rejoins_as_new_when_the_leader_is_a_member_or
         stuck(c, "inst-a-me", "inst-b-1")
         await c._recover_stall()
         assert c.left == ["inst-a-me"] and c.member.member_id == "" and c.member.group_instance_id == "inst-a"
+
+
+async def test_only_the_smallest_live_member_takes_a_departed_leaders_place() -> None:
+    # two members of one gateway stall together on a departed leader: only "inst-a-me" (the smaller id) adopts
+    # its id; "inst-b-me" rejoins as usual, and adopts it itself after deferring twice
+    a = RecoveringCoordinator(described={"inst-a-me", "inst-b-me"})
+    stuck(a, "inst-a-me", "inst-x-gone")
+    await a._recover_stall()
+    assert a.member.member_id == "inst-x-gone" and a.left == ["inst-a-me"]
+    b = RecoveringCoordinator(described={"inst-a-me", "inst-b-me"})
+    for _ in range(2):
+        stuck(b, "inst-b-me", "inst-x-gone")
+        await b._recover_stall()
+        assert b.member.member_id == "inst-b-me" and b.left == [] and b.member.rejoin_needed
+    stuck(b, "inst-b-me", "inst-x-gone")
+    await b._recover_stall()
+    assert b.member.member_id == "inst-x-gone" and b.left == ["inst-b-me"]

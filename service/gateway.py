@@ -581,6 +581,29 @@ class Gateway:
             return None
         return store.get(rt.tenant_id, group, name)
 
+    async def _expire_orphans(self, now: float | None = None) -> int:
+        """Tombstone descriptors nobody used for twice the idle timeout (their replica died and their client never
+        came back; a live instance's descriptor is refreshed every idle timeout / 4, an idle one is expired by its
+        holder). Only the ring owner of a name does it (every replica without peers)."""
+        now = time.time() if now is None else now
+        placement = self.name_placement
+        gone = 0
+        for rt in list(self.tenants.values()):
+            store = rt.descriptors
+            if store is None or not store.caught_up:
+                continue
+            for desc in list(store.table.of_tenant(rt.tenant_id)):
+                if (desc.group, desc.name) in rt.instances or now - desc.last_used <= 2 * self.idle_timeout:
+                    continue
+                if placement is not None and not placement(desc.group, desc.name):
+                    continue
+                log.info("consumer instance %s (tenant %s, group %s) unused for %.0f s and held by no replica: "
+                         "its descriptor is deleted", desc.name, rt.tenant_id, desc.group, now - desc.last_used)
+                await self._forget(rt, desc.group, desc.name)
+                self._expired[(rt.tenant_id, desc.group, desc.name)] = time.monotonic()
+                gone += 1
+        return gone
+
     async def find_instance(self, rt: TenantRuntime, group: str, instance_id: str, *, recreate: bool = False,
                             resubscribe: Callable[[ConsumerInstance, dict[str, Any]], Awaitable[None]] | None = None
                             ) -> ConsumerInstance:
@@ -677,6 +700,7 @@ class Gateway:
                 for inst in list(rt.instances.values()):
                     if inst.last_used > inst.described_at and mono - inst.described_at > self.idle_timeout / 4:
                         await self.describe(rt, inst)
+            await self._expire_orphans()
         while len(self._expired) > 100_000:
             self._expired.popitem(last=False)
         return len(victims)

@@ -136,3 +136,37 @@ def test_an_instance_deleted_while_its_gateway_is_down_is_gone(tansu: EmbeddedBr
             assert c.delete(f"{g2.url}/consumers/{group}/instances/a", headers=V2).status_code == 404
     finally:
         g2.stop()
+
+
+def test_descriptors_nobody_comes_back_for_are_expired(tansu: EmbeddedBroker, durable_env: dict[str, Any]) -> None:
+    group = f"dg-{uuid.uuid4().hex[:6]}"
+    durable_env["env"]["GATEWAY_INSTANCE_IDLE_TIMEOUT_S"] = "2"
+    g1 = _gateway(tansu, durable_env)
+    try:
+        with httpx.Client(timeout=30) as c:
+            assert c.post(f"{g1.url}/consumers/{group}", headers=V2, json={"name": "orphan"}).status_code == 200
+    finally:
+        g1.kill()
+    g2 = _gateway(tansu, durable_env)
+    try:
+        with httpx.Client(timeout=30) as c:
+            # another instance of the tenant, kept in use: its descriptor stays fresh
+            assert c.post(f"{g2.url}/consumers/{group}", headers=V2, json={"name": "alive"}).status_code == 200
+            deadline = time.monotonic() + 30
+            log = durable_env["log"]
+            while "orphan (tenant default" not in log.read_text() or "unused for" not in log.read_text():
+                assert time.monotonic() < deadline, "the orphan descriptor was not expired"
+                r = c.get(f"{g2.url}/consumers/{group}/instances/alive/subscription")
+                assert r.status_code == 200, r.text
+                time.sleep(0.3)  # the reaper of another process: no event to await
+            r = c.get(f"{g2.url}/consumers/{group}/instances/orphan/subscription")
+            assert r.status_code == 410 and r.json()["error_code"] == 41001, r.text
+    finally:
+        g2.stop()
+    g3 = _gateway(tansu, durable_env)
+    try:
+        with httpx.Client(timeout=30) as c:  # the descriptor is gone for every replica
+            r = c.get(f"{g3.url}/consumers/{group}/instances/orphan/subscription")
+            assert r.status_code == 404, r.text
+    finally:
+        g3.stop()

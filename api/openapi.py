@@ -310,7 +310,11 @@ _OPERATION_NOTES = {
                   "(milliseconds, default the instance's `consumer.request.timeout.ms`, capped by the "
                   "gateway) passes. With `Accept: application/x-ndjson` or `text/event-stream` the response "
                   "is a stream that runs until the client disconnects or the instance is deleted; the next "
-                  "poll waits until the previous chunk was written (backpressure).",
+                  "poll waits until the previous chunk was written (backpressure). Streams are resumable "
+                  "(docs/streams.md): each SSE event's `id` and the `resume` field of the last ndjson record "
+                  "of each write are tokens; reconnecting with `Last-Event-ID` (SSE) or `?resume=` seeks the "
+                  "instance to just after that record before streaming (an altered or foreign token is 400 / "
+                  "40004; partitions the instance no longer owns are named in `X-Resume-Skipped`).",
 }
 
 
@@ -367,10 +371,17 @@ def _records_200() -> dict[str, Any]:
             JSON: {"schema": copy.deepcopy(array)},
             BINARY: {"schema": copy.deepcopy(array)},
             JSONFMT: {"schema": copy.deepcopy(array)},
-            NDJSON: {"schema": {"type": "string", "description": stream.format(unit="line")}},
+            NDJSON: {"schema": {"type": "string", "description": stream.format(unit="line") +
+                                " The last record of each write carries `resume`, a resume token."}},
             SSE: {"schema": {"type": "string", "description": stream.format(unit="`data:` event") +
-                             " `: keep-alive` comments while idle; `event: error` carries an error body "
+                             " Each event's `id` is a resume token (`Last-Event-ID` on reconnect). "
+                             "`: keep-alive` comments while idle; `event: error` carries an error body "
                              "(`error_code`, `message`)."}},
+        },
+        "headers": {
+            "X-Resume-Skipped": {"description": "On a resumed stream: the `topic:partition` list of the token's "
+                                                "partitions the instance no longer owns (not sought)",
+                                 "schema": {"type": "string"}},
         },
     }
 

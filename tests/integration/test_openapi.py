@@ -257,7 +257,8 @@ def test_records_media_types(committed: dict[str, Any]) -> None:
     record = committed["components"]["schemas"]["ConsumerRecord"]
     assert set(record["required"]) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
     assert "406" in op["responses"]
-    assert {p["name"] for p in op["parameters"]} == {"group", "instance_id", "timeout", "max_bytes", "max_records"}
+    assert {p["name"] for p in op["parameters"]} == {"group", "instance_id", "timeout", "max_bytes", "max_records",
+                                                     "resume"}
 
 
 def test_produce_bodies(committed: dict[str, Any]) -> None:

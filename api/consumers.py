@@ -779,11 +779,10 @@ class _SlotStreamingResponse(StreamingResponse):
 
 RESUME_ASSIGNMENT_WAIT_S = 30.0  # a resume waits at most this long (and the poll timeout cap) for an assignment
 _SKIPPED_LISTED = 50  # partitions named in X-Resume-Skipped / the SSE comment before "+N more"
-_EPOCH = "_kcg_resume_epoch"  # attribute of a ConsumerInstance: how many resumes took it over
 
 
 def _stream_epoch(inst: ConsumerInstance) -> int:
-    return int(getattr(inst, _EPOCH, 0))
+    return inst.stream_epoch
 
 
 def _resume_codec(request: Request) -> ResumeCodec:
@@ -809,7 +808,7 @@ async def _resume(gw: Gateway, inst: ConsumerInstance,
     async with inst.lock:
         # an older stream of the instance (a connection cut without the server noticing yet) stops before
         # its next poll: it must not take records past the token into a socket nobody reads
-        setattr(inst, _EPOCH, _stream_epoch(inst) + 1)
+        inst.stream_epoch += 1
         if not consumer.assignment() and consumer.subs.is_group_managed:
             await consumer.wait_for_assignment(min(gw.max_poll_timeout, RESUME_ASSIGNMENT_WAIT_S))
         assigned = set(consumer.assignment())

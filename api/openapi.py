@@ -227,6 +227,8 @@ _RECORD = {
         "value_base64": {"type": "string", "contentEncoding": "base64", "description": "json instances only"},
         "headers": {"type": "array", "items": {"$ref": "#/components/schemas/RecordHeader"},
                     "description": "Record headers in order (extension)"},
+        "resume": {"type": "string", "description": "ndjson streams only, on the last record of each write: a "
+                                                    "resume token (`?resume=` on reconnect; docs/streams.md)"},
     },
     "additionalProperties": False,
 }

@@ -148,10 +148,12 @@ class MemoryBudget:
 
     # -- requests ----------------------------------------------------------------------------------
     def try_reserve(self, n: int, kind: str) -> bool:
-        """Charge ``n`` bytes at once if they fit (and nobody is queued before), else False."""
+        """Charge ``n`` bytes at once if they fit and nobody is queued before — or, for a small charge (at most
+        1/16 of the budget), if they fit at all: a small page or body is not refused for a large one waiting
+        (which is bounded by its own wait) — else False."""
         if n <= 0:
             return True
-        if not self._waiters and self.used + n <= self.total:
+        if self.used + n <= self.total and (not self._waiters or n <= self.total // 16):
             self._charge(kind, n)
             return True
         return False

@@ -57,8 +57,10 @@ _STATES = {
     "Stable": "STABLE",
     "Dead": "DEAD",
     "Empty": "EMPTY",
-    "Assigning": "ASSIGNING",
-    "Reconciling": "RECONCILING",
+    # KIP-848 consumer-group states (Tansu reports Assigning for classic groups too): Confluent's enum has
+    # neither, so the nearest classic state — computing an assignment, then members converging on it
+    "Assigning": "PREPARING_REBALANCE",
+    "Reconciling": "COMPLETING_REBALANCE",
 }
 
 

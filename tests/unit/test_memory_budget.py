@@ -136,3 +136,16 @@ def test_reclaim_drops_the_prefetch_of_the_longest_idle_owners_first() -> None:
     assert b.grant(MiB) == MiB and b.reclaimed == 4 * MiB
     assert b.reclaim(100 * MiB, hungry) == 4 * MiB  # all that may go: only `old` was left
     assert polling.buffered_bytes and recent.buffered_bytes
+
+
+async def test_a_small_request_is_not_held_behind_a_large_one_waiting() -> None:
+    b = MemoryBudget(32 * MiB)
+    running = await b.reserve(24 * MiB, "range", 0)
+    waiting = asyncio.create_task(b.reserve(24 * MiB, "range", 5))
+    await asyncio.sleep(0)
+    assert len(b._waiters) == 1
+    assert await b.reserve(3 * 1024, "range", 0) == 3 * 1024  # fits beside the running one: not queued
+    assert not b.try_reserve(4 * MiB, "body")  # larger than 1/16 of the budget: behind the waiting one
+    b.release(3 * 1024, "range")
+    b.release(running, "range")
+    assert await waiting == 24 * MiB

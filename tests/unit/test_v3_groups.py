@@ -37,6 +37,8 @@ def test_states_map_to_confluents_enum() -> None:
                                          "AwaitingSync", "Unknown", "whatever")] == [
         "STABLE", "EMPTY", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "DEAD", "COMPLETING_REBALANCE",
         "UNKNOWN", "UNKNOWN"]
+    # KIP-848 states (Tansu reports Assigning for classic groups) map into Confluent's enum, never outside it
+    assert [confluent_state(s) for s in ("Assigning", "Reconciling")] == ["PREPARING_REBALANCE", "COMPLETING_REBALANCE"]
 
 
 def test_listed_groups_keep_consumer_and_simple_groups() -> None:

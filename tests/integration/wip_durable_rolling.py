@@ -32,6 +32,14 @@ from tests.integration.test_replicas import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
+@pytest.fixture
+def cleanup() -> list[GatewayProcess]:  # type: ignore[misc]
+    started: list[GatewayProcess] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
 async def test_rolling_restart_under_load_loses_nothing_and_answers_no_404(
         tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
         cleanup: list[GatewayProcess]) -> None:

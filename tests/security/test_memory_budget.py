@@ -28,9 +28,9 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
+from service.protocol import messages as M
 from service.protocol import records as R
 from tests.integration.gateway_proc import GatewayProcess
-from tests.security.test_decompression_bomb import _produce_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -42,6 +42,13 @@ BATCHES = 24  # of 1 MiB each
 RECORD = 64 * 1024
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = {"Accept": "application/vnd.kafka.binary.v2+json"}
+
+
+def _produce_request(topic: str, partition: int, batch: bytes) -> Any:
+    TopicData = M.struct("ProduceRequest", "TopicProduceData")
+    PartData = M.struct("ProduceRequest", "PartitionProduceData")
+    return M.ProduceRequest(acks=-1, timeout_ms=10000, topic_data=[
+        TopicData(name=topic, partition_data=[PartData(index=partition, records=batch)])])
 
 
 async def _setup(bootstrap: str) -> None:

@@ -52,7 +52,11 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 MULTI_REPLICA_PANELS = {"Forwarded requests / s (multi-replica only)", "Forwarding latency (multi-replica only)"}
 ALERT_NAMES = {"KcgGatewayDown", "KcgNotReady", "KcgConsumerLagGrowing", "KcgCommitFailures", "KcgMissedHeartbeats",
                "KcgSlowHeartbeats", "KcgEventLoopStall", "KcgEventLoopLagging", "KcgBackgroundTaskFailures",
-               "KcgHttpServerErrors", "KcgInstancesWithoutPartitions", "KcgDescriptorFailures"}
+               "KcgHttpServerErrors", "KcgInstancesWithoutPartitions", "KcgDescriptorFailures",
+               "KcgGroupStallRecoveries"}
+#: metrics of the replica as a whole, without a tenant label (the dashboard cannot filter them by tenant)
+PER_REPLICA_METRICS = (r"kcg_(ready|event_loop_lag|forward|memory_budget|instances_recreated|instances_handed_off"
+                       r"|descriptor_failures)")
 
 V2 = "application/vnd.kafka.v2+json"
 BIN = "application/vnd.kafka.binary.v2+json"
@@ -63,6 +67,7 @@ RECORDS = 3000  # produced to team-a's topic with confluent-kafka, in WAVES wave
 WAVES = 6
 HTTP_RECORDS = 20  # produced over HTTP to team-b's topic in each wave
 RATE_INTERVAL = "15s"
+MEMORY_BUDGET = 256 * 1024 * 1024
 
 
 def need(binary: str) -> str:
@@ -150,7 +155,8 @@ def test_the_dashboard_loads_with_grafana_foundation_sdk() -> None:
     assert d.uid == "kafka-consumer-gateway" and d.title
     assert d.panels is not None
     rows = [p for p in d.panels if isinstance(p, gdash.RowPanel)]
-    assert [r.title for r in rows] == ["Overview", "Consumers", "Polling", "Commits and errors", "Process", "Routing"]
+    assert [r.title for r in rows] == ["Overview", "Consumers", "Polling", "Commits and errors", "Process", "Routing",
+                                       "Durable instances and recovery", "Memory budget"]
     panels = [p for p in d.panels if isinstance(p, gdash.Panel)]
     assert len(panels) == len(render.panels(raw)) >= 20
     titles = {p.title for p in panels}
@@ -187,7 +193,7 @@ def test_the_dashboard_loads_with_grafana_foundation_sdk() -> None:
         for t in p.targets:
             assert isinstance(t, prometheus.Dataquery) and t.expr is not None
             assert 'instance=~"$instance"' in t.expr, (p.title, t.expr)
-            if "kcg_" in t.expr and not re.search(r"kcg_(ready|event_loop_lag|forward)", t.expr):
+            if "kcg_" in t.expr and not re.search(PER_REPLICA_METRICS, t.expr):
                 assert 'tenant=~"$tenant"' in t.expr, (p.title, t.expr)
     # encodes back (the SDK's encoder) to the same panels and queries
     again = json.loads(json.dumps(d, cls=JSONEncoder))
@@ -225,8 +231,11 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     d = tmp_path_factory.mktemp("dashboards-gw")
     (d / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
         {"id": tenant, "api_keys": [f"sha256:{sha256(key)}"]} for tenant, key in KEYS.items()]}))
+    # durable instances on: the descriptor series (kcg_instances_*, kcg_descriptor_*) exist only then
     with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
-                                                 "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN},
+                                                 "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
+                                                 "GATEWAY_DURABLE_INSTANCES": "true",
+                                                 "GATEWAY_MEMORY_BUDGET_BYTES": str(MEMORY_BUDGET)},
                            log_file=d / "gateway.log") as g:
         yield g
 
@@ -429,6 +438,18 @@ def test_prometheus_scrapes_the_gateway_with_the_admin_token(prometheus: Prometh
     assert scalar(prometheus, "max(kcg_heartbeat_age_seconds)") < 5  # the members heartbeat every 300 ms
     lag = prometheus.query(f'kcg_consumer_lag{{tenant="team-a", topic="{load.topics["team-a"]}"}}')
     assert {s["metric"]["partition"] for s in lag} == {"0", "1"} and all(float(s["value"][1]) == 0 for s in lag)
+    # durable instances: both tenants' descriptors written and read back, nothing re-created or handed off on a
+    # replica that neither restarted nor stopped; the memory budget as configured, nothing refused
+    wait_for("both tenants' descriptor topics read to the end",
+             lambda: scalar(prometheus, "count(kcg_descriptor_topic_lag == 0)") == len(KEYS))
+    assert scalar(prometheus, "sum(kcg_descriptor_failures_total)") == 0
+    assert scalar(prometheus, "sum(kcg_instances_recreated_total)") == 0
+    assert scalar(prometheus, "sum(kcg_instances_handed_off_total)") == 0
+    assert scalar(prometheus, "sum(kcg_group_stall_recoveries_total)") == 0
+    assert scalar(prometheus, "max(kcg_memory_budget_bytes)") == MEMORY_BUDGET
+    kinds = {s["metric"]["kind"] for s in prometheus.query("kcg_memory_budget_used_bytes")}
+    assert kinds == {"prefetch", "fetch", "range", "body"}, kinds
+    assert scalar(prometheus, 'sum(kcg_memory_budget_refusals_total{kind=~"range|body"})') == 0
 
 
 def test_every_dashboard_expression_returns_data(prometheus: Prometheus, load: Load) -> None:

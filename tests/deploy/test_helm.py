@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ REPO_ALERTS = ROOT / "dashboards" / "alerts.yaml"
 RELEASE, NAMESPACE = "gw", "streaming"
 K8S_VERSIONS = ("1.25.0", latest_version())  # Chart.yaml kubeVersion floor, and the newest schemas
 REPLICA_ID = re.compile(r"[A-Za-z0-9-]{1,40}")
+WORKLOADS = ("StatefulSet", "Deployment")
 BOOTSTRAP = "kafka-0.kafka.kafka.svc:9092,kafka-1.kafka.kafka.svc:9092"
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -94,6 +96,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "gateway": {"deniedTopics": "audit-*,re:^secret\\..*", "http": {"maxHeaderBytes": 32768,
                                                                    "maxConnections": 2000}},
     },
+    "deployment-hpa": {  # issue 22: durable instances make a Deployment with an HPA safe
+        "kafka": {"bootstrap": BOOTSTRAP},
+        "workload": "Deployment",
+        "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 20, "targetCPUUtilizationPercentage": 65},
+    },
     "single-replica": {
         "kafka": {"bootstrap": "kafka:9092"},
         "replicaCount": 1,
@@ -143,12 +150,15 @@ class Rendered:
         return found[0]
 
     @property
-    def sts(self) -> dict[str, Any]:
-        return self.one("StatefulSet")
+    def workload(self) -> dict[str, Any]:
+        """The StatefulSet or the Deployment (values: workload): exactly one of them is rendered."""
+        found = [o for o in self.objects if o["kind"] in WORKLOADS]
+        assert len(found) == 1, [o["kind"] for o in found]
+        return found[0]
 
     @property
     def pod(self) -> dict[str, Any]:
-        return self.sts["spec"]["template"]["spec"]
+        return self.workload["spec"]["template"]["spec"]
 
     @property
     def container(self) -> dict[str, Any]:
@@ -172,7 +182,10 @@ class Rendered:
         return out
 
     def headless(self) -> dict[str, Any]:
-        return self.one("Service", self.sts["spec"]["serviceName"])
+        (svc,) = [s for s in self.of("Service") if s["spec"].get("clusterIP") == "None"]
+        if self.workload["kind"] == "StatefulSet":
+            assert self.workload["spec"]["serviceName"] == svc["metadata"]["name"]
+        return svc
 
 
 def render(chart: Any, values: dict[str, Any]) -> Rendered:
@@ -305,7 +318,7 @@ def test_every_object_validates_strictly(rendered: Rendered, version: str) -> No
 def test_strict_validation_can_fail(chart: Any) -> None:
     """A typo in a pod spec (an unknown field) and a CRD field of the wrong type are caught."""
     r = render(chart, VALUE_SETS["monitoring"])
-    sts = copy.deepcopy(r.sts)
+    sts = copy.deepcopy(r.workload)
     sts["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz", "port": 1}}
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_object(sts, K8S_VERSIONS[-1])
@@ -325,19 +338,31 @@ def test_objects_are_namespaced_and_labelled(rendered: Rendered) -> None:
         assert meta["labels"]["app.kubernetes.io/name"] == "kafka-consumer-gateway"
 
 
-def test_statefulset_with_stable_replica_ids(rendered: Rendered) -> None:
-    sts = rendered.sts
-    assert not rendered.of("Deployment")
-    assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    assert sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+def test_workload_and_replica_ids(rendered: Rendered) -> None:
+    """A StatefulSet: the pod name is the replica id (stable across restarts); a Deployment: the pod's UID
+    (unique, stable for the pod's life; its name can exceed 40 characters), with durable instances."""
+    w = rendered.workload
+    kind = rendered.values["workload"]
+    assert w["kind"] == kind and not [o for o in rendered.objects if o["kind"] in WORKLOADS and o is not w]
     env = rendered.env()
-    assert env["GATEWAY_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["GATEWAY_STATIC_MEMBERSHIP"] == "true"
     autoscaling = rendered.values["autoscaling"]
-    most = autoscaling["maxReplicas"] if autoscaling["enabled"] else sts["spec"]["replicas"]
-    assert REPLICA_ID.fullmatch(f"{sts['metadata']['name']}-{most - 1}"), "pod names must be valid replica ids"
-    selector = sts["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    if kind == "StatefulSet":
+        assert w["spec"]["podManagementPolicy"] == "Parallel"
+        assert w["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+        assert env["GATEWAY_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        most = autoscaling["maxReplicas"] if autoscaling["enabled"] else w["spec"]["replicas"]
+        assert REPLICA_ID.fullmatch(f"{w['metadata']['name']}-{most - 1}"), "pod names must be valid replica ids"
+    else:
+        assert "serviceName" not in w["spec"] and "podManagementPolicy" not in w["spec"]
+        # surge: the new pod is ready before an old one stops and hands its instances off
+        assert w["spec"]["strategy"] == {"type": "RollingUpdate",
+                                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        assert env["GATEWAY_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+        assert REPLICA_ID.fullmatch(str(uuid.uuid4())), "a pod UID must be a valid replica id"
+        assert env["GATEWAY_DURABLE_INSTANCES"] == "true"
+    selector = w["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
     for svc in rendered.of("Service"):
         assert svc["spec"]["selector"] == selector
 
@@ -428,12 +453,12 @@ def test_secret_references_resolve(rendered: Rendered) -> None:
 
 
 def test_rollout_on_configuration_change(chart: Any, rendered: Rendered) -> None:
-    annotations = rendered.sts["spec"]["template"]["metadata"]["annotations"]
+    annotations = rendered.workload["spec"]["template"]["metadata"]["annotations"]
     assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/config"])
     changed = copy.deepcopy(VALUE_SETS["defaults"])
     changed["gateway"] = {"logLevel": "DEBUG"}
-    base = render(chart, VALUE_SETS["defaults"]).sts["spec"]["template"]["metadata"]["annotations"]
-    assert render(chart, changed).sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] \
+    base = render(chart, VALUE_SETS["defaults"]).workload["spec"]["template"]["metadata"]["annotations"]
+    assert render(chart, changed).workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"] \
         != base["checksum/config"]
 
 
@@ -441,10 +466,13 @@ def test_rollout_on_configuration_change(chart: Any, rendered: Rendered) -> None
 
 def test_defaults(chart: Any) -> None:
     r = render(chart, VALUE_SETS["defaults"])
-    assert r.sts["spec"]["replicas"] == 3
+    assert r.workload["kind"] == "StatefulSet" and r.workload["spec"]["replicas"] == 3
+    # durable instances on by default (issue 22), their descriptors in the gateway's default topic
+    assert r.env()["GATEWAY_DURABLE_INSTANCES"] == "true"
+    assert r.env()["GATEWAY_INSTANCES_TOPIC"] == "__kcg_instances"
     assert not r.of("HorizontalPodAutoscaler") and not r.of("ServiceMonitor") and not r.of("PrometheusRule")
     assert r.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
-    tokens = r.secret_data(r.sts["metadata"]["name"])
+    tokens = r.secret_data(r.workload["metadata"]["name"])
     assert tokens is not None and len(tokens["admin-token"]) == 48 and len(tokens["peer-token"]) == 48
     assert tokens["admin-token"] != tokens["peer-token"]
     assert "GATEWAY_TENANTS_FILE" not in r.env()
@@ -458,14 +486,51 @@ def test_hpa_and_pdb(chart: Any) -> None:
     r = render(chart, VALUE_SETS["hpa-pdb"])
     hpa = r.one("HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
-                                             "name": r.sts["metadata"]["name"]}
+                                             "name": r.workload["metadata"]["name"]}
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 12)
     assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} == {"cpu", "memory"}
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
-    assert "replicas" not in r.sts["spec"], "the HPA owns the replica count"
+    assert "replicas" not in r.workload["spec"], "the HPA owns the replica count"
     pdb = r.one("PodDisruptionBudget")["spec"]
     assert pdb["minAvailable"] == "50%" and "maxUnavailable" not in pdb
-    assert pdb["selector"]["matchLabels"] == r.sts["spec"]["selector"]["matchLabels"]
+    assert pdb["selector"]["matchLabels"] == r.workload["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_hpa_targets_the_rendered_workload(chart: Any, workload: str) -> None:
+    """Either workload with an HPA: the HPA scales the one that is rendered, which leaves the replica count to
+    it; peers are found through the headless Service's per-pod records either way; durable instances on."""
+    values = {"kafka": {"bootstrap": BOOTSTRAP}, "workload": workload,
+              "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 8}}
+    r = render(chart, values)
+    w = r.workload
+    assert w["kind"] == workload
+    hpa = r.one("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": workload, "name": w["metadata"]["name"]}
+    assert "replicas" not in w["spec"], "the HPA owns the replica count"
+    env = r.env()
+    headless = r.headless()
+    assert env["GATEWAY_PEER_DNS"] == f"{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local:8080"
+    assert headless["spec"]["selector"] == w["spec"]["selector"]["matchLabels"]
+    assert "GATEWAY_PEERS" not in env
+    assert env["GATEWAY_DURABLE_INSTANCES"] == "true"
+    field = {"StatefulSet": "metadata.name", "Deployment": "metadata.uid"}[workload]
+    assert env["GATEWAY_REPLICA_ID"] == {"fieldRef": {"fieldPath": field}}
+    assert f"rollout restart {workload.lower()}/{w['metadata']['name']}" in r.notes
+    assert r.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == w["spec"]["selector"]["matchLabels"]
+    for version in K8S_VERSIONS:
+        validate_object(w, version)
+        validate_object(hpa, version)
+
+
+def test_durable_instances_can_be_turned_off_with_a_statefulset(chart: Any) -> None:
+    values = {"kafka": {"bootstrap": BOOTSTRAP}, "gateway": {"durableInstances": False, "instancesTopic": "x"}}
+    r = render(chart, values)
+    assert r.workload["kind"] == "StatefulSet"
+    assert r.env()["GATEWAY_DURABLE_INSTANCES"] == "false" and "GATEWAY_INSTANCES_TOPIC" not in r.env()
+    assert "Static group membership is on" in r.notes
+    values["gateway"] = {"instancesTopic": "team.kcg-instances"}
+    assert render(chart, values).env()["GATEWAY_INSTANCES_TOPIC"] == "team.kcg-instances"
 
 
 @pytest.mark.parametrize(("name", "field"), [("monitoring", "authorization"),
@@ -484,7 +549,7 @@ def test_service_monitor_scrapes_with_the_admin_token(chart: Any, name: str, fie
     # it selects the clients' Service only (one target per pod), through a port it has
     selected = [s for s in r.of("Service")
                 if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
-    assert [s["metadata"]["name"] for s in selected] == [r.sts["metadata"]["name"]]
+    assert [s["metadata"]["name"] for s in selected] == [r.workload["metadata"]["name"]]
     assert endpoint["port"] in {p["name"] for p in selected[0]["spec"]["ports"]}
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
     # dashboards/alerts.yaml expects job="kafka-consumer-gateway": the job label comes from this Service label
@@ -503,7 +568,7 @@ def test_prometheus_rule_embeds_the_alert_file(chart: Any) -> None:
 def test_tenants_sasl_tls(chart: Any) -> None:
     values = VALUE_SETS["tenants-sasl-tls"]
     r = render(chart, values)
-    env, c, name = r.env(), r.container, r.sts["metadata"]["name"]
+    env, c, name = r.env(), r.container, r.workload["metadata"]["name"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in r.pod["volumes"]}
     # the tenants file: a Secret, mounted read-only, named by GATEWAY_TENANTS_FILE
@@ -550,7 +615,7 @@ def test_existing_secrets_are_used_and_not_rendered(chart: Any) -> None:
 
 def test_single_replica(chart: Any) -> None:
     r = render(chart, VALUE_SETS["single-replica"])
-    assert r.sts["spec"]["replicas"] == 1
+    assert r.workload["spec"]["replicas"] == 1
     assert not r.of("PodDisruptionBudget")
     assert "one replica" in r.notes
     assert list(r.pod["affinity"]) == ["nodeAffinity"], "an explicit affinity replaces the default"
@@ -560,8 +625,9 @@ def test_long_release_names_still_give_valid_replica_ids(chart: Any) -> None:
     values = copy.deepcopy(VALUE_SETS["defaults"])
     values["replicaCount"] = 999
     manifests = chart.render(values, name="a-very-long-release-name-for-the-gateway", namespace=NAMESPACE)
-    sts = next(d for path, text in manifests.items() if path.endswith("statefulset.yaml")
+    sts = next(d for path, text in manifests.items() if path.endswith("workload.yaml")
                for d in yaml.safe_load_all(text) if d)
+    assert sts["kind"] == "StatefulSet"
     assert REPLICA_ID.fullmatch(f"{sts['metadata']['name']}-998")
 
 
@@ -573,6 +639,10 @@ BAD_SCHEMA = {
     "bootstrap without a port": {"kafka": {"bootstrap": "kafka.svc"}},
     "unknown security protocol": {"kafka": {"bootstrap": "k:9092", "securityProtocol": "TLS"}},
     "unknown routing": {"kafka": {"bootstrap": "k:9092"}, "gateway": {"routing": "proxy"}},
+    "unknown workload": {"kafka": {"bootstrap": "k:9092"}, "workload": "DaemonSet"},
+    "durable instances through gateway.env": {"kafka": {"bootstrap": "k:9092"},
+                                              "gateway": {"env": {"GATEWAY_DURABLE_INSTANCES": "false"}}},
+    "bad instances topic": {"kafka": {"bootstrap": "k:9092"}, "gateway": {"instancesTopic": "a topic"}},
     "misspelt top-level value": {"kafka": {"bootstrap": "k:9092"}, "replicas": 3},
     "zero replicas": {"kafka": {"bootstrap": "k:9092"}, "replicaCount": 0},
     "chart-managed variable in gateway.env": {"kafka": {"bootstrap": "k:9092"},
@@ -592,6 +662,9 @@ BAD_TEMPLATE = {
         "tenants.file or tenants.existingSecret"),
     "no tokens and no generation": (
         {"kafka": {"bootstrap": "k:9092"}, "auth": {"generateTokens": False}}, "auth.peerToken"),
+    "a Deployment without durable instances": (
+        {"kafka": {"bootstrap": "k:9092"}, "workload": "Deployment", "gateway": {"durableInstances": False}},
+        "workload: Deployment needs gateway.durableInstances"),
     "both PDB bounds": (
         {"kafka": {"bootstrap": "k:9092"}, "podDisruptionBudget": {"maxUnavailable": 1, "minAvailable": 1}},
         "podDisruptionBudget"),

@@ -44,7 +44,7 @@ def test_network_policy_admits_only_the_ingress_controller_the_replicas_and_moni
     r = render(chart, BASE)
     (policy,) = r.of("NetworkPolicy")
     spec = policy["spec"]
-    selector = r.sts["spec"]["selector"]["matchLabels"]
+    selector = r.workload["spec"]["selector"]["matchLabels"]
     assert spec["podSelector"] == {"matchLabels": selector}
     assert spec["policyTypes"] == ["Ingress"], "egress stays open (Kafka anywhere, DNS)"
     port_name = r.container["ports"][0]["name"]
@@ -66,7 +66,7 @@ def test_network_policy_admits_only_the_ingress_controller_the_replicas_and_moni
 def test_network_policy_is_overridable_and_can_be_turned_off(chart: Any) -> None:
     r = render(chart, VALUE_SETS["peer-tls"])
     sources = [rule["from"] for rule in r.one("NetworkPolicy")["spec"]["ingress"]]
-    selector = r.sts["spec"]["selector"]["matchLabels"]
+    selector = r.workload["spec"]["selector"]["matchLabels"]
     assert sources == [[{"podSelector": {"matchLabels": selector}}],
                        [{"namespaceSelector": {"matchLabels": {"team": "edge"}}}, {"ipBlock": {"cidr": "10.20.0.0/16"}}]]
     assert not render(chart, values(networkPolicy={"enabled": False})).of("NetworkPolicy")
@@ -82,7 +82,7 @@ def test_network_policy_is_overridable_and_can_be_turned_off(chart: Any) -> None
 def test_generate_tokens_false_generates_nothing(chart: Any) -> None:
     vals = values(auth={"generateTokens": False, "peerToken": "the-peer-token-given"})
     first, second = render(chart, vals), render(chart, vals)
-    name = first.sts["metadata"]["name"]
+    name = first.workload["metadata"]["name"]
     assert first.secret_data(name) == {"peer-token": "the-peer-token-given"}
     assert second.secret_data(name) == first.secret_data(name), "nothing random in the render"
     env = first.env()
@@ -118,9 +118,9 @@ def test_no_checksum_of_a_secret_in_the_pod_template(chart: Any) -> None:
     two["tenants"]["file"] = "version: 1\ntenants: [] # other\n"
     two["kafka"]["sasl"]["password"] = "sasl-2"
     r1, r2 = render(chart, one), render(chart, two)
-    assert r1.secret_data(r1.sts["metadata"]["name"]) != r2.secret_data(r2.sts["metadata"]["name"])
-    assert r1.sts["spec"]["template"] == r2.sts["spec"]["template"], "secrets must leave no trace in the pods"
-    annotations = r1.sts["spec"]["template"]["metadata"]["annotations"]
+    assert r1.secret_data(r1.workload["metadata"]["name"]) != r2.secret_data(r2.workload["metadata"]["name"])
+    assert r1.workload["spec"]["template"] == r2.workload["spec"]["template"], "secrets must leave no trace in the pods"
+    annotations = r1.workload["spec"]["template"]["metadata"]["annotations"]
     assert set(annotations) == {"checksum/config"}
     secrets = [o for o in r1.objects if o["kind"] == "Secret"]
     assert secrets
@@ -131,10 +131,10 @@ def test_no_checksum_of_a_secret_in_the_pod_template(chart: Any) -> None:
     # the ConfigMap still rolls the pods, and secretsRevision rolls them on purpose
     louder = copy.deepcopy(one)
     louder["gateway"] = {"logLevel": "DEBUG"}
-    assert render(chart, louder).sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
+    assert render(chart, louder).workload["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
         annotations["checksum/config"]
     bumped = render(chart, {**one, "secretsRevision": "2026-11-25"})
-    assert bumped.sts["spec"]["template"]["metadata"]["annotations"] == {
+    assert bumped.workload["spec"]["template"]["metadata"]["annotations"] == {
         **annotations, "kafka-consumer-gateway/secrets-revision": "2026-11-25"}
     assert "rollout restart" in r1.notes
 

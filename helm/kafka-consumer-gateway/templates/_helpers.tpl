@@ -6,8 +6,9 @@ Chart name.
 {{- end }}
 
 {{/*
-Full name, cut to 36 characters: the pods are "<fullname>-<ordinal>" and a pod's name is its replica id
-(GATEWAY_REPLICA_ID: [A-Za-z0-9-]{1,40}), so "-<ordinal>" up to "-999" must still fit.
+Full name, cut to 36 characters: the StatefulSet's pods are "<fullname>-<ordinal>" and a pod's name is its
+replica id (GATEWAY_REPLICA_ID: [A-Za-z0-9-]{1,40}), so "-<ordinal>" up to "-999" must still fit. (A
+Deployment's pods use their UID as replica id.)
 */}}
 {{- define "kcg.fullname" -}}
 {{- if .Values.fullnameOverride }}
@@ -138,6 +139,9 @@ Checks that need more than values.schema.json.
 {{- end }}
 {{- if eq $v.auth.adminTokenKey $v.auth.peerTokenKey }}
 {{- fail "auth.adminTokenKey and auth.peerTokenKey must differ" }}
+{{- end }}
+{{- if and (eq $v.workload "Deployment") (not $v.gateway.durableInstances) }}
+{{- fail "workload: Deployment needs gateway.durableInstances: true. A Deployment's pods get new names and replica ids on every restart, so without instance descriptors every rollout, scale-in or eviction loses the consumer instances of the pods it stops (their clients get 404 40403). Use workload: StatefulSet without durable instances" }}
 {{- end }}
 {{- if and $v.autoscaling.enabled (kindIs "invalid" $v.autoscaling.targetCPUUtilizationPercentage) (kindIs "invalid" $v.autoscaling.targetMemoryUtilizationPercentage) }}
 {{- fail "autoscaling needs targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage" }}

@@ -19,6 +19,9 @@ EMBEDDED_LONG_POLL_FETCH_WAIT_MS = 10
 # (a development broker on this machine) a 4 s session gets the first assignment in ~2 s; external
 # brokers keep Kafka's defaults.
 EMBEDDED_SESSION_TIMEOUT_MS = 4000
+# Tansu holds a static member's JoinGroup and SyncGroup about 3 s each whatever the session timeout, and expires
+# a member whose held request outlasts its session: static members need a longer one (docs/groups.md)
+EMBEDDED_STATIC_SESSION_TIMEOUT_MS = 10000
 EMBEDDED_HEARTBEAT_INTERVAL_MS = 1000
 KAFKA_SESSION_TIMEOUT_MS = 45000
 KAFKA_HEARTBEAT_INTERVAL_MS = 3000
@@ -188,8 +191,9 @@ class Settings(BaseSettings):
         "with a final 'shutting down' line) but keep the listener open this long for commits and other "
         "requests of existing instances (new instances: 503); ends early once no request is in flight")
     consumer_session_timeout_ms: int | None = Field(
-        None, gt=0, description="Group session timeout of instances. Default: Kafka's 45000, or 4000 on the "
-        "embedded broker (Tansu holds a JoinGroup for half of it)")
+        None, gt=0, description="Group session timeout of instances. Default: Kafka's 45000, or on the embedded broker "
+        "4000 (Tansu holds a JoinGroup for half of it), 10000 with static membership (Tansu holds a static "
+        "member's JoinGroup and SyncGroup about 3 s each and does not count a restarted one's JoinGroup as contact)")
     consumer_heartbeat_interval_ms: int | None = Field(
         None, gt=0, description="Heartbeat interval. Default: Kafka's 3000, or 1000 on the embedded broker")
     consumer_max_poll_interval_ms: int = Field(300000, gt=0)
@@ -249,7 +253,9 @@ class Settings(BaseSettings):
     def session_timeout_ms(self) -> int:
         if self.consumer_session_timeout_ms is not None:
             return self.consumer_session_timeout_ms
-        return EMBEDDED_SESSION_TIMEOUT_MS if not self.kafka_bootstrap else KAFKA_SESSION_TIMEOUT_MS
+        if self.kafka_bootstrap:
+            return KAFKA_SESSION_TIMEOUT_MS
+        return EMBEDDED_STATIC_SESSION_TIMEOUT_MS if self.static_membership else EMBEDDED_SESSION_TIMEOUT_MS
 
     def heartbeat_interval_ms(self) -> int:
         if self.consumer_heartbeat_interval_ms is not None:

@@ -34,7 +34,10 @@ from tests.integration.test_replicas import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-DURABLE = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true"}
+# static members on Tansu need a session timeout above its ~3 s hold of their JoinGroup / SyncGroup: with
+# GatewayProcess's 2 s one they are expired while held and the group rebalances for ever (docs/groups.md)
+DURABLE = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true",
+           "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000"}
 
 
 @pytest.fixture

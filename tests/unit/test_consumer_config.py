@@ -98,6 +98,8 @@ def test_embedded_broker_defaults_give_a_fast_first_join(monkeypatch: pytest.Mon
         monkeypatch.delenv(k, raising=False)
     embedded = Settings()
     assert (embedded.session_timeout_ms(), embedded.heartbeat_interval_ms()) == (4000, 1000)
+    # static members: above Tansu's ~3 s holds of their JoinGroup and SyncGroup (docs/groups.md)
+    assert Settings(static_membership=True).session_timeout_ms() == 10000
     external = Settings(kafka_bootstrap="broker:9092")
     assert (external.session_timeout_ms(), external.heartbeat_interval_ms()) == (45000, 3000)  # Kafka's
     chosen = Settings(kafka_bootstrap="broker:9092", consumer_session_timeout_ms=10000,

@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,7 +252,13 @@ class Gateway:
         self.descriptor_timeout = descriptor_timeout
         self.recreated_total = 0
         self.handed_off_total = 0
+        self.moved_total = 0  # of handed_off_total: moved to a new ring owner (scale-out/in), not at SIGTERM
         self.descriptor_failures = 0
+        # moves (move_instance): (group, name) being handed off here → set when done; requests for it wait
+        # (serving), and how many requests for (group, name) are inside the app here
+        self._moving: dict[tuple[str, str], asyncio.Event] = {}
+        self._serving: dict[tuple[str, str], int] = {}
+        self._idle: dict[tuple[str, str], asyncio.Event] = {}
         self._recreating: dict[tuple[str, str, str], asyncio.Future[ConsumerInstance | None]] = {}
 
     # -- tenants -------------------------------------------------------------------------------------
@@ -413,9 +419,10 @@ class Gateway:
         return name
 
     def holds(self, group: str, instance_id: str) -> bool:
-        """Whether a live instance (group, instance_id) of any tenant is in this replica."""
+        """Whether a live instance (group, instance_id) of any tenant is in this replica (or being handed off
+        from it: requests for it wait here until it is gone, see :meth:`serving`)."""
         key = (group, instance_id)
-        return any(key in rt.instances for rt in self.tenants.values())
+        return key in self._moving or any(key in rt.instances for rt in self.tenants.values())
 
     async def create_instance(self, rt: TenantRuntime, group: str, options: InstanceOptions,
                               name: str | None = None, tenant_max_instances: int | None = None,
@@ -671,6 +678,103 @@ class Gateway:
             log.exception("closing consumer instance %s failed", inst.instance_id)
             return False
         return True
+
+    # -- moves: the ring owner of a held instance changed (durable instances; api/replicas/moves.py) --------
+    @contextlib.asynccontextmanager
+    async def serving(self, group: str, name: str) -> AsyncIterator[None]:
+        """Around a request for (group, name) that this replica's routes serve (the routing layer): it waits
+        while the instance is being handed off here (afterwards it is gone and the request goes on to the new
+        owner), and it is counted, so that a hand-off starts only between requests."""
+        key = (group, name)
+        while (gate := self._moving.get(key)) is not None:
+            await gate.wait()
+        self._serving[key] = self._serving.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._serving[key] - 1
+            if left:
+                self._serving[key] = left
+            else:
+                del self._serving[key]
+                idle = self._idle.get(key)
+                if idle is not None:
+                    idle.set()
+
+    async def move_instance(self, tenant: str, group: str, name: str, target: str, *,
+                            wait: float | None = None) -> bool:
+        """Hand the instance off because ``target`` became its ring owner (the replica set changed), the same
+        way as at SIGTERM: closed with a LeaveGroup (static members too), its descriptor kept, so that its
+        next request reaches ``target``, which re-creates it (same static member id, positions from the
+        committed offsets). Only between requests: new requests for it wait meanwhile (:meth:`serving`), a
+        poll or a commit in progress finishes first, an open stream ends before its next poll (at a record
+        boundary, as when a resume takes the instance over). False (it stays) when it is gone, this replica
+        drains, its descriptor is not current, or its requests did not end within ``wait`` seconds (default:
+        the poll timeout cap + 5 s)."""
+        key = (group, name)
+        rt = self.tenants.get(tenant)
+        inst = rt.instances.get(key) if rt is not None else None
+        if rt is None or inst is None or not self.durable_instances or self.draining or key in self._moving:
+            return False
+        if not await self._descriptor_current(rt, inst):
+            log.warning("consumer instance %s (tenant %s, group %s) stays here although replica %s owns it now: "
+                        "its descriptor could not be written", name, tenant, group, target)
+            return False
+        if rt.instances.get(key) is not inst or self.draining or key in self._moving:
+            return False
+        deadline = time.monotonic() + (self.max_poll_timeout + 5.0 if wait is None else wait)
+        gate = self._moving[key] = asyncio.Event()
+        try:
+            while self._serving.get(key):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.info("consumer instance %s (tenant %s, group %s) stays here for now: its requests did not "
+                             "end within %.0f s", name, tenant, group,
+                             self.max_poll_timeout + 5.0 if wait is None else wait)
+                    return False
+                idle = self._idle[key] = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._end_streams(inst), left)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(idle.wait(), min(left, 0.5))
+            if rt.instances.get(key) is not inst or self.draining:
+                return False
+            rt.instances.pop(key)
+            log.info("consumer instance %s (tenant %s, group %s) moves to replica %s, its new ring owner: handed "
+                     "off here (LeaveGroup), re-created there at its next request", name, tenant, group, target)
+            await asyncio.shield(self._hand_off_moved(inst))
+            return True
+        finally:
+            self._idle.pop(key, None)
+            del self._moving[key]
+            gate.set()
+
+    async def _hand_off_moved(self, inst: ConsumerInstance) -> None:
+        self.moved_total += 1
+        await self._close_instance(inst, hand_off=True)
+        await self._release_quota(inst)
+
+    @staticmethod
+    async def _end_streams(inst: ConsumerInstance) -> None:
+        """An open stream of the instance ends before its next poll (after the one in progress, if any)."""
+        async with inst.lock:
+            inst.stream_epoch += 1
+
+    async def _descriptor_current(self, rt: TenantRuntime, inst: ConsumerInstance) -> bool:
+        """Whether the tenant's descriptors have the instance as it is now (else its new owner could not
+        re-create it, or would re-create an older subscription); written again when they do not."""
+        store = self.descriptors(rt)
+        if store is None:
+            return False
+
+        def current() -> bool:
+            desc = store.get(rt.tenant_id, inst.group, inst.name)
+            return (desc is not None and desc.subscription == inst.subscription
+                    and desc.group_instance_id == inst.consumer.config.group_instance_id)
+
+        if not current():
+            await self.describe(rt, inst)
+        return bool(current())
 
     async def _reap_loop(self) -> None:
         while True:

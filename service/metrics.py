@@ -208,7 +208,11 @@ class GatewayCollector(Collector):
                                         "descriptors (their replica died, stopped or restarted)",
                                         value=getattr(gw, "recreated_total", 0))
         handed = CounterMetricFamily("kcg_instances_handed_off", "Consumer instances this replica closed for "
-                                     "another replica to re-create (SIGTERM)", value=getattr(gw, "handed_off_total", 0))
+                                     "another replica to re-create: reason=shutdown (SIGTERM), moved (the replica "
+                                     "set changed and another replica owns it now)", labels=["reason"])
+        moved = getattr(gw, "moved_total", 0)
+        handed.add_metric(["shutdown"], getattr(gw, "handed_off_total", 0) - moved)
+        handed.add_metric(["moved"], moved)
         failures = CounterMetricFamily("kcg_descriptor_failures", "Instance descriptor writes or deletes that "
                                        "failed (the instance would not survive its replica)",
                                        value=getattr(gw, "descriptor_failures", 0))

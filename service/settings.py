@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     instances_topic: str = Field(
         "__kcg_instances", min_length=1, max_length=249,
         description="The compacted topic of the instance descriptors (created at first use)")
+    move_instances: bool = Field(
+        True, description="With durable instances and peers: when the replica set changes (scale-out, a replica "
+        "back), an instance whose ring owner is now another replica is handed off to it between requests and "
+        "re-created there (only those instances move). False: instances stay where they are")
+    instance_move_after_s: float = Field(
+        10.0, ge=0, description="With move_instances: how long a replica must have been up (answering probes, "
+        "not draining, same process) before instances move to it, so that a flapping replica moves nothing")
     peers: str | None = Field(
         None, description="Routing: comma-separated base URLs of every gateway replica (this one included), "
         "e.g. http://10.0.0.5:8080. Requests for an instance another replica holds are forwarded to it")

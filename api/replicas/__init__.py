@@ -18,7 +18,8 @@ The way of one request through the replicas, module by module:
    :data:`~service.routing.ABSENT_HEADER`, so the forwarding replica tries the next candidate.
 
 Around it: :mod:`~api.replicas.peers` (the peer set: discovery, probes, lookups, ring owner),
-:mod:`~api.replicas.internal` (the ``/internal/*`` endpoints), :mod:`~api.replicas.quota` (``max_instances``
+:mod:`~api.replicas.internal` (the ``/internal/*`` endpoints), :mod:`~api.replicas.moves` (durable instances
+handed off to their new ring owner when the replica set changes), :mod:`~api.replicas.quota` (``max_instances``
 across replicas over ``/internal/quota/*``), :mod:`~api.replicas.router` (the :class:`Router` that holds the
 state and combines these), :mod:`~api.replicas.asgi` (ASGI helpers) and :mod:`~api.replicas.metrics`.
 """

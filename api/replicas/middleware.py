@@ -54,14 +54,19 @@ class RoutingMiddleware:
                                      f"peer token ({TOKEN_HEADER})")(scope, receive, send)
                 return
             router.restore_client(scope)
-            if instance_of_path(path) is not None:
+            inst = instance_of_path(path)
+            if inst is not None:
                 send = marking_absent(send)
                 if header(scope, RECREATE_HEADER.encode()) is not None:
                     # the forwarding replica found no holder and this replica is the owner: re-create
                     scope.setdefault("state", {})["kcg_recreate"] = True
             router.metrics.in_flight_in.inc()
             try:
-                await self.app(scope, receive, send)
+                if inst is None:
+                    await self.app(scope, receive, send)
+                else:
+                    async with router.gateway.serving(*inst):  # (waits while it is being handed off here)
+                        await self.app(scope, receive, send)
             finally:
                 router.metrics.in_flight_in.dec()
             return

@@ -134,6 +134,7 @@ class PeerSet:
             elif state == ProbeResult.DOWN and before is not None:
                 log.warning("gateway peer at %s is unreachable; left out of the routing ring", url)
         self.refreshes += 1
+        self.check_moves()  # durable instances whose ring owner changed (api/replicas/moves.py)
 
     def _internal_headers(self) -> dict[str, str]:
         return {TOKEN_HEADER: self.token} if self.token else {}

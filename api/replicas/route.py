@@ -47,16 +47,18 @@ class Routing:
                              name: str) -> None:
         recorder = Recorder(receive)
         local: Captured | None = None
-        if self.gateway.holds(group, name):
-            # Here for some tenant: the route decides (authenticated), and only its 404/410 goes further
-            hold = HoldNotFound(send)
-            await app(scope, recorder.receive, hold.send)
-            local = hold.captured
-            if local is None:
-                return  # answered
-            if local.error_code not in NOT_HERE_CODES:
-                await local.replay(send)
-                return
+        # (while the instance is being handed off here, this waits: then it is gone and the request goes on)
+        async with self.gateway.serving(group, name):
+            if self.gateway.holds(group, name):
+                # Here for some tenant: the route decides (authenticated), and only its 404/410 goes further
+                hold = HoldNotFound(send)
+                await app(scope, recorder.receive, hold.send)
+                local = hold.captured
+                if local is None:
+                    return  # answered
+                if local.error_code not in NOT_HERE_CODES:
+                    await local.replay(send)
+                    return
         if not await self.authenticated(scope, send):
             return
         body = await recorder.body()
@@ -163,9 +165,10 @@ class Routing:
                 return
             target = self.table.owner(group, uuid.uuid4().hex)  # draining: let a live replica create it
         else:
-            if self.gateway.holds(group, wanted.name):
-                await app(scope, replay, send)  # 409 for the same tenant, a new instance for another one
-                return
+            async with self.gateway.serving(group, wanted.name):  # (waits while it is being handed off here)
+                if self.gateway.holds(group, wanted.name):
+                    await app(scope, replay, send)  # 409 for the same tenant, a new instance for another one
+                    return
             if not await self.authenticated(scope, send):
                 return
             holders = await self.lookup(group, wanted.name, {self.self_id})

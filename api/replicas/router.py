@@ -2,7 +2,8 @@
 quota coordinator) in one object, whose behaviour comes from one mixin per concern: :class:`PeerSet`
 (:mod:`~api.replicas.peers`), :class:`PeerAuth` (:mod:`~api.replicas.peer_auth`), :class:`Forwarding`
 (:mod:`~api.replicas.forward`), :class:`Routing` (:mod:`~api.replicas.route`), :class:`QuotaTransport`
-(:mod:`~api.replicas.quota`) and :class:`InternalEndpoints` (:mod:`~api.replicas.internal`). Each mixin
+(:mod:`~api.replicas.quota`), :class:`InternalEndpoints` (:mod:`~api.replicas.internal`) and
+:class:`InstanceMoves` (:mod:`~api.replicas.moves`). Each mixin
 declares the attributes it reads; they are all set here."""
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from api.auth import AuthFailureLimiter
 from api.replicas.forward import Forwarding
 from api.replicas.internal import InternalEndpoints
 from api.replicas.metrics import RoutingMetrics
+from api.replicas.moves import InstanceMoves
 from api.replicas.peer_auth import PeerAuth, peer_ssl_context, peer_tls_enabled
 from api.replicas.peers import PROBE_TIMEOUT_S, PeerSet
 from api.replicas.quota import QuotaTransport
 from api.replicas.route import Routing
 from api.replicas.upstream import UpstreamPool
+from service.durable.moves import AliveSince
 from service.gateway import Gateway
 from service.routing import (
     HintCache,
@@ -38,7 +41,7 @@ from service.tenants.quotas import InstanceQuotaCoordinator
 POLL_MARGIN_S = 30.0
 
 
-class Router(PeerSet, PeerAuth, Forwarding, Routing, QuotaTransport, InternalEndpoints):
+class Router(PeerSet, PeerAuth, Forwarding, Routing, QuotaTransport, InternalEndpoints, InstanceMoves):
     """The peer table, its refresh loop, the forwarding client and the routing decisions of one replica."""
 
     def __init__(self, settings: Settings, gateway: Gateway, registry: CollectorRegistry) -> None:
@@ -71,6 +74,9 @@ class Router(PeerSet, PeerAuth, Forwarding, Routing, QuotaTransport, InternalEnd
             call=self.quota_call, mark_dead=self.table.mark_dead, sync_s=settings.quota_sync_s)
         self._quota_task: asyncio.Task[None] | None = None
         gateway.instance_quota = self.quota
+        #: durable instances: moves to new ring owners after each refresh (api/replicas/moves.py)
+        self.alive_since = AliveSince()
+        self._move_task: asyncio.Task[None] | None = None
         # httpx logs every request at INFO: the probes would fill the log (their state changes are logged here)
         httpx_log = logging.getLogger("httpx")
         if httpx_log.getEffectiveLevel() < logging.WARNING:
@@ -88,6 +94,7 @@ class Router(PeerSet, PeerAuth, Forwarding, Routing, QuotaTransport, InternalEnd
         self._quota_task = asyncio.create_task(self.quota.run(), name="quota-reconcile")
 
     async def stop(self) -> None:
+        await self.stop_moves()
         for task in (self._task, self._quota_task):
             if task is not None:
                 task.cancel()

@@ -1,6 +1,6 @@
 """dashboards/: the Grafana dashboard, the Prometheus alert rules and the PNG renderer, checked against a real
 Prometheus (Debian package ``prometheus``, started here on loopback) scraping a real gateway process (two
-tenants, admin token) after a short load on the real Tansu broker.
+tenants, admin token, durable instances) after a short load on the real Tansu broker.
 
 - promtool: the rule file is valid, its unit tests (dashboards/alerts_test.yaml) pass, and every dashboard
   expression parses (each becomes a recording rule of a temporary rule file);

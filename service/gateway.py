@@ -727,6 +727,8 @@ class Gateway:
         try:
             while self._serving.get(key):
                 left = deadline - time.monotonic()
+                if self.draining:
+                    return False  # SIGTERM meanwhile: the shutdown hands it off
                 if left <= 0:
                     log.info("consumer instance %s (tenant %s, group %s) stays here for now: its requests did not "
                              "end within %.0f s", name, tenant, group,

@@ -8,6 +8,7 @@ change stay. ``GATEWAY_INSTANCE_MOVE_AFTER_S``: how long a peer must have been u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -17,6 +18,9 @@ from service.routing import PeerTable
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: at shutdown, how long a move in progress may take to finish (its close: commit, LeaveGroup) before it is cancelled
+STOP_WAIT_S = 3.0
 
 
 class InstanceMoves:
@@ -66,7 +70,11 @@ class InstanceMoves:
                               m.target)
 
     async def stop_moves(self) -> None:
+        """At shutdown: a move in progress ends (it gives up once the gateway drains; a close already started
+        completes), then the task is cancelled if it is still running."""
         task = self._move_task
         if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

@@ -262,3 +262,41 @@ async def test_the_metric_has_a_reason(reason: str) -> None:
     other = "shutdown" if reason == "moved" else "moved"
     assert f'kcg_instances_handed_off_total{{reason="{other}"}} 0.0' in text
     await gw.close()
+
+
+# -- the routing layer's part: after each peer refresh (api/replicas/moves.py) -------------------------------
+async def test_the_router_moves_what_a_settled_new_replica_owns() -> None:
+    from prometheus_client import CollectorRegistry as Registry
+
+    from api.replicas.router import Router
+    from service.routing import Identity
+    from service.settings import Settings
+
+    settings = Settings(replica_id="a", peers="http://127.0.0.1:1", peer_token="s3cret",
+                        kafka_bootstrap="127.0.0.1:1", durable_instances=True, instance_move_after_s=10.0)
+    gw, rt, _ = await durable()
+    router = Router(settings, gw, Registry())
+    await gw.delete_instance(rt, "g", "c1")
+    to_c, stay = names("g", "c", "a", 1, "x")[0], names("g", "a", "a", 1, "y")[0]
+    for n in (to_c, stay):
+        await gw.create_instance(rt, "g", InstanceOptions(), n)
+    router.table.record_probe("http://b", Identity("b", "b1"), now=0.0)
+    assert router.check_moves(now=0.0) == []  # c is not up: the owners did not change
+    router.table.record_probe("http://c", Identity("c", "c1"), now=100.0)
+    assert router.check_moves(now=100.0) == []  # c just came up: not settled yet
+    assert router.check_moves(now=109.0) == []
+    router.table.record_probe("http://c", Identity("c", "c2"), now=109.5)  # c restarted: starts over
+    assert router.check_moves(now=115.0) == []
+    assert router.check_moves(now=124.0) == []  # seen restarted at 115
+    assert router.check_moves(now=125.0) == [Move("t", "g", to_c, "c")]
+    assert router._move_task is not None
+    await router._move_task
+    assert not gw.holds("g", to_c) and gw.holds("g", stay) and gw.moved_total == 1
+    assert router.check_moves(now=130.0) == []  # nothing left to move
+    settings.move_instances = False
+    router.table.peers["c"].alive = False
+    router.check_moves(now=131.0)
+    router.table.peers["c"].alive = True
+    assert router.check_moves(now=200.0) == []  # switched off
+    await router.stop_moves()
+    await gw.close()

@@ -330,13 +330,14 @@ def report(results: list[ModeResult], session_ms: int, args: argparse.Namespace)
     print(f"\nkill -9 of the instance's replica -> next record served; session timeout {session_ms} ms "
           f"(heartbeat {min(3000, session_ms // 3)} ms), peer refresh {args.peer_refresh_s:g} s, "
           f"{args.reps} repetitions, a record every {args.interval_ms:g} ms")
-    print(f"{'mode':<30} {'session':>9}  {'min':>6} {'median':>6} {'max':>6}  {'per repetition (s)':<28} "
+    width = max(18, *(len(" ".join(f"{t:.2f}" for t in r.times)) for r in results))
+    print(f"{'mode':<30} {'session':>9}  {'min':>6} {'median':>6} {'max':>6}  {'per repetition (s)':<{width}} "
           f"{'lost':>4} {'404s':>4} {'dups':>5} {'uncommitted':>11} {'refused':>7}  other non-2xx")
     for r in results:
         per = " ".join(f"{t:.2f}" for t in r.times)
         others = {s: n for s, n in sorted(r.statuses.items()) if s >= 300 and s != 404}
         print(f"{r.label:<30} {session_ms:>6} ms  {min(r.times):6.2f} {statistics.median(r.times):6.2f} "
-              f"{max(r.times):6.2f}  {per:<28} {r.lost:>4} {r.not_found:>4} {r.duplicates:>5} "
+              f"{max(r.times):6.2f}  {per:<{width}} {r.lost:>4} {r.not_found:>4} {r.duplicates:>5} "
               f"{r.uncommitted_at_kill:>11} {r.refused:>7}  {others or '-'}")
     print(f"(records produced: {', '.join(f'{r.label} {r.produced}' for r in results)}; 'uncommitted' = records "
           f"received but not committed when the replica died, the only ones that may come twice)")

@@ -101,7 +101,8 @@ async def test_kill_9_of_the_holder_is_invisible_to_clients(tansu: EmbeddedBroke
         assert r.status_code == 200 and r.json() == {"topics": [topic_name]}
         assert r.headers.get(SERVED_BY, "b") == new_owner
 
-        # A comes back: the instance stays where it is
+        # A comes back: it stays where it is until A has been up GATEWAY_INSTANCE_MOVE_AFTER_S (10 s; then it
+        # moves back to its ring owner between requests: tests/integration/test_durable_scale.py)
         procs["a"].start()
         await converged([procs["a"], procs["b"], procs["c"]], {"a", "b", "c"})
         r = await c.get(f"{base}/subscription")

@@ -559,6 +559,10 @@ class GroupCoordinator:
             if step.action is Action.ASSIGN:
                 counts = await self._partition_counts(step.topics)
                 step = m.leader_sync(counts)
+                for instance_id, member_ids in m.shared_instance_ids.items():
+                    log.warning("group %s: the coordinator lists members %s with one group.instance.id %r (a "
+                                "departed one next to its successor: a broker defect, docs/groups.md); each gets "
+                                "the same partitions", self.group_id, member_ids, instance_id)
                 for member_id, problem in m.bad_subscriptions:
                     log.warning("group %s: member %s sent an unreadable subscription (%s); it gets no partitions",
                                 self.group_id, member_id, problem)

@@ -99,6 +99,8 @@ class GroupMember:
         self._members: list[Any] = []  # leader only: JoinGroup members of the current generation
         self.rebalances = 0
         self.bad_subscriptions: list[tuple[str, str]] = []
+        #: group.instance.id -> member ids the coordinator listed for it in the last JoinGroup, when more than one
+        self.shared_instance_ids: dict[str, list[str]] = {}
         #: leader only: the latest assignment it computed, as {member id: partition count} (for logs)
         self.last_plan: dict[str, int] = {}
 
@@ -225,7 +227,20 @@ class GroupMember:
                 # A member sent garbage: it gets nothing (instead of failing the whole group's rebalance).
                 self.bad_subscriptions.append((m.member_id, str(exc)))
                 subs[m.member_id] = MemberSubscription(member_id=m.member_id, group_instance_id=m.group_instance_id)
-        result = assignor.assign(partitions_per_topic, subs)
+        # Apache Kafka never lists two members with one group.instance.id (a static member that rejoins replaces
+        # its old member id). Tansu at times lists the departed id next to the new one after a hand-off: the
+        # assignor would give the departed id, which never syncs, a share nobody consumes until the stall
+        # recovery. Such members are assigned as one (the last listed decides the subscription) and each of
+        # their ids gets that share: whichever is live consumes it.
+        by_instance: dict[str, list[str]] = {}
+        for mid, sub in subs.items():
+            if sub.group_instance_id is not None:
+                by_instance.setdefault(sub.group_instance_id, []).append(mid)
+        self.shared_instance_ids = {iid: mids for iid, mids in by_instance.items() if len(mids) > 1}
+        stand_in = {mid: mids[-1] for mids in self.shared_instance_ids.values() for mid in mids[:-1]}
+        result = assignor.assign(partitions_per_topic, {mid: s for mid, s in subs.items() if mid not in stand_in})
+        for mid, rep in stand_in.items():
+            result[mid] = result.get(rep, {})
         self.last_plan = {mid: sum(len(ps) for ps in result.get(mid, {}).values()) for mid in subs}
         assignments = [
             SyncAssignment(member_id=mid, assignment=cp.encode_assignment(result.get(mid, {})))

@@ -82,3 +82,12 @@ def s3_broker(s3_env: dict[str, str], tmp_path: Path) -> Iterator[EmbeddedBroker
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[GatewayProcess]]:
+    """Gateway processes a test started (append them): stopped at the end, whatever happened."""
+    started: list[GatewayProcess] = []
+    yield started
+    for p in started:
+        p.stop()

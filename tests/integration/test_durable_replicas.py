@@ -40,14 +40,6 @@ DURABLE = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "tr
            "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000"}
 
 
-@pytest.fixture
-def cleanup() -> list[GatewayProcess]:  # type: ignore[misc]
-    started: list[GatewayProcess] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 async def test_kill_9_of_the_holder_is_invisible_to_clients(tansu: EmbeddedBroker, kclient: KafkaClient,
                                                             topic_name: str, tmp_path: Path,
                                                             cleanup: list[GatewayProcess]) -> None:

@@ -35,14 +35,6 @@ from tests.integration.test_replicas import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def cleanup() -> list[GatewayProcess]:  # type: ignore[misc]
-    started: list[GatewayProcess] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 def everything(ledgers: dict[str, Ledger]) -> set[bytes]:
     return set().union(*(lg.values() for lg in ledgers.values()))
 

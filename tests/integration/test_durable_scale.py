@@ -10,7 +10,6 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 AB, ABC = ["a", "b"], ["a", "b", "c"]
 MOVE_AFTER_S = 1.0  # GATEWAY_INSTANCE_MOVE_AFTER_S: five probe intervals of 0.2 s
 MOVED = '{reason="moved"}'
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 async def held_by(procs: dict[str, GatewayProcess], group: str, name: str) -> set[str]:

@@ -34,7 +34,6 @@ from tests.integration.test_replicas import (
     replica_set,
     start,
 )
-from tests.integration.test_replicas import cleanup as cleanup  # the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ import base64
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +105,6 @@ def start(*procs: GatewayProcess) -> None:
         p.launch()
     for p in procs:
         p.wait_healthy()
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 async def peers_view(g: GatewayProcess, token: str | None = TOKEN) -> dict[str, Any]:

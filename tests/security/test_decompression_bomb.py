@@ -28,9 +28,9 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
-from service.protocol import messages as M
 from service.protocol import records as R
 from tests.integration.gateway_proc import GatewayProcess
+from tests.security.raw_kafka import produce_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -43,13 +43,6 @@ OTHER = "healthy-neighbour"
 HEALTHY = 20
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = {"Accept": "application/vnd.kafka.binary.v2+json"}
-
-
-def _produce_request(topic: str, partition: int, batch: bytes) -> Any:
-    TopicData = M.struct("ProduceRequest", "TopicProduceData")
-    PartData = M.struct("ProduceRequest", "PartitionProduceData")
-    return M.ProduceRequest(acks=-1, timeout_ms=10000, topic_data=[
-        TopicData(name=topic, partition_data=[PartData(index=partition, records=batch)])])
 
 
 def _zstd_streaming_bomb() -> bytes:
@@ -84,7 +77,7 @@ async def _setup(bootstrap: str) -> None:
             node = client.metadata.leader(topic, partition)
             assert node is not None
             conn = await client.connection(node).get()
-            resp = await conn.send(_produce_request(topic, partition, batch), 9)
+            resp = await conn.send(produce_request(topic, partition, batch), 9)
             assert resp.responses[0].partition_responses[0].error_code == 0
     finally:
         await client.close()

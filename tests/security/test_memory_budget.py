@@ -28,9 +28,9 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
-from service.protocol import messages as M
 from service.protocol import records as R
 from tests.integration.gateway_proc import GatewayProcess
+from tests.security.raw_kafka import produce_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -44,13 +44,6 @@ V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = {"Accept": "application/vnd.kafka.binary.v2+json"}
 
 
-def _produce_request(topic: str, partition: int, batch: bytes) -> Any:
-    TopicData = M.struct("ProduceRequest", "TopicProduceData")
-    PartData = M.struct("ProduceRequest", "PartitionProduceData")
-    return M.ProduceRequest(acks=-1, timeout_ms=10000, topic_data=[
-        TopicData(name=topic, partition_data=[PartData(index=partition, records=batch)])])
-
-
 async def _setup(bootstrap: str) -> None:
     client = KafkaClient(bootstrap)
     try:
@@ -61,10 +54,10 @@ async def _setup(bootstrap: str) -> None:
         conn = await client.connection(node).get()
         for i in range(BATCHES):
             batch = R.build_batch([(None, bytes([i % 251]) * RECORD) for _ in range(MiB // RECORD)])
-            resp = await conn.send(_produce_request(TOPIC, 0, batch), 9)
+            resp = await conn.send(produce_request(TOPIC, 0, batch), 9)
             assert resp.responses[0].partition_responses[0].error_code == 0
         small = R.build_batch([(None, b"s-%d" % i) for i in range(10)])
-        resp = await conn.send(_produce_request("budget-small", 0, small), 9)
+        resp = await conn.send(produce_request("budget-small", 0, small), 9)
         assert resp.responses[0].partition_responses[0].error_code == 0
     finally:
         await client.close()

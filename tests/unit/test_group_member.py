@@ -195,6 +195,25 @@ def test_leader_assigns_the_union_of_subscriptions_and_syncs_every_member() -> N
     assert step.action is Action.DONE and step.assigned == [TP("a", 0), TP("a", 1), TP("b", 0)]
 
 
+def test_two_member_ids_of_one_static_instance_share_its_partitions() -> None:
+    """A coordinator that lists a departed member id next to its successor (one group.instance.id; Tansu after a
+    hand-off, never Apache Kafka): the assignor sees the instance once and both ids get its share, so the live
+    one consumes it instead of leaving it to the departed id until a stall recovery."""
+    m = new_member(instance="i-1")
+    m.join_request(["a"])
+    members = [
+        JoinMember(member_id="m-1", group_instance_id="i-1", metadata=encode_subscription(["a"])),
+        JoinMember(member_id="old-2", group_instance_id="i-2", metadata=encode_subscription(["a"])),
+        JoinMember(member_id="new-2", group_instance_id="i-2", metadata=encode_subscription(["a"])),
+    ]
+    join_ok(m, member_id="m-1", leader="m-1", generation=3, members=members)
+    req = m.leader_sync({"a": 4}).request
+    assert assignment_of(req, "m-1") == {"a": [0, 1]}  # half, not a third
+    assert assignment_of(req, "old-2") == assignment_of(req, "new-2") == {"a": [2, 3]}
+    assert m.shared_instance_ids == {"i-2": ["old-2", "new-2"]}
+    assert m.last_plan == {"m-1": 2, "old-2": 2, "new-2": 2}
+
+
 def test_leader_with_an_unknown_protocol_is_fatal() -> None:
     m = new_member("range")
     m.join_request(["a"])

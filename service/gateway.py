@@ -172,10 +172,6 @@ class ConsumerInstance:
         self.last_used = time.monotonic()
 
 
-class Budget(MemoryBudget):
-    """The process-wide memory budget (:mod:`service.budget`); the name kept for existing callers."""
-
-
 @dataclass
 class TenantRuntime:
     """A tenant's own Kafka client (broker connections) and its instances."""
@@ -217,7 +213,7 @@ class Gateway:
         self.idle_timeout = idle_timeout
         self.max_poll_timeout = max_poll_timeout
         self.prefetch_bytes = prefetch_bytes
-        self.budget: MemoryBudget = Budget(memory_budget_bytes)
+        self.budget = MemoryBudget(memory_budget_bytes)
         self.consumer_defaults = consumer_defaults or {}
         self.max_instances = max_instances
         if shutdown_timeout <= 0 or shutdown_concurrency < 1:

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from service.budget import MemoryBudget
 from service.client.client import KafkaClient
 from service.gateway import (
     HARD_CLOSE_GRACE_S,
-    Budget,
     ConsumerInstance,
     Gateway,
     GatewayError,
@@ -64,7 +64,7 @@ async def test_ids_duplicates_limits_and_expiry() -> None:
 
 
 def test_budget_and_replica_id_validation() -> None:
-    b = Budget(100)
+    b = MemoryBudget(100)
     b.add(60)
     assert b.available()
     b.add(50)

@@ -669,7 +669,7 @@ class Gateway:
         if hand_off:
             self.handed_off_total += 1
         try:
-            await (inst.consumer.close(force_static_leave=True) if hand_off else inst.consumer.close())
+            await inst.consumer.close(force_static_leave=hand_off)
         except Exception:  # closing must never fail the caller
             log.exception("closing consumer instance %s failed", inst.instance_id)
             return False

@@ -78,7 +78,7 @@ def test_budget_and_replica_id_validation() -> None:
 
 def _fake_closes(insts: list[ConsumerInstance], close: Callable[[], Awaitable[None]]) -> None:
     for inst in insts:
-        inst.consumer.close = close  # type: ignore[method-assign]
+        inst.consumer.close = lambda *, force_static_leave=False, _c=close: _c()  # type: ignore[method-assign]
 
 
 async def test_close_runs_instance_closes_concurrently_but_bounded() -> None:

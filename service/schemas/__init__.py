@@ -1,0 +1,12 @@
+"""Schema'd records (issue 23): everything about the Confluent Schema Registry formats has its home here.
+
+* :mod:`service.schemas.wire` -- the Confluent wire framing (magic byte 0, 4-byte big-endian schema id, for
+  Protobuf the message-index list, then the payload); sans-io.
+* :mod:`service.schemas.registry` -- an asyncio client of the Schema Registry REST API (schema by id,
+  subjects and versions, register, lookup) with a bounded cache by id, a short-lived cache per subject,
+  coalesced concurrent look-ups and typed errors (``RegistryUnavailable`` is retryable).
+* the per-format codecs (Avro, Protobuf, JSON Schema): records to JSON and back, validated against a schema.
+* later: the schema -> Arrow mapping of the typed range reads and the sink.
+
+The HTTP layer and the sink only choose a format and call in here, so the wire format has one home.
+"""

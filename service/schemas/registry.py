@@ -1,0 +1,427 @@
+"""An asyncio client of the Confluent Schema Registry REST API (the subset the gateway needs).
+
+Schema by id (``GET /schemas/ids/{id}``), a subject's versions and its latest or a given version, register
+(``POST /subjects/{s}/versions``) and lookup (``POST /subjects/{s}``); basic or bearer auth, TLS, one
+wall-clock timeout per request. Schemas are immutable, so schemas by id and the ids of registered schemas
+are kept in bounded LRU caches; subject answers (versions, latest) only for a short TTL. Concurrent
+requests for one schema id share one HTTP request.
+
+The parsing of answers and the mapping of error answers to the typed errors are pure functions
+(:func:`parse_schema`, :func:`parse_registered`, :func:`error_from_response`); :class:`RegistryClient` is the
+thin I/O around them.
+
+Errors: :class:`RegistryUnavailable` (no connection, timeout, 5xx, 429: retryable, with a retry-after hint),
+:class:`SchemaNotFound` (404 with the registry's 40401 / 40402 / 40403), :class:`RegistryRequestError` (any
+other 4xx, with the registry's ``error_code`` and ``message``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+ACCEPT = "application/vnd.schemaregistry.v1+json, application/vnd.schemaregistry+json; qs=0.9, application/json; qs=0.5"
+SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
+#: the registry's 404 codes: subject not found, version not found, schema not found
+NOT_FOUND_CODES = (40401, 40402, 40403)
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class RegistryError(Exception):
+    """Base of the registry client's errors."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry could not answer (connection refused, timeout, 5xx, 429): retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = DEFAULT_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RegistryRequestError(RegistryError):
+    """The registry refused the request (4xx): its HTTP status, ``error_code`` and ``message``."""
+
+    def __init__(self, status: int, error_code: int, message: str) -> None:
+        super().__init__(f"schema registry answered {status} / {error_code}: {message}")
+        self.status = status
+        self.error_code = error_code
+        self.message = message
+
+
+class SchemaNotFound(RegistryRequestError):
+    """No such schema id, subject, version, or schema under the subject (the registry's 40401/40402/40403)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaReference:
+    """A schema's import of another registered schema (Protobuf imports, Avro named types, JSON ``$ref``)."""
+
+    name: str
+    subject: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """A schema as the registry stores it: its text, type (``AVRO``, ``PROTOBUF``, ``JSON``) and references."""
+
+    schema: str
+    schema_type: str = "AVRO"
+    references: tuple[SchemaReference, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredSchema:
+    """A schema under a subject: its global id and its version in that subject."""
+
+    schema_id: int
+    subject: str
+    version: int
+    schema: Schema
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryConfig:
+    url: str
+    #: ``user:password`` (never logged)
+    basic_auth: str | None = None
+    bearer_token: str | None = None
+    #: PEM CA bundle verifying the registry's certificate (unset: the system CAs)
+    ca_file: str | None = None
+    verify: bool = True
+    #: connect timeout and the wall-clock bound of one request
+    timeout_s: float = 5.0
+    #: schemas by id and ids of registered schemas kept (each cache)
+    cache_size: int = 1000
+    #: how long a subject's versions and latest version are reused
+    subject_ttl_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.basic_auth is not None and ":" not in self.basic_auth:
+            raise ValueError("schema registry basic auth must be 'user:password'")
+        if self.basic_auth and self.bearer_token:
+            raise ValueError("schema registry: basic auth or a bearer token, not both")
+
+    def __repr__(self) -> str:  # credentials stay out of logs and tracebacks
+        return (f"RegistryConfig(url={self.url!r}, basic_auth={'***' if self.basic_auth else None}, "
+                f"bearer_token={'***' if self.bearer_token else None}, ca_file={self.ca_file!r}, "
+                f"verify={self.verify}, timeout_s={self.timeout_s}, cache_size={self.cache_size})")
+
+    def headers(self) -> dict[str, str]:
+        h = {"Accept": ACCEPT}
+        if self.basic_auth:
+            h["Authorization"] = "Basic " + base64.b64encode(self.basic_auth.encode()).decode("ascii")
+        elif self.bearer_token:
+            h["Authorization"] = f"Bearer {self.bearer_token}"
+        return h
+
+
+# --- sans-io: request bodies, answers, errors ---------------------------------------------------------------
+
+def schema_body(schema: Schema) -> bytes:
+    """The JSON body of register and lookup (``schemaType`` left out for Avro, as Confluent's clients do)."""
+    body: dict[str, Any] = {"schema": schema.schema}
+    if schema.schema_type != "AVRO":
+        body["schemaType"] = schema.schema_type
+    if schema.references:
+        body["references"] = [{"name": r.name, "subject": r.subject, "version": r.version}
+                              for r in schema.references]
+    return orjson.dumps(body)
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RegistryRequestError(200, 0, f"not a JSON answer: {body[:200]!r}") from exc
+
+
+def _bad(what: str, doc: Any) -> RegistryRequestError:
+    return RegistryRequestError(200, 0, f"unexpected {what} answer: {str(doc)[:200]}")
+
+
+def parse_schema(body: bytes) -> Schema:
+    """``GET /schemas/ids/{id}`` (also the schema fields of a subject version)."""
+    return _schema_of(_json(body))
+
+
+def _schema_of(doc: Any) -> Schema:
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
+        raise _bad("schema", doc)
+    try:
+        refs = tuple(SchemaReference(str(r["name"]), str(r["subject"]), int(r["version"]))
+                     for r in doc.get("references") or ())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad("schema references", doc) from exc
+    return Schema(doc["schema"], str(doc.get("schemaType") or "AVRO"), refs)
+
+
+def parse_registered(body: bytes, subject: str | None = None) -> RegisteredSchema:
+    """A subject version (``GET /subjects/{s}/versions/{v}``, ``POST /subjects/{s}``)."""
+    doc = _json(body)
+    try:
+        return RegisteredSchema(int(doc["id"]), str(doc.get("subject") or subject), int(doc["version"]),
+                                _schema_of(doc))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad("subject version", doc) from exc
+
+
+def parse_id(body: bytes) -> int:
+    """``POST /subjects/{s}/versions`` answers ``{"id": N}``."""
+    doc = _json(body)
+    if not isinstance(doc, dict) or not isinstance(doc.get("id"), int):
+        raise _bad("register", doc)
+    return doc["id"]
+
+
+def parse_versions(body: bytes) -> list[int]:
+    doc = _json(body)
+    if not isinstance(doc, list) or not all(isinstance(v, int) for v in doc):
+        raise _bad("versions", doc)
+    return doc
+
+
+def parse_retry_after(value: str | None, default: float = DEFAULT_RETRY_AFTER_S) -> float:
+    """Seconds of a ``Retry-After`` header (delta-seconds only; an HTTP date or garbage: ``default``)."""
+    if value:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+    return default
+
+
+def error_from_response(status: int, body: bytes, retry_after: str | None = None) -> RegistryError:
+    """The typed error of a non-2xx answer."""
+    code, message = status, ""
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        if isinstance(doc.get("error_code"), int):
+            code = doc["error_code"]
+        message = str(doc.get("message") or "")
+    if not message:
+        message = body[:200].decode("utf-8", "replace") if body else f"HTTP {status}"
+    if status >= 500 or status == 429:
+        return RegistryUnavailable(f"schema registry answered {status} / {code}: {message}",
+                                   parse_retry_after(retry_after))
+    if status == 404 and code in NOT_FOUND_CODES:
+        return SchemaNotFound(status, code, message)
+    return RegistryRequestError(status, code, message)
+
+
+# --- caches -----------------------------------------------------------------------------------------------
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LRUCache(Generic[K, V]):
+    """A bounded mapping that drops the least recently used entry."""
+
+    def __init__(self, size: int) -> None:
+        self._size = max(0, size)
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        if not self._size:
+            return
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self._size:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass
+class _TTLCache(Generic[K, V]):
+    ttl: float
+    size: int
+    _data: OrderedDict[K, tuple[float, V]] = field(default_factory=OrderedDict)
+
+    def get(self, key: K) -> V | None:
+        hit = self._data.get(key)
+        if hit is None:
+            return None
+        if time.monotonic() >= hit[0]:
+            del self._data[key]
+            return None
+        return hit[1]
+
+    def put(self, key: K, value: V) -> None:
+        if self.ttl <= 0 or self.size <= 0:
+            return
+        self._data[key] = (time.monotonic() + self.ttl, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
+    def drop(self, key: K) -> None:
+        self._data.pop(key, None)
+
+
+# --- I/O ----------------------------------------------------------------------------------------------------
+
+class RegistryClient:
+    """One Schema Registry (a gateway-wide one, later one per tenant). ``await close()`` when done."""
+
+    def __init__(self, config: RegistryConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self._base = config.url.rstrip("/")
+        verify: ssl.SSLContext | bool = config.verify
+        if config.verify and config.ca_file:
+            verify = ssl.create_default_context(cafile=config.ca_file)
+        self._http = httpx.AsyncClient(
+            headers=config.headers(), verify=verify, transport=transport, follow_redirects=False,
+            timeout=httpx.Timeout(config.timeout_s), trust_env=False)
+        self._by_id: LRUCache[int, Schema] = LRUCache(config.cache_size)
+        self._ids: LRUCache[tuple[str, Schema, bool], int] = LRUCache(config.cache_size)
+        self._lookups: LRUCache[tuple[str, Schema, bool], RegisteredSchema] = LRUCache(config.cache_size)
+        self._subjects: _TTLCache[tuple[str, str], Any] = _TTLCache(config.subject_ttl_s, config.cache_size)
+        self._inflight: dict[int, asyncio.Future[Schema]] = {}
+        #: HTTP requests sent (tests and metrics)
+        self.requests = 0
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, body: bytes | None = None,
+                       params: dict[str, str] | None = None) -> bytes:
+        url = self._base + path
+        headers = {"Content-Type": CONTENT_TYPE} if body is not None else None
+        self.requests += 1
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                r = await self._http.request(method, url, content=body, headers=headers, params=params)
+        except TimeoutError:
+            raise RegistryUnavailable(
+                f"schema registry {self._base}: no answer to {method} {path} within {self.config.timeout_s} s"
+            ) from None
+        except httpx.TimeoutException as exc:
+            raise RegistryUnavailable(
+                f"schema registry {self._base}: {type(exc).__name__} on {method} {path}") from None
+        except httpx.TransportError as exc:
+            raise RegistryUnavailable(f"schema registry {self._base} unreachable: {type(exc).__name__}: {exc}") \
+                from None
+        if r.status_code >= 300:
+            raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
+        return r.content
+
+    # -- by id (immutable: cached, concurrent look-ups coalesced)
+
+    async def get_schema(self, schema_id: int) -> Schema:
+        """The schema with this global id (:class:`SchemaNotFound` if there is none)."""
+        cached = self._by_id.get(schema_id)
+        if cached is not None:
+            return cached
+        fut = self._inflight.get(schema_id)
+        if fut is None:
+            fut = asyncio.ensure_future(self._fetch_schema(schema_id))
+            self._inflight[schema_id] = fut
+            fut.add_done_callback(lambda f: self._fetched(schema_id, f))
+        return await asyncio.shield(fut)
+
+    async def _fetch_schema(self, schema_id: int) -> Schema:
+        schema = parse_schema(await self._request("GET", f"/schemas/ids/{int(schema_id)}"))
+        self._by_id.put(schema_id, schema)
+        return schema
+
+    def _fetched(self, schema_id: int, fut: asyncio.Future[Schema]) -> None:
+        if self._inflight.get(schema_id) is fut:
+            del self._inflight[schema_id]
+        if not fut.cancelled():
+            fut.exception()  # retrieved: every waiter may have been cancelled
+
+    def cached_schema(self, schema_id: int) -> Schema | None:
+        """The schema if it is in the cache (no request)."""
+        return self._by_id.get(schema_id)
+
+    # -- subjects (short TTL)
+
+    async def get_versions(self, subject: str) -> list[int]:
+        key = ("versions", subject)
+        hit = self._subjects.get(key)
+        if hit is not None:
+            return list(hit)
+        versions = parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions"))
+        self._subjects.put(key, tuple(versions))
+        return versions
+
+    async def get_latest(self, subject: str) -> RegisteredSchema:
+        key = ("latest", subject)
+        hit = self._subjects.get(key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        reg = await self.get_version(subject, "latest")
+        self._subjects.put(key, reg)
+        return reg
+
+    async def get_version(self, subject: str, version: int | str) -> RegisteredSchema:
+        """A subject's version (a number or ``"latest"``); the schema is cached by its id too."""
+        reg = parse_registered(
+            await self._request("GET", f"/subjects/{_q(subject)}/versions/{_q(str(version))}"), subject)
+        self._by_id.put(reg.schema_id, reg.schema)
+        return reg
+
+    # -- writes
+
+    async def register(self, subject: str, schema: Schema, *, normalize: bool = False) -> int:
+        """Register ``schema`` under ``subject`` (idempotent in the registry: an existing one keeps its id)."""
+        key = (subject, schema, normalize)
+        cached = self._ids.get(key)
+        if cached is not None:
+            return cached
+        params = {"normalize": "true"} if normalize else None
+        schema_id = parse_id(await self._request("POST", f"/subjects/{_q(subject)}/versions",
+                                                 schema_body(schema), params))
+        self._ids.put(key, schema_id)
+        if not normalize:
+            self._by_id.put(schema_id, schema)
+        self._subjects.drop(("versions", subject))
+        self._subjects.drop(("latest", subject))
+        return schema_id
+
+    async def lookup(self, subject: str, schema: Schema, *, normalize: bool = False) -> RegisteredSchema:
+        """The id and version of ``schema`` under ``subject`` (:class:`SchemaNotFound` if it is not there)."""
+        key = (subject, schema, normalize)
+        cached = self._lookups.get(key)
+        if cached is not None:
+            return cached
+        params = {"normalize": "true"} if normalize else None
+        reg = parse_registered(await self._request("POST", f"/subjects/{_q(subject)}", schema_body(schema), params),
+                               subject)
+        self._lookups.put(key, reg)
+        self._ids.put(key, reg.schema_id)
+        return reg
+
+
+def _q(segment: str) -> str:
+    return quote(segment, safe="")

@@ -68,6 +68,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'JSONSCHEMA or no type; the gateway has none)'),
     (422, 42209, 'a record batch decompresses past GATEWAY_MAX_BATCH_INFLATED_BYTES (a decompression bomb); the '
                  'message names topic, partition and offset (also in X-Error-Topic/-Partition/-Offset)'),
+    (422, 42210, 'schema not found in the schema registry (a key_schema_id / value_schema_id, or no schema under '
+                 'the subject)'),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),
@@ -83,6 +85,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  "GATEWAY_MEMORY_WAIT_S for room (Retry-After)"),
     (503, 50306, "the gateway replica keeping the tenant's consumer-instance count across the replicas (the ring "
                  "owner of the tenant) did not answer: nothing was created (Retry-After)"),
+    (503, 50307, 'the schema registry (GATEWAY_SCHEMA_REGISTRY_URL) is unreachable, timed out or answered 5xx '
+                 '(Retry-After)'),
 )
 ERROR_MEDIA_TYPE = "application/vnd.kafka.v2+json"
 #: Confluent's v3 API answers (errors included) as plain JSON

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ssl
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
 from service.tenants.quotas import Quotas
+
+if TYPE_CHECKING:
+    from service.schemas.registry import RegistryConfig
 
 # Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
 # client waits for records.
@@ -241,6 +244,38 @@ class Settings(BaseSettings):
     auto_create_replication_factor: int = Field(
         -1, ge=-1, le=32767, description="Replication factor of a topic created by produce; -1: the broker's "
         "default.replication.factor (CreateTopics v4+)")
+
+    # Schema Registry (issue 23, in progress: the client exists, no route uses it yet); gateway-wide
+    schema_registry_url: str | None = Field(
+        None, description="Base URL of the Confluent-compatible Schema Registry of the avro, protobuf and "
+        "jsonschema formats (e.g. http://registry:8081)")
+    schema_registry_basic_auth: SecretStr | None = Field(
+        None, description="'user:password' for the registry's HTTP basic auth (never logged)")
+    schema_registry_bearer_token: SecretStr | None = Field(
+        None, description="Bearer token for the registry (instead of basic auth)")
+    schema_registry_ca_file: str | None = Field(
+        None, description="PEM CA bundle verifying an https registry's certificate (unset: the system CAs)")
+    schema_registry_tls_verify: bool = Field(
+        True, description="false: do not verify the registry's certificate (tests only)")
+    schema_registry_timeout_s: float = Field(
+        5.0, gt=0, description="Connect timeout and wall-clock bound of one registry request; past it the "
+        "registry counts as unavailable (retryable)")
+    schema_registry_cache_size: int = Field(
+        1000, ge=0, description="Schemas by id (immutable) and ids of registered schemas kept in memory (each)")
+
+    def schema_registry_config(self) -> RegistryConfig | None:
+        """The gateway-wide registry's client configuration (``None`` without GATEWAY_SCHEMA_REGISTRY_URL)."""
+        if not self.schema_registry_url:
+            return None
+        from service.schemas.registry import RegistryConfig
+
+        basic, bearer = self.schema_registry_basic_auth, self.schema_registry_bearer_token
+        return RegistryConfig(
+            self.schema_registry_url,
+            basic_auth=basic.get_secret_value() if basic else None,
+            bearer_token=bearer.get_secret_value() if bearer else None,
+            ca_file=self.schema_registry_ca_file, verify=self.schema_registry_tls_verify,
+            timeout_s=self.schema_registry_timeout_s, cache_size=self.schema_registry_cache_size)
 
     def default_quotas(self) -> Quotas:
         """The tenants' default quotas from the ``default_*`` settings (0: unlimited)."""

@@ -267,3 +267,19 @@ async def test_5xx(reg: TestRegistry, client: RegistryClient) -> None:
         await client.register("s", Schema('"int"'))
     assert ei.value.retry_after == 1.0
     assert await client.get_schema(sid) == Schema(AVRO)  # errors are not cached
+
+
+def test_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    assert Settings().schema_registry_config() is None
+    monkeypatch.setenv("GATEWAY_SCHEMA_REGISTRY_URL", "https://sr:8081/")
+    monkeypatch.setenv("GATEWAY_SCHEMA_REGISTRY_BASIC_AUTH", "u:pw-77")
+    monkeypatch.setenv("GATEWAY_SCHEMA_REGISTRY_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("GATEWAY_SCHEMA_REGISTRY_CACHE_SIZE", "10")
+    s = Settings()
+    assert "pw-77" not in repr(s)
+    c = s.schema_registry_config()
+    assert c is not None and (c.url, c.basic_auth, c.bearer_token, c.timeout_s, c.cache_size, c.verify) == \
+        ("https://sr:8081/", "u:pw-77", None, 2.5, 10, True)
+    assert "pw-77" not in repr(c)

@@ -1,11 +1,14 @@
 """Fixtures shared by integration tests: ``http``, an httpx client of the module's ``gw`` gateway process;
 a local S3 server (moto) for a Tansu broker that must keep its log, groups and committed offsets across a
-kill -9 (``memory://`` forgets everything on restart)."""
+kill -9 (``memory://`` forgets everything on restart); ``schema_registry``, a real Karapace Schema Registry on the
+session's Tansu broker."""
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +23,8 @@ from service.embedded import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import GatewayProcess
 
 S3_BUCKET = "tansu"
+#: the Karapace launcher of ../shared (issue 23); tools/install-registry.sh pre-builds its venv in `make test`
+REGISTRY_START = Path(__file__).resolve().parents[2].parent / "shared" / "registry" / "start"
 
 
 @pytest.fixture
@@ -91,3 +96,41 @@ def cleanup() -> Iterator[list[GatewayProcess]]:
     yield started
     for p in started:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of a real Schema Registry (Karapace 5.0.3, started by ../shared/registry/start) keeping its
+    schemas in the session Tansu broker's ``_schemas`` topic; stopped at the end of the session."""
+    if not REGISTRY_START.is_file():
+        pytest.skip(f"no Karapace launcher at {REGISTRY_START} (../shared is absent)")
+    log = tmp_path_factory.mktemp("registry") / "karapace.log"
+    # Tansu answers Karapace's master-election JoinGroup after about half the session timeout
+    env = {**os.environ, "KARAPACE_SESSION_TIMEOUT_MS": "6000"}
+    run = subprocess.run(
+        [sys.executable, str(REGISTRY_START), "--bootstrap", tansu.bootstrap, "--port", str(free_port()),
+         "--background", "--log-file", str(log)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, f"the schema registry did not start:\n{run.stdout}\n{run.stderr}"
+    url, pid_line = run.stdout.split()[:2]
+    pid = int(pid_line.removeprefix("pid="))
+    try:
+        yield url
+    finally:
+        _stop_detached(pid)
+
+
+def _stop_detached(pid: int, timeout: float = 10) -> None:
+    """SIGTERM a process that is not our child (the launcher detached it), wait for its exit, then SIGKILL."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        if not select.select([fd], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            select.select([fd], [], [], timeout)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)

@@ -84,6 +84,11 @@ class _Node:
         self.items: list[_Node] = []  # array/map: [items]; union: branches
 
 
+def _needs_wrapping(union: _Node) -> bool:
+    """A union whose branch fastavro's value cannot show: more than one non-null branch."""
+    return sum(1 for branch in union.items if branch.kind != "null") > 1
+
+
 def _type_tag(node: _Node) -> str:
     """The key of a union branch in the Avro JSON encoding."""
     return node.fullname if node.kind in ("record", "enum", "fixed") else node.kind
@@ -187,7 +192,7 @@ def _compile_schema(root: _Node, wrap_unions: bool, union_names: dict[int, list[
         if kind == "map":
             return {"type": "map", "values": emit(node.items[0])}
         # union
-        if not wrap_unions:
+        if not wrap_unions or not _needs_wrapping(node):
             return [emit(branch) for branch in node.items]
         counter[0] += 1
         names = [f"kcg.u{counter[0]}_{i}" for i in range(len(node.items))]
@@ -279,7 +284,15 @@ def _build_renderers(root: _Node, rendering: str) -> Render | None:
             def fn(value: dict, inner: Render = inner) -> dict:
                 return {k: inner(v) for k, v in value.items()}
         else:  # union
-            if tagged:
+            if tagged and not _needs_wrapping(node):  # ["null", X]: the value alone shows the branch
+                (only,) = [b for b in node.items if b.kind != "null"]
+                tag, render = _type_tag(only), build(only)
+
+                def fn(value: Any, tag: str = tag, render: Render | None = render) -> Any:
+                    if value is None:
+                        return None
+                    return {tag: render(value) if render is not None else value}
+            elif tagged:
                 table = {}
                 for i, branch in enumerate(node.items):
                     if branch.kind != "null":
@@ -328,7 +341,7 @@ def _python_matches(node: _Node, value: Any) -> bool:
 Convert = Callable[[Any, str], Any]
 
 
-def _build_converters(root: _Node, wrapped: bool, union_names: dict[int, list[str]], strict_unions: bool) -> Convert:
+def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_unions: bool) -> Convert:
     """JSON value -> fastavro datum for the compiled schema, validating on the way (errors name the path)."""
     cache: dict[int, Convert] = {}
 
@@ -435,7 +448,7 @@ def _build_converters(root: _Node, wrapped: bool, union_names: dict[int, list[st
             def pack(i: int, datum: Any) -> Any:
                 if node.items[i].kind == "null":
                     return None
-                return (names[i], {"v": datum}) if wrapped else datum
+                return (names[i], {"v": datum}) if names else datum
 
             def conv(v: Any, p: str) -> Any:
                 if v is None:
@@ -467,7 +480,8 @@ def _build_converters(root: _Node, wrapped: bool, union_names: dict[int, list[st
             datum = build(first)(default, p)
             if first.kind == "null":
                 return None
-            return (union_names[id(ftype)][0], {"v": datum}) if wrapped else datum
+            names = union_names.get(id(ftype))
+            return (names[0], {"v": datum}) if names else datum
         return build(ftype)(default, p)
 
     return build(root)
@@ -528,22 +542,22 @@ class AvroCodec:
         self.rendering = rendering
         wrap = rendering == RENDER_CONFLUENT
         try:
-            compiled_read = parse_schema(_compile_schema(self._root, wrap), _write_hint=False)
+            compiled_read = parse_schema(_compile_schema(self._root, wrap))
             union_names: dict[int, list[str]] = {}
-            compiled_write = parse_schema(_compile_schema(self._root, True, union_names), _write_hint=False)
+            compiled_write = parse_schema(_compile_schema(self._root, True, union_names))
         except Exception as exc:  # fastavro's SchemaParseException and friends
             raise AvroSchemaError(str(exc)) from None
         self._read_schema = compiled_read
         self._write_schema = compiled_write
         self._wrapped_read = wrap
         self._render = _build_renderers(self._root, rendering)
-        self._convert = _build_converters(self._root, True, union_names, strict_unions)
+        self._convert = _build_converters(self._root, union_names, strict_unions)
         self.record_name = self._root.fullname or None  # for RecordNameStrategy subjects
 
     # -- decode
     def decode(self, payload: bytes) -> Any:
         try:
-            value = schemaless_reader(io.BytesIO(payload), self._read_schema, None, self._wrapped_read)
+            value = schemaless_reader(io.BytesIO(payload), self._read_schema, None, self._wrapped_read, True)
         except Exception as exc:
             raise AvroDecodeError(_reason(exc)) from None
         render = self._render
@@ -560,7 +574,7 @@ class AvroCodec:
         bytes_io = io.BytesIO
         for payload in payloads:
             try:
-                value = read(bytes_io(payload), schema, None, wrapped)
+                value = read(bytes_io(payload), schema, None, wrapped, True)
                 append(render(value) if render is not None else value)
             except Exception as exc:
                 append(AvroDecodeError(_reason(exc)))

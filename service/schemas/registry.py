@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -228,6 +229,7 @@ def error_from_response(status: int, body: bytes, retry_after: str | None = None
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class LRUCache(Generic[K, V]):
@@ -285,7 +287,12 @@ class _TTLCache(Generic[K, V]):
 # --- I/O ----------------------------------------------------------------------------------------------------
 
 class RegistryClient:
-    """One Schema Registry (a gateway-wide one, later one per tenant). ``await close()`` when done."""
+    """One Schema Registry (a gateway-wide one, later one per tenant). ``await close()`` when done.
+
+    Identical concurrent requests (a schema id, a subject's versions or latest, a register or lookup of one
+    schema under one subject) share one HTTP request; a waiter that is cancelled does not cancel it for the
+    others. Errors are never cached.
+    """
 
     def __init__(self, config: RegistryConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
@@ -300,7 +307,7 @@ class RegistryClient:
         self._ids: LRUCache[tuple[str, Schema, bool], int] = LRUCache(config.cache_size)
         self._lookups: LRUCache[tuple[str, Schema, bool], RegisteredSchema] = LRUCache(config.cache_size)
         self._subjects: _TTLCache[tuple[str, str], Any] = _TTLCache(config.subject_ttl_s, config.cache_size)
-        self._inflight: dict[int, asyncio.Future[Schema]] = {}
+        self._inflight: dict[Hashable, asyncio.Future[Any]] = {}
         #: HTTP requests sent (tests and metrics)
         self.requests = 0
 
@@ -311,6 +318,8 @@ class RegistryClient:
         await self.close()
 
     async def close(self) -> None:
+        for fut in list(self._inflight.values()):
+            fut.cancel()
         await self._http.aclose()
 
     async def _request(self, method: str, path: str, body: bytes | None = None,
@@ -335,30 +344,34 @@ class RegistryClient:
             raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
         return r.content
 
-    # -- by id (immutable: cached, concurrent look-ups coalesced)
+    async def _once(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
+        """``make()``, shared by every concurrent caller with the same ``key``."""
+        fut = self._inflight.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(make())
+            self._inflight[key] = fut
+            fut.add_done_callback(functools.partial(self._settled, key))
+        return await asyncio.shield(fut)  # type: ignore[no-any-return]
+
+    def _settled(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
+        if self._inflight.get(key) is fut:
+            del self._inflight[key]
+        if not fut.cancelled():
+            fut.exception()  # retrieved: every waiter may have been cancelled
+
+    # -- by id (immutable: cached)
 
     async def get_schema(self, schema_id: int) -> Schema:
         """The schema with this global id (:class:`SchemaNotFound` if there is none)."""
         cached = self._by_id.get(schema_id)
         if cached is not None:
             return cached
-        fut = self._inflight.get(schema_id)
-        if fut is None:
-            fut = asyncio.ensure_future(self._fetch_schema(schema_id))
-            self._inflight[schema_id] = fut
-            fut.add_done_callback(lambda f: self._fetched(schema_id, f))
-        return await asyncio.shield(fut)
+        return await self._once(("id", schema_id), lambda: self._fetch_schema(schema_id))
 
     async def _fetch_schema(self, schema_id: int) -> Schema:
         schema = parse_schema(await self._request("GET", f"/schemas/ids/{int(schema_id)}"))
         self._by_id.put(schema_id, schema)
         return schema
-
-    def _fetched(self, schema_id: int, fut: asyncio.Future[Schema]) -> None:
-        if self._inflight.get(schema_id) is fut:
-            del self._inflight[schema_id]
-        if not fut.cancelled():
-            fut.exception()  # retrieved: every waiter may have been cancelled
 
     def cached_schema(self, schema_id: int) -> Schema | None:
         """The schema if it is in the cache (no request)."""
@@ -369,10 +382,13 @@ class RegistryClient:
     async def get_versions(self, subject: str) -> list[int]:
         key = ("versions", subject)
         hit = self._subjects.get(key)
-        if hit is not None:
-            return list(hit)
-        versions = parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions"))
-        self._subjects.put(key, tuple(versions))
+        if hit is None:
+            hit = await self._once(key, lambda: self._fetch_versions(subject))
+        return list(hit)
+
+    async def _fetch_versions(self, subject: str) -> tuple[int, ...]:
+        versions = tuple(parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions")))
+        self._subjects.put(("versions", subject), versions)
         return versions
 
     async def get_latest(self, subject: str) -> RegisteredSchema:
@@ -380,8 +396,11 @@ class RegistryClient:
         hit = self._subjects.get(key)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
+        return await self._once(key, lambda: self._fetch_latest(subject))
+
+    async def _fetch_latest(self, subject: str) -> RegisteredSchema:
         reg = await self.get_version(subject, "latest")
-        self._subjects.put(key, reg)
+        self._subjects.put(("latest", subject), reg)
         return reg
 
     async def get_version(self, subject: str, version: int | str) -> RegisteredSchema:
@@ -399,10 +418,13 @@ class RegistryClient:
         cached = self._ids.get(key)
         if cached is not None:
             return cached
+        return await self._once(("register", *key), lambda: self._register(subject, schema, normalize))
+
+    async def _register(self, subject: str, schema: Schema, normalize: bool) -> int:
         params = {"normalize": "true"} if normalize else None
         schema_id = parse_id(await self._request("POST", f"/subjects/{_q(subject)}/versions",
                                                  schema_body(schema), params))
-        self._ids.put(key, schema_id)
+        self._ids.put((subject, schema, normalize), schema_id)
         if not normalize:
             self._by_id.put(schema_id, schema)
         self._subjects.drop(("versions", subject))
@@ -415,11 +437,14 @@ class RegistryClient:
         cached = self._lookups.get(key)
         if cached is not None:
             return cached
+        return await self._once(("lookup", *key), lambda: self._lookup(subject, schema, normalize))
+
+    async def _lookup(self, subject: str, schema: Schema, normalize: bool) -> RegisteredSchema:
         params = {"normalize": "true"} if normalize else None
         reg = parse_registered(await self._request("POST", f"/subjects/{_q(subject)}", schema_body(schema), params),
                                subject)
-        self._lookups.put(key, reg)
-        self._ids.put(key, reg.schema_id)
+        self._lookups.put((subject, schema, normalize), reg)
+        self._ids.put((subject, schema, normalize), reg.schema_id)
         return reg
 
 

@@ -6,7 +6,7 @@ memory: ``GET /schemas/ids/{id}``, ``GET /subjects``, ``GET /subjects/{s}/versio
 distinct schema, as Confluent's) and ``POST /subjects/{s}`` (lookup), with Confluent's error bodies
 (40401 subject, 40402 version, 40403 schema not found, 42201 invalid schema).
 
-Faults: :meth:`TestRegistry.down` (connection refused until :meth:`up`), ``delay_s`` (every answer waits),
+Faults: :meth:`TestRegistry.down` (connection refused until :meth:`up`), ``ssl_context`` (https), ``delay_s`` (every answer waits),
 :meth:`fail_next` (the next n requests answer a 5xx, optionally with Retry-After), ``required_auth`` (401
 without that Authorization header). Every request is recorded (method, path, headers) in ``requests``.
 It runs in a thread, so it serves asyncio tests and gateway subprocesses alike.
@@ -15,6 +15,7 @@ It runs in a thread, so it serves asyncio tests and gateway subprocesses alike.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +65,8 @@ class TestRegistry:
     delay_s: float = 0.0
     required_auth: str | None = None
     first_id: int = 1
+    #: serve https with this server context (a trustme certificate in the tests)
+    ssl_context: ssl.SSLContext | None = None
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -82,7 +85,7 @@ class TestRegistry:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     # -- lifecycle
 
@@ -94,6 +97,8 @@ class TestRegistry:
 
         server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
+        if self.ssl_context is not None:
+            server.socket = self.ssl_context.wrap_socket(server.socket, server_side=True)
         self.port = server.server_address[1]
         self._server = server
         self._stopping.clear()

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+import trustme
 
 from service.schemas.registry import (
     LRUCache,
@@ -233,7 +236,7 @@ async def test_slow_registry_times_out(reg: TestRegistry) -> None:
         with pytest.raises(RegistryUnavailable, match=r"within 0\.3 s|Timeout"):
             await c.get_schema(sid)
         assert time.monotonic() - t0 < 2
-        assert sid not in c._inflight  # a later request starts afresh
+        assert not c._inflight  # a later request starts afresh
 
 
 async def test_down_registry(reg: TestRegistry, client: RegistryClient) -> None:
@@ -283,3 +286,44 @@ def test_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert c is not None and (c.url, c.basic_auth, c.bearer_token, c.timeout_s, c.cache_size, c.verify) == \
         ("https://sr:8081/", "u:pw-77", None, 2.5, 10, True)
     assert "pw-77" not in repr(c)
+
+
+async def test_concurrent_registers_coalesced(reg: TestRegistry, client: RegistryClient) -> None:
+    reg.delay_s = 0.2
+    ids = await asyncio.gather(*(client.register("s", Schema(AVRO)) for _ in range(10)))
+    assert len(set(ids)) == 1 and reg.count("POST") == 1
+
+
+async def test_close_cancels_inflight(reg: TestRegistry) -> None:
+    sid = reg.add("s", AVRO)
+    reg.delay_s = 30
+    c = RegistryClient(RegistryConfig(reg.url, timeout_s=20))
+    task = asyncio.create_task(c.get_schema(sid))
+    await asyncio.to_thread(reg.received.wait, 5)
+    await c.close()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not c._inflight
+
+
+def _tls(tmp_path: Path) -> tuple[ssl.SSLContext, str]:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    return server_ctx, str(ca_file)
+
+
+async def test_tls(tmp_path: Path) -> None:
+    server_ctx, ca_file = _tls(tmp_path)
+    with TestRegistry(ssl_context=server_ctx) as reg:
+        sid = reg.add("s", AVRO)
+        assert reg.url.startswith("https://")
+        async with RegistryClient(RegistryConfig(reg.url, ca_file=ca_file)) as c:
+            assert await c.get_schema(sid) == Schema(AVRO)
+        async with RegistryClient(RegistryConfig(reg.url, verify=False)) as c:
+            assert await c.get_schema(sid) == Schema(AVRO)
+        async with RegistryClient(RegistryConfig(reg.url, timeout_s=2)) as c:  # system CAs: not trusted
+            with pytest.raises(RegistryUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                await c.get_schema(sid)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 import orjson
@@ -116,7 +116,7 @@ class RegistryConfig:
             raise ValueError("schema registry: basic auth or a bearer token, not both")
 
     def __repr__(self) -> str:  # credentials stay out of logs and tracebacks
-        return (f"RegistryConfig(url={self.url!r}, basic_auth={'***' if self.basic_auth else None}, "
+        return (f"RegistryConfig(url={redact_url(self.url)!r}, basic_auth={'***' if self.basic_auth else None}, "
                 f"bearer_token={'***' if self.bearer_token else None}, ca_file={self.ca_file!r}, "
                 f"verify={self.verify}, timeout_s={self.timeout_s}, cache_size={self.cache_size})")
 
@@ -297,6 +297,7 @@ class RegistryClient:
     def __init__(self, config: RegistryConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self._base = config.url.rstrip("/")
+        self._shown = redact_url(self._base)  # in messages: no credentials of the URL
         verify: ssl.SSLContext | bool = config.verify
         if config.verify and config.ca_file:
             verify = ssl.create_default_context(cafile=config.ca_file)
@@ -332,13 +333,13 @@ class RegistryClient:
                 r = await self._http.request(method, url, content=body, headers=headers, params=params)
         except TimeoutError:
             raise RegistryUnavailable(
-                f"schema registry {self._base}: no answer to {method} {path} within {self.config.timeout_s} s"
+                f"schema registry {self._shown}: no answer to {method} {path} within {self.config.timeout_s} s"
             ) from None
         except httpx.TimeoutException as exc:
             raise RegistryUnavailable(
-                f"schema registry {self._base}: {type(exc).__name__} on {method} {path}") from None
+                f"schema registry {self._shown}: {type(exc).__name__} on {method} {path}") from None
         except httpx.TransportError as exc:
-            raise RegistryUnavailable(f"schema registry {self._base} unreachable: {type(exc).__name__}: {exc}") \
+            raise RegistryUnavailable(f"schema registry {self._shown} unreachable: {type(exc).__name__}: {exc}") \
                 from None
         if r.status_code >= 300:
             raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
@@ -450,3 +451,12 @@ class RegistryClient:
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password in its userinfo (``https://user:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

@@ -27,6 +27,7 @@ from service.schemas.registry import (
     parse_registered,
     parse_retry_after,
     parse_schema,
+    redact_url,
     schema_body,
 )
 from tests.registry.server import TestRegistry
@@ -327,3 +328,15 @@ async def test_tls(tmp_path: Path) -> None:
         async with RegistryClient(RegistryConfig(reg.url, timeout_s=2)) as c:  # system CAs: not trusted
             with pytest.raises(RegistryUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
                 await c.get_schema(sid)
+
+
+async def test_url_credentials_never_in_messages(reg: TestRegistry) -> None:
+    assert redact_url("https://u:pw-5@sr:8081/x") == "https://u:***@sr:8081/x"
+    assert redact_url("http://sr:8081") == "http://sr:8081"
+    url = reg.url.replace("http://", "http://u:pw-5@")
+    assert "pw-5" not in repr(RegistryConfig(url))
+    reg.down()
+    async with RegistryClient(RegistryConfig(url)) as c:
+        with pytest.raises(RegistryUnavailable) as ei:
+            await c.get_schema(1)
+    assert "pw-5" not in str(ei.value) and "u:***@127.0.0.1" in str(ei.value)

@@ -83,10 +83,11 @@ class Settings(BaseSettings):
         "stable identity ('<replica_id>.<tenant>.<instance name>'), so a restarted pod whose clients recreate "
         "their instances within the session timeout rejoins without a rebalance (KIP-345)")
     durable_instances: bool = Field(
-        False, description="Durable consumer instances (issue 22, in progress): each instance has a descriptor in "
-        "the tenant's cluster (instances_topic); an instance a replica is asked for but nobody holds (its replica "
-        "died or restarted) is re-created from it with the same options, static member id and subscription, "
-        "positions from the committed offsets. Off by default until replica hand-off is complete")
+        False, description="Durable consumer instances: each instance has a descriptor in the tenant's cluster "
+        "(instances_topic); an instance a replica is asked for but nobody holds (its replica died, stopped or "
+        "restarted) is re-created from it with the same options, static member id and subscription, positions "
+        "from the committed offsets (at-least-once from the last commit). Off for a bare process because it "
+        "creates and writes a topic in every tenant's cluster; the Helm chart turns it on (docs/routing.md)")
     instances_topic: str = Field(
         "__kcg_instances", min_length=1, max_length=249,
         description="The compacted topic of the instance descriptors (created at first use)")

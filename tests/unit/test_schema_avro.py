@@ -351,3 +351,31 @@ def fastavro_int(n: int) -> bytes:
 def test_invalid_schemas_are_rejected(schema: str) -> None:
     with pytest.raises(AvroSchemaError):
         AvroCodec(schema)
+
+
+def test_codecs_registry_caches_per_id_and_never_raises_on_decode() -> None:
+    from service.schemas.codecs import Codecs, DecodeError, EncodeError, SchemaError
+
+    codecs = Codecs(max_cached=2)
+    schema = json.dumps(COMPLEX_UNION)
+    payload = codecs.encode("avro", schema, COMPLEX_UNION_RECORD, schema_id=1)
+    out = codecs.decode_many("avro", 1, schema, [payload, b"\x02", memoryview(payload)])
+    assert out[0] == out[2] and out[0]["attrs"][1]["v"] == {"long": 5}
+    assert out[1] == DecodeError("avro", 1, out[1].message) and "ends early" in out[1].message
+    assert codecs.codec("avro", 1, "ignored: cached by id") is codecs.codec("avro", 1, schema)
+    # a schema that does not compile: every record an error in place, the error cached (one compile)
+    bad = codecs.decode_many("avro", 2, '{"type": "nope"}', [b"", b"\x00"])
+    assert [type(e) for e in bad] == [DecodeError, DecodeError] and "avro schema" in bad[0].message
+    with pytest.raises(SchemaError):
+        codecs.codec("avro", 2, schema)
+    codecs.codec("avro", 3, schema)  # max_cached=2: id 1 is evicted, compiled again from the text given
+    with pytest.raises(SchemaError):
+        codecs.codec("avro", 1, '{"type": "nope"}')
+    with pytest.raises(EncodeError) as info:
+        codecs.encode("avro", schema, {"id": 1})
+    assert info.value.path == "$.id" and info.value.format == "avro"
+    karapace = Codecs(avro_rendering="karapace")
+    assert karapace.decode_many("avro", 1, schema, [payload]) == [COMPLEX_UNION_RECORD]
+    assert isinstance(Codecs().decode_many("xml", 1, "", [b""])[0], DecodeError)
+    js = Codecs(validate_json_on_decode=True).decode_many("jsonschema", 5, '{"type": "integer"}', [b"1", b'"a"'])
+    assert js[0] == 1 and isinstance(js[1], DecodeError)

@@ -1,0 +1,215 @@
+"""Protobuf payloads <-> the JSON the Confluent REST Proxy v2 speaks (issue 23). Sans-io.
+
+The schema is a ``FileDescriptorProto``, not ``.proto`` text: the Schema Registry hands one out for any
+Protobuf schema with ``GET /schemas/ids/{id}?format=serialized`` (base64 of the serialized descriptor;
+Confluent's registry and Karapace both answer it), and so does each referenced schema (its import).
+That needs no ``.proto`` parser at all; the ``protobuf`` package builds the message classes from the
+descriptors (dynamic messages, no generated code). Imports of ``google/protobuf/*.proto`` (the well-known
+types) come from the ``protobuf`` package itself; any other import must be given in ``dependencies``
+(import name -> descriptor), as the registry's ``references`` list names them.
+
+A record's message type is picked by its message indexes (from the wire frame): ``[1, 0]`` is the first
+nested message of the file's second message; ``[0]`` (or none) the file's first message.
+
+Rendering is protobuf's canonical JSON mapping, as Confluent's ProtobufConverter prints it
+(``JsonFormat.printer().includingDefaultValueFields()``): lowerCamelCase json names, fields at their
+default value included, 64-bit integers as strings, enums by name, bytes base64, well-known types in their
+JSON forms (Timestamp as RFC 3339 text, ...). Encode parses the same JSON (unknown fields rejected, as
+JsonFormat's parser does), so an error names the field chain it failed in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf.message import DecodeError as _PbDecodeError
+from google.protobuf.message import EncodeError as _PbEncodeError
+
+SchemaInput = bytes | bytearray | memoryview | str | descriptor_pb2.FileDescriptorProto
+
+
+class ProtobufSchemaError(ValueError):
+    """The descriptor (or one of its dependencies) is missing, malformed or inconsistent."""
+
+
+class ProtobufEncodeError(ValueError):
+    """A JSON value does not fit the message; ``path`` names the field chain (``$`` is the root)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.reason = message
+
+
+class ProtobufDecodeError(ValueError):
+    """A payload is not a valid message of its type, or its message indexes name no message."""
+
+
+def load_descriptor(schema: SchemaInput) -> descriptor_pb2.FileDescriptorProto:
+    """A ``FileDescriptorProto`` from serialized bytes, the registry's base64 text, or itself."""
+    if isinstance(schema, descriptor_pb2.FileDescriptorProto):
+        return schema
+    if isinstance(schema, str):
+        if re.search(r"\b(syntax|message|package)\b", schema) and not re.fullmatch(r"[A-Za-z0-9+/=\s]*", schema):
+            raise ProtobufSchemaError(
+                "got .proto text; fetch the schema as a descriptor (GET /schemas/ids/{id}?format=serialized)")
+        try:
+            raw = base64.b64decode(schema, validate=False)
+        except (binascii.Error, ValueError) as exc:
+            raise ProtobufSchemaError(f"not a base64 descriptor: {exc}") from None
+    else:
+        raw = bytes(schema)
+    fdp = descriptor_pb2.FileDescriptorProto()
+    try:
+        fdp.ParseFromString(raw)
+    except _PbDecodeError as exc:
+        raise ProtobufSchemaError(f"not a serialized FileDescriptorProto: {exc}") from None
+    return fdp
+
+
+def _message_path(fdp: descriptor_pb2.FileDescriptorProto, indexes: Sequence[int]) -> str:
+    """The full name of the message the indexes point at."""
+    if not indexes:
+        indexes = (0,)
+    messages = fdp.message_type
+    names = [fdp.package] if fdp.package else []
+    for index in indexes:
+        if not 0 <= index < len(messages):
+            raise ProtobufDecodeError(f"message indexes {list(indexes)} name no message of the schema")
+        names.append(messages[index].name)
+        messages = messages[index].nested_type
+    return ".".join(names)
+
+
+class ProtobufCodec:
+    """One schema (a file descriptor and its imports) compiled once into dynamic message classes."""
+
+    format = "protobuf"
+
+    def __init__(self, schema: SchemaInput, *, dependencies: Mapping[str, SchemaInput] | None = None) -> None:
+        self._fdp = load_descriptor(schema)
+        if not self._fdp.name:
+            self._fdp.name = "schema.proto"
+        if not self._fdp.message_type:
+            raise ProtobufSchemaError("the schema defines no message")
+        deps = {name: load_descriptor(dep) for name, dep in (dependencies or {}).items()}
+        self._pool = descriptor_pool.DescriptorPool()
+        added: set[str] = set()
+
+        def add(fdp: descriptor_pb2.FileDescriptorProto, chain: tuple[str, ...]) -> None:
+            if fdp.name in added:
+                return
+            if fdp.name in chain:
+                raise ProtobufSchemaError(f"import cycle through {fdp.name}")
+            for imported in fdp.dependency:
+                add(self._dependency(imported, deps), (*chain, fdp.name))
+            try:
+                self._pool.Add(fdp)
+            except (TypeError, ValueError) as exc:
+                raise ProtobufSchemaError(f"{fdp.name}: {exc}") from None
+            added.add(fdp.name)
+
+        add(self._fdp, ())
+        self._classes: dict[tuple[int, ...], Any] = {}
+        try:
+            self.message_class(())  # the first message must build, or the schema is bad
+        except ProtobufDecodeError as exc:
+            raise ProtobufSchemaError(str(exc)) from None
+        self.record_name = _message_path(self._fdp, (0,))  # for RecordNameStrategy subjects
+
+    @staticmethod
+    def _dependency(name: str, deps: Mapping[str, descriptor_pb2.FileDescriptorProto]
+                    ) -> descriptor_pb2.FileDescriptorProto:
+        if name in deps:
+            fdp = deps[name]
+            if fdp.name != name:
+                fdp = descriptor_pb2.FileDescriptorProto.FromString(fdp.SerializeToString())
+                fdp.name = name
+            return fdp
+        if name.startswith("google/protobuf/"):
+            try:
+                builtin = descriptor_pool.Default().FindFileByName(name)
+            except KeyError:
+                builtin = None
+            if builtin is None:  # pragma: no cover - the well-known files are registered on first import
+                from google.protobuf import any_pb2, duration_pb2, struct_pb2, timestamp_pb2, wrappers_pb2  # noqa: F401
+
+                builtin = descriptor_pool.Default().FindFileByName(name)
+            fdp = descriptor_pb2.FileDescriptorProto()
+            builtin.CopyToProto(fdp)
+            return fdp
+        raise ProtobufSchemaError(f"import {name!r} is not among the schema's references")
+
+    def message_class(self, indexes: Sequence[int] | None) -> Any:
+        key = tuple(indexes or (0,))
+        cls = self._classes.get(key)
+        if cls is None:
+            full_name = _message_path(self._fdp, key)
+            try:
+                cls = message_factory.GetMessageClass(self._pool.FindMessageTypeByName(full_name))
+            except KeyError as exc:  # pragma: no cover - the pool holds every message of the file
+                raise ProtobufDecodeError(f"message {full_name} not found: {exc}") from None
+            self._classes[key] = cls
+        return cls
+
+    # -- decode
+    def decode(self, payload: bytes | memoryview, message_indexes: Sequence[int] | None = None) -> Any:
+        cls = self.message_class(message_indexes)
+        try:
+            msg = cls.FromString(bytes(payload))
+        except (_PbDecodeError, RuntimeError) as exc:
+            raise ProtobufDecodeError(f"not a valid {cls.DESCRIPTOR.full_name}: {exc}") from None
+        return json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)
+
+    def decode_many(self, items: Iterable[Any]) -> list[Any]:
+        """Each item is a payload (the first message) or ``(message_indexes, payload)``."""
+        out: list[Any] = []
+        for item in items:
+            if isinstance(item, tuple):
+                indexes, payload = item
+            else:
+                indexes, payload = None, item
+            try:
+                out.append(self.decode(payload, indexes))
+            except ProtobufDecodeError as exc:
+                out.append(exc)
+        return out
+
+    # -- encode
+    def encode(self, value: Any, message_indexes: Sequence[int] | None = None) -> bytes:
+        try:
+            cls = self.message_class(message_indexes)
+        except ProtobufDecodeError as exc:
+            raise ProtobufEncodeError("$", str(exc)) from None
+        if not isinstance(value, dict):
+            raise ProtobufEncodeError("$", f"expected an object for {cls.DESCRIPTOR.full_name}")
+        try:
+            msg = json_format.ParseDict(value, cls())
+            return msg.SerializeToString()
+        except json_format.ParseError as exc:
+            path, reason = _parse_error_path(str(exc))
+            raise ProtobufEncodeError(path, reason) from None
+        except _PbEncodeError as exc:  # e.g. a required proto2 field left unset
+            raise ProtobufEncodeError("$", str(exc)) from None
+
+
+_FIELD_FAILURE = re.compile(r"Failed to parse (\w+) field: ")
+
+
+def _parse_error_path(text: str) -> tuple[str, str]:
+    """json_format's nested 'Failed to parse a field: Failed to parse b field: ...' as ``$.a.b`` + reason."""
+    path = "$"
+    pos = 0
+    while match := _FIELD_FAILURE.match(text, pos):
+        path += "." + match.group(1)
+        pos = match.end()
+    reason = text[pos:]
+    unknown = re.match(r'Message type "[\w.]+" has no field named "(\w+)"', reason)
+    if unknown:
+        path += "." + unknown.group(1)
+    return path, reason

@@ -30,6 +30,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import EncodeError as _PbEncodeError
 
+F = descriptor_pb2.FieldDescriptorProto
 SchemaInput = bytes | bytearray | memoryview | str | descriptor_pb2.FileDescriptorProto
 
 
@@ -53,7 +54,9 @@ class ProtobufDecodeError(ValueError):
 def load_descriptor(schema: SchemaInput) -> descriptor_pb2.FileDescriptorProto:
     """A ``FileDescriptorProto`` from serialized bytes, the registry's base64 text, or itself."""
     if isinstance(schema, descriptor_pb2.FileDescriptorProto):
-        return schema
+        copy = descriptor_pb2.FileDescriptorProto()
+        copy.CopyFrom(schema)  # normalize() edits it
+        return copy
     if isinstance(schema, str):
         if re.search(r"\b(syntax|message|package)\b", schema) and not re.fullmatch(r"[A-Za-z0-9+/=\s]*", schema):
             raise ProtobufSchemaError(
@@ -70,6 +73,98 @@ def load_descriptor(schema: SchemaInput) -> descriptor_pb2.FileDescriptorProto:
     except _PbDecodeError as exc:
         raise ProtobufSchemaError(f"not a serialized FileDescriptorProto: {exc}") from None
     return fdp
+
+
+_SCALARS = {
+    "double": F.TYPE_DOUBLE, "float": F.TYPE_FLOAT, "int64": F.TYPE_INT64, "uint64": F.TYPE_UINT64,
+    "int32": F.TYPE_INT32, "fixed64": F.TYPE_FIXED64, "fixed32": F.TYPE_FIXED32, "bool": F.TYPE_BOOL,
+    "string": F.TYPE_STRING, "bytes": F.TYPE_BYTES, "uint32": F.TYPE_UINT32, "sfixed32": F.TYPE_SFIXED32,
+    "sfixed64": F.TYPE_SFIXED64, "sint32": F.TYPE_SINT32, "sint64": F.TYPE_SINT64,
+}
+_MAP = re.compile(r"map\s*<\s*([\w.]+)\s*,\s*([\w.]+)\s*>")
+
+
+def _symbols(fdp: descriptor_pb2.FileDescriptorProto, out: dict[str, str]) -> None:
+    """Fully-qualified message and enum names of a file (``.pkg.Outer.Inner`` -> "message" / "enum")."""
+
+    def walk(scope: str, messages: Iterable[Any], enums: Iterable[Any]) -> None:
+        for enum in enums:
+            out[f"{scope}.{enum.name}"] = "enum"
+        for msg in messages:
+            name = f"{scope}.{msg.name}"
+            out[name] = "message"
+            walk(name, msg.nested_type, msg.enum_type)
+
+    walk(f".{fdp.package}" if fdp.package else "", fdp.message_type, fdp.enum_type)
+
+
+def _resolve(name: str, scope: str, symbols: Mapping[str, str]) -> str | None:
+    """Protobuf's scoping: a relative name is looked up from the innermost scope outwards."""
+    if name.startswith("."):
+        return name if name in symbols else None
+    while True:
+        candidate = f"{scope}.{name}"
+        if candidate in symbols:
+            return candidate
+        if not scope:
+            return None
+        scope = scope.rpartition(".")[0]
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def normalize(fdp: descriptor_pb2.FileDescriptorProto, symbols: dict[str, str]) -> None:
+    """Make a descriptor as the registry may store it into one the protobuf runtime builds, in place.
+
+    Karapace serializes a schema's parsed ``.proto`` without compiling it: type names as written
+    (relative), no message/enum type on such fields, ``map<K, V>`` left as a type name, ``optional``
+    proto3 fields without their synthetic oneof, no file name. protoc-made descriptors (Confluent's)
+    pass through unchanged. ``symbols`` holds the names of this file and its imports (see ``_symbols``)."""
+
+    def fix(msg: Any, scope: str) -> None:
+        name = f"{scope}.{msg.name}"
+        for nested in msg.nested_type:
+            fix(nested, name)
+        synthetic: list[Any] = []
+        for field in msg.field:
+            if field.type_name:
+                mapped = _MAP.fullmatch(field.type_name)
+                if mapped:
+                    entry = msg.nested_type.add(name=f"{_camel(field.name)}Entry")
+                    entry.options.map_entry = True
+                    for number, (fname, ftype) in enumerate((("key", mapped[1]), ("value", mapped[2])), 1):
+                        sub = entry.field.add(name=fname, number=number, label=F.LABEL_OPTIONAL)
+                        if ftype in _SCALARS:
+                            sub.type = _SCALARS[ftype]
+                        else:
+                            sub.type_name = ftype
+                            _fix_named(sub, name)
+                    field.ClearField("type")
+                    field.type_name = f"{name}.{entry.name}"
+                    field.type = F.TYPE_MESSAGE
+                    field.label = F.LABEL_REPEATED
+                    symbols[field.type_name] = "message"
+                else:
+                    _fix_named(field, name)
+            if field.proto3_optional and not field.HasField("oneof_index"):
+                synthetic.append(field)
+        for field in synthetic:  # synthetic oneofs come after the real ones
+            field.oneof_index = len(msg.oneof_decl)
+            msg.oneof_decl.add(name=f"_{field.name}")
+
+    def _fix_named(field: Any, scope: str) -> None:
+        resolved = _resolve(field.type_name, scope, symbols)
+        if resolved is None:
+            raise ProtobufSchemaError(f"field {field.name}: unknown type {field.type_name}")
+        field.type_name = resolved
+        if not field.HasField("type") or field.type not in (F.TYPE_MESSAGE, F.TYPE_ENUM, F.TYPE_GROUP):
+            field.type = F.TYPE_ENUM if symbols[resolved] == "enum" else F.TYPE_MESSAGE
+
+    package = f".{fdp.package}" if fdp.package else ""
+    for msg in fdp.message_type:
+        fix(msg, package)
 
 
 def _message_path(fdp: descriptor_pb2.FileDescriptorProto, indexes: Sequence[int]) -> str:
@@ -114,6 +209,14 @@ class ProtobufCodec:
                 raise ProtobufSchemaError(f"{fdp.name}: {exc}") from None
             added.add(fdp.name)
 
+        symbols: dict[str, str] = {}
+        files = [self._fdp, *deps.values()]
+        for fdp in files:
+            _symbols(fdp, symbols)
+        for imported in sorted({name for fdp in files for name in fdp.dependency if name not in deps}):
+            _symbols(self._dependency(imported, deps), symbols)  # a well-known type, or an error
+        for fdp in files:
+            normalize(fdp, symbols)
         add(self._fdp, ())
         self._classes: dict[tuple[int, ...], Any] = {}
         try:

@@ -210,3 +210,64 @@ def test_through_the_codecs_registry() -> None:
     with pytest.raises(EncodeError) as info:
         codecs.encode("protobuf", schema, {"status": "LOST"}, schema_id=3, message_indexes=[1])
     assert info.value.path == "$.status" and info.value.format == "protobuf"
+
+
+# What Karapace 5.0.3's registry answers for GET /schemas/ids/{id}?format=serialized of this .proto (made by its
+# own serializer from ../shared/registry's tarball):
+#   syntax = "proto3"; package acme; import "google/protobuf/timestamp.proto";
+#   message Order { int64 id = 1; optional string note = 2; repeated Item items = 3; Status status = 4;
+#     google.protobuf.Timestamp at = 5; map<string, int32> tags = 6; oneof contact { string email = 7;
+#     string phone = 8; } message Item { string sku = 1; double price = 2; } }
+#   enum Status { NEW = 0; PAID = 1; }
+# It is not compiled: relative type names without a field type, the map as a type name "map<string, int32>",
+# the optional field without its synthetic oneof, no file name.
+KARAPACE_SERIALIZED = (
+    "EgRhY21lGh9nb29nbGUvcHJvdG9idWYvdGltZXN0YW1wLnByb3RvIuMBCgVPcmRlchIKCgJpZBgBIAEoAxIPCgRub3RlGAIgASgJiAEBEhEKBWl0ZW1zGAMgAzIESXRlbRIUCgZzdGF0dXMYBCABMgZTdGF0dXMSIwoCYXQYBSABMhlnb29nbGUucHJvdG9idWYuVGltZXN0YW1wEh4KBHRhZ3MYBiABMhJtYXA8c3RyaW5nLCBpbnQzMj4SDwoFZW1haWwYByABKAlIABIPCgVwaG9uZRgIIAEoCUgAGiIKBEl0ZW0SCwoDc2t1GAEgASgJEg0KBXByaWNlGAIgASgBQgkKB2NvbnRhY3QqIwoGU3RhdHVzEgsKA05FVxAAGgIIABIMCgRQQUlEEAEaAggAYgZwcm90bzM="
+)
+
+
+def test_karapace_serialized_descriptors_are_normalized() -> None:
+    codec = ProtobufCodec(KARAPACE_SERIALIZED)
+    value = {"id": "5", "note": "n", "items": [{"sku": "a", "price": 1.5}], "status": "PAID",
+             "at": "2024-01-01T00:00:00Z", "tags": {"k": 2}, "email": "e"}
+    payload = codec.encode(value)
+    assert codec.decode(payload) == value
+    # the unset optional field is absent (it has presence), the map renders as an object
+    assert codec.decode(b"") == {"id": "0", "items": [], "status": "NEW", "tags": {}}
+    assert codec.decode(codec.encode({"sku": "z"}, [0, 0]), [0, 0]) == {"sku": "z", "price": 0.0}
+
+
+def test_karapace_normalized_descriptor_writes_what_a_compiled_descriptor_reads() -> None:
+    """The same file as KARAPACE_SERIALIZED, built as protoc would (fully-qualified, map entry, synthetic
+    oneof): payloads cross between the two codecs unchanged."""
+    f = descriptor_pb2.FileDescriptorProto(name="order.proto", package="acme", syntax="proto3",
+                                           dependency=["google/protobuf/timestamp.proto"])
+    m = f.message_type.add(name="Order")
+    m.field.add(name="id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    m.field.add(name="note", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, proto3_optional=True,
+                oneof_index=1)
+    m.field.add(name="items", number=3, type=F.TYPE_MESSAGE, type_name=".acme.Order.Item", label=F.LABEL_REPEATED)
+    m.field.add(name="status", number=4, type=F.TYPE_ENUM, type_name=".acme.Status", label=F.LABEL_OPTIONAL)
+    m.field.add(name="at", number=5, type=F.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
+                label=F.LABEL_OPTIONAL)
+    m.field.add(name="tags", number=6, type=F.TYPE_MESSAGE, type_name=".acme.Order.TagsEntry",
+                label=F.LABEL_REPEATED)
+    m.field.add(name="email", number=7, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0)
+    m.field.add(name="phone", number=8, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL, oneof_index=0)
+    item = m.nested_type.add(name="Item")
+    item.field.add(name="sku", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    item.field.add(name="price", number=2, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    entry = m.nested_type.add(name="TagsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    m.oneof_decl.add(name="contact")
+    m.oneof_decl.add(name="_note")
+    status = f.enum_type.add(name="Status")
+    status.value.add(name="NEW", number=0)
+    status.value.add(name="PAID", number=1)
+    compiled, karapace = ProtobufCodec(f), ProtobufCodec(KARAPACE_SERIALIZED)
+    value = {"id": "-3", "note": "", "items": [{"sku": "a", "price": -1.5}], "status": "PAID",
+             "at": "1999-12-31T23:59:59.500Z", "tags": {"k": 2, "j": -1}, "phone": "p"}
+    assert karapace.encode(value) == compiled.encode(value)
+    assert karapace.decode(compiled.encode(value)) == compiled.decode(karapace.encode(value)) == value

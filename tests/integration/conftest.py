@@ -99,11 +99,25 @@ def cleanup() -> Iterator[list[GatewayProcess]]:
 
 
 @pytest.fixture(scope="session")
-def schema_registry(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def registry_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A Tansu broker of the schema registry's own: on the session broker, after the rest of the suite had used
+    it for a while, Karapace's master election never completed ("No master set", its ``_schemas`` topic never
+    created) and the registry did not start within its timeout. Gateways of schema tests start on this one."""
+    broker = EmbeddedBroker(log_file=tmp_path_factory.mktemp("registry-tansu") / "tansu.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(registry_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The base URL of a real Schema Registry (Karapace 5.0.3, started by ../shared/registry/start) keeping its
-    schemas in the session Tansu broker's ``_schemas`` topic; stopped at the end of the session."""
+    schemas in ``registry_broker``'s ``_schemas`` topic; stopped at the end of the session."""
     if not REGISTRY_START.is_file():
         pytest.skip(f"no Karapace launcher at {REGISTRY_START} (../shared is absent)")
+    tansu = registry_broker
     log = tmp_path_factory.mktemp("registry") / "karapace.log"
     # Tansu answers Karapace's master-election JoinGroup after about half the session timeout
     env = {**os.environ, "KARAPACE_SESSION_TIMEOUT_MS": "6000"}

@@ -44,6 +44,8 @@ from typing import Any
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
+
 RENDER_CONFLUENT = "confluent"
 RENDER_KARAPACE = "karapace"
 RENDERINGS = (RENDER_CONFLUENT, RENDER_KARAPACE)
@@ -53,20 +55,15 @@ _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 
 
-class AvroSchemaError(ValueError):
+class AvroSchemaError(CodecSchemaError):
     """The schema text is not a valid Avro schema."""
 
 
-class AvroEncodeError(ValueError):
+class AvroEncodeError(CodecEncodeError):
     """A JSON value does not fit the schema; ``path`` names the offending value (``$`` is the root)."""
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.reason = message
 
-
-class AvroDecodeError(ValueError):
+class AvroDecodeError(CodecDecodeError):
     """A payload could not be read with the writer's schema."""
 
 

@@ -24,19 +24,9 @@ from typing import Any
 
 import orjson
 
-from service.schemas.avro import (
-    RENDER_CONFLUENT,
-    AvroCodec,
-    AvroDecodeError,
-    AvroEncodeError,
-    AvroSchemaError,
-)
-from service.schemas.jsonschema_format import (
-    JsonSchemaCodec,
-    JsonSchemaDecodeError,
-    JsonSchemaEncodeError,
-    JsonSchemaSchemaError,
-)
+from service.schemas.avro import RENDER_CONFLUENT, AvroCodec
+from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
+from service.schemas.jsonschema_format import JsonSchemaCodec
 
 FORMATS = ("avro", "protobuf", "jsonschema")
 
@@ -80,11 +70,6 @@ class DecodeError:
     __hash__ = None  # type: ignore[assignment]
 
 
-_DECODE_ERRORS: tuple[type[BaseException], ...] = (AvroDecodeError, JsonSchemaDecodeError)
-_ENCODE_ERRORS: tuple[type[BaseException], ...] = (AvroEncodeError, JsonSchemaEncodeError)
-_SCHEMA_ERRORS: tuple[type[BaseException], ...] = (AvroSchemaError, JsonSchemaSchemaError)
-
-
 def _protobuf() -> Any:
     from service.schemas import protobuf  # imported on first use: google.protobuf is only needed for it
 
@@ -118,12 +103,8 @@ class Codecs:
                 return JsonSchemaCodec(schema, references=references,
                                        validate_on_decode=self.validate_json_on_decode)
             if fmt == "protobuf":
-                pb = _protobuf()
-                try:
-                    return pb.ProtobufCodec(schema, dependencies=references)
-                except pb.ProtobufSchemaError as exc:
-                    raise SchemaError(fmt, str(exc)) from None
-        except _SCHEMA_ERRORS as exc:
+                return _protobuf().ProtobufCodec(schema, dependencies=references)
+        except CodecSchemaError as exc:
             raise SchemaError(fmt, str(exc)) from None
         raise SchemaError(fmt, f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
@@ -157,29 +138,21 @@ class Codecs:
         except SchemaError as exc:
             error = DecodeError(fmt, schema_id, str(exc))
             return [error] * len(items)
-        if fmt == "protobuf":
-            decoded = codec.decode_many(items)
-            errors: tuple[type[BaseException], ...] = (_protobuf().ProtobufDecodeError,)
-        else:
-            decoded = codec.decode_many(items)
-            errors = _DECODE_ERRORS
+        decoded = codec.decode_many(items)
         for i, value in enumerate(decoded):
-            if isinstance(value, errors):
+            if isinstance(value, CodecDecodeError):
                 decoded[i] = DecodeError(fmt, schema_id, str(value))
         return decoded
 
     def encode(self, fmt: str, schema: Any, value: Any, *, schema_id: int | None = None,
                references: Mapping[str, Any] | None = None, message_indexes: Iterable[int] | None = None) -> bytes:
         codec = self.codec(fmt, schema_id, schema, references)
-        errors: tuple[type[BaseException], ...] = _ENCODE_ERRORS
-        if fmt == "protobuf":
-            errors = (_protobuf().ProtobufEncodeError,)
         try:
             if fmt == "protobuf":
                 return codec.encode(value, message_indexes)
             return codec.encode(value)
-        except errors as exc:
-            raise EncodeError(fmt, getattr(exc, "path", "$"), getattr(exc, "reason", str(exc))) from None
+        except CodecEncodeError as exc:
+            raise EncodeError(fmt, exc.path, exc.reason) from None
 
     def clear(self) -> None:
         with self._lock:

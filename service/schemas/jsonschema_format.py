@@ -19,21 +19,18 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
+from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
 
-class JsonSchemaSchemaError(ValueError):
+
+class JsonSchemaSchemaError(CodecSchemaError):
     """The schema is not a valid JSON Schema (or not JSON)."""
 
 
-class JsonSchemaEncodeError(ValueError):
+class JsonSchemaEncodeError(CodecEncodeError):
     """A value does not validate; ``path`` names it (``$`` is the root)."""
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.reason = message
 
-
-class JsonSchemaDecodeError(ValueError):
+class JsonSchemaDecodeError(CodecDecodeError):
     """A payload is not JSON, or (when validating) does not validate."""
 
 

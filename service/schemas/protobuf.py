@@ -30,24 +30,21 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import EncodeError as _PbEncodeError
 
+from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
+
 F = descriptor_pb2.FieldDescriptorProto
 SchemaInput = bytes | bytearray | memoryview | str | descriptor_pb2.FileDescriptorProto
 
 
-class ProtobufSchemaError(ValueError):
+class ProtobufSchemaError(CodecSchemaError):
     """The descriptor (or one of its dependencies) is missing, malformed or inconsistent."""
 
 
-class ProtobufEncodeError(ValueError):
+class ProtobufEncodeError(CodecEncodeError):
     """A JSON value does not fit the message; ``path`` names the field chain (``$`` is the root)."""
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.reason = message
 
-
-class ProtobufDecodeError(ValueError):
+class ProtobufDecodeError(CodecDecodeError):
     """A payload is not a valid message of its type, or its message indexes name no message."""
 
 

@@ -35,6 +35,7 @@ from service.gcpolicy import GcPolicy
 from service.metrics import GatewayCollector, GatewayMetrics
 from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
+from service.schemas.formats import SchemaService
 from service.settings import Settings
 from service.tenants import TenantError, TenantRegistry, TopicDenyList
 
@@ -214,6 +215,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     )
     collector = GatewayCollector(gateway)
     registry.register(collector)
+    # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
+    schemas = SchemaService(settings.schema_registry_config())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -235,6 +238,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             if routing is not None:
                 await routing.stop()
             await gateway.close()
+            await schemas.close()
 
     app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
                   default_response_class=OrjsonResponse, docs_url=None, redoc_url=None,  # api/docs_ui.py
@@ -246,6 +250,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     set_max_inflated_bytes(settings.max_batch_inflated_bytes)  # every decode of this process (item 2, issue 21)
     app.state.tenants = tenants
     app.state.gateway = gateway
+    app.state.schemas = schemas
     app.state.metrics = metrics
     app.state.trusted_proxies = TrustedProxies(settings.forwarded_allow_ips)
     app.state.auth_limiter = AuthFailureLimiter(settings.auth_failures_per_minute)

@@ -8,6 +8,7 @@ v2 where it defines one.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -28,6 +29,8 @@ from service.gateway import GatewayError
 from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
 from service.protocol.records import InflatedSizeError
+from service.schemas.formats import RegistryNotConfigured
+from service.schemas.registry import RegistryRequestError, RegistryUnavailable, SchemaNotFound
 from service.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,10 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'message names topic, partition and offset (also in X-Error-Topic/-Partition/-Offset)'),
     (422, 42210, 'schema not found in the schema registry (a key_schema_id / value_schema_id, or no schema under '
                  'the subject)'),
+    (422, 42211, 'a schema format (avro, protobuf, jsonschema) was asked for and no schema registry is configured: '
+                 'set GATEWAY_SCHEMA_REGISTRY_URL or the tenant\'s schema_registry'),
+    (422, 42212, 'the schema registry refused the request (e.g. an incompatible or invalid schema); its error code '
+                 'and message are in the message'),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),
@@ -193,6 +200,22 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.topic and exc.topic.isascii() and exc.topic.isprintable():
             headers["X-Error-Topic"] = exc.topic
         return error_response(422, 42209, f"{exc}{skip}", headers)
+
+    @app.exception_handler(RegistryUnavailable)
+    async def _registry_down(request: Request, exc: RegistryUnavailable) -> OrjsonResponse:
+        return error_response(503, 50307, str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+
+    @app.exception_handler(SchemaNotFound)
+    async def _schema_not_found(request: Request, exc: SchemaNotFound) -> OrjsonResponse:
+        return error_response(422, 42210, str(exc))
+
+    @app.exception_handler(RegistryRequestError)
+    async def _registry_refused(request: Request, exc: RegistryRequestError) -> OrjsonResponse:
+        return error_response(422, 42212, str(exc))
+
+    @app.exception_handler(RegistryNotConfigured)
+    async def _no_registry(request: Request, exc: RegistryNotConfigured) -> OrjsonResponse:
+        return error_response(422, 42211, str(exc))
 
     @app.exception_handler(InvalidPatternError)
     async def _pattern(request: Request, exc: InvalidPatternError) -> OrjsonResponse:

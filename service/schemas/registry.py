@@ -304,7 +304,7 @@ class RegistryClient:
         self._http = httpx.AsyncClient(
             headers=config.headers(), verify=verify, transport=transport, follow_redirects=False,
             timeout=httpx.Timeout(config.timeout_s), trust_env=False)
-        self._by_id: LRUCache[int, Schema] = LRUCache(config.cache_size)
+        self._by_id: LRUCache[Hashable, Schema] = LRUCache(config.cache_size)
         self._ids: LRUCache[tuple[str, Schema, bool], int] = LRUCache(config.cache_size)
         self._lookups: LRUCache[tuple[str, Schema, bool], RegisteredSchema] = LRUCache(config.cache_size)
         self._subjects: _TTLCache[tuple[str, str], Any] = _TTLCache(config.subject_ttl_s, config.cache_size)
@@ -362,16 +362,20 @@ class RegistryClient:
 
     # -- by id (immutable: cached)
 
-    async def get_schema(self, schema_id: int) -> Schema:
-        """The schema with this global id (:class:`SchemaNotFound` if there is none)."""
-        cached = self._by_id.get(schema_id)
+    async def get_schema(self, schema_id: int, *, fmt: str | None = None) -> Schema:
+        """The schema with this global id (:class:`SchemaNotFound` if there is none). ``fmt="serialized"``
+        asks for a Protobuf schema as the base64 of its ``FileDescriptorProto`` (the registry's
+        ``?format=serialized``); each form is cached on its own."""
+        key = schema_id if fmt is None else (schema_id, fmt)
+        cached = self._by_id.get(key)
         if cached is not None:
             return cached
-        return await self._once(("id", schema_id), lambda: self._fetch_schema(schema_id))
+        return await self._once(("id", schema_id, fmt), lambda: self._fetch_schema(schema_id, fmt))
 
-    async def _fetch_schema(self, schema_id: int) -> Schema:
-        schema = parse_schema(await self._request("GET", f"/schemas/ids/{int(schema_id)}"))
-        self._by_id.put(schema_id, schema)
+    async def _fetch_schema(self, schema_id: int, fmt: str | None = None) -> Schema:
+        params = {"format": fmt} if fmt else None
+        schema = parse_schema(await self._request("GET", f"/schemas/ids/{int(schema_id)}", params=params))
+        self._by_id.put(schema_id if fmt is None else (schema_id, fmt), schema)
         return schema
 
     def cached_schema(self, schema_id: int) -> Schema | None:
@@ -404,11 +408,14 @@ class RegistryClient:
         self._subjects.put(("latest", subject), reg)
         return reg
 
-    async def get_version(self, subject: str, version: int | str) -> RegisteredSchema:
-        """A subject's version (a number or ``"latest"``); the schema is cached by its id too."""
+    async def get_version(self, subject: str, version: int | str, *, fmt: str | None = None) -> RegisteredSchema:
+        """A subject's version (a number or ``"latest"``); the schema is cached by its id too.
+        ``fmt="serialized"``: a Protobuf schema as its descriptor (see :meth:`get_schema`)."""
+        params = {"format": fmt} if fmt else None
         reg = parse_registered(
-            await self._request("GET", f"/subjects/{_q(subject)}/versions/{_q(str(version))}"), subject)
-        self._by_id.put(reg.schema_id, reg.schema)
+            await self._request("GET", f"/subjects/{_q(subject)}/versions/{_q(str(version))}", params=params),
+            subject)
+        self._by_id.put(reg.schema_id if fmt is None else (reg.schema_id, fmt), reg.schema)
         return reg
 
     # -- writes

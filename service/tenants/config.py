@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service.client.connection import ConnectionConfig, SaslConfig
+from service.schemas.registry import RegistryConfig
 
 from .errors import TenantConfigError
 from .patterns import DEFAULT_DENY_LIST, PatternError, TopicDenyList, compile_pattern
@@ -135,6 +136,29 @@ class KafkaModel(_Model):
         return "SSL" if self.tls is not None else "PLAINTEXT"
 
 
+class SchemaRegistryModel(_Model):
+    """A tenant's own Schema Registry (issue 23); unset: the gateway-wide GATEWAY_SCHEMA_REGISTRY_URL."""
+
+    url: str = Field(min_length=1, pattern=r"^https?://")
+    basic_auth_env: str | None = Field(None, pattern=_ENV_NAME)  # "user:password"
+    basic_auth_file: str | None = Field(None, min_length=1)
+    bearer_token_env: str | None = Field(None, pattern=_ENV_NAME)
+    bearer_token_file: str | None = Field(None, min_length=1)
+    ca_file: str | None = Field(None, min_length=1)
+    tls_verify: bool = True
+    timeout_s: float = Field(5.0, gt=0, le=300)
+    cache_size: int = Field(1000, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SchemaRegistryModel:
+        given = [n for n in ("basic_auth_env", "basic_auth_file", "bearer_token_env", "bearer_token_file")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"at most one of basic_auth_env, basic_auth_file, bearer_token_env, bearer_token_file "
+                             f"(got {', '.join(given)})")
+        return self
+
+
 class QuotasModel(_Model):
     """A quotas section: a key left out inherits (tenant → file ``defaults`` → the gateway's
     ``GATEWAY_DEFAULT_*`` settings); an explicit ``null`` means unlimited."""
@@ -220,6 +244,7 @@ class TenantModel(_Model):
     topics: list[str] | None = None
     groups: list[str] | None = None
     quotas: QuotasModel = QuotasModel()
+    schema_registry: SchemaRegistryModel | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -356,6 +381,7 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
         tenants[t.id] = Tenant(
             t.id, bootstrap, connection, _merge_quotas(model.defaults.quotas, t.quotas, default_quotas),
             topics=t.topics, groups=t.groups, description=t.description, denied_topics=denied_topics, clock=clock,
+            schema_registry=_registry(t.schema_registry, base, f"{what} schema_registry"),
         )
 
     issuers: list[JwtIssuer] = []
@@ -394,6 +420,21 @@ def _merge_quotas(defaults: QuotasModel, own: QuotasModel, gateway: Quotas | Non
             any("requests_per_second" in m.model_fields_set for m in (own, defaults)):
         values["burst"] = None
     return Quotas(**values)  # type: ignore[arg-type]
+
+
+def _registry(m: SchemaRegistryModel | None, base: Path, what: str) -> RegistryConfig | None:
+    if m is None:
+        return None
+    basic = bearer = None
+    if m.basic_auth_env or m.basic_auth_file:
+        basic = _read_secret(m.basic_auth_env, m.basic_auth_file, base, what + " basic auth")
+    if m.bearer_token_env or m.bearer_token_file:
+        bearer = _read_secret(m.bearer_token_env, m.bearer_token_file, base, what + " bearer token")
+    try:
+        return RegistryConfig(m.url, basic_auth=basic, bearer_token=bearer, ca_file=_resolve(base, m.ca_file),
+                              verify=m.tls_verify, timeout_s=m.timeout_s, cache_size=m.cache_size)
+    except ValueError as exc:
+        raise TenantConfigError(f"{what}: {exc}") from None
 
 
 def _resolve(base: Path, file: str | None) -> str | None:

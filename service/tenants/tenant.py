@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from service.client.connection import ConnectionConfig
+from service.schemas.registry import RegistryConfig
 
 from .patterns import DEFAULT_DENY_LIST, TenantPatterns, TopicDenyList
 from .quotas import Quotas, TenantQuotas
@@ -28,8 +29,11 @@ class Tenant(TenantPatterns, TenantQuotas):
         description: str | None = None,
         denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
         clock: Callable[[], float] = time.monotonic,
+        schema_registry: RegistryConfig | None = None,
     ) -> None:
         self.id = id
+        #: the tenant's own Schema Registry (tenants file); None: the gateway-wide one
+        self.schema_registry = schema_registry
         self.bootstrap = bootstrap
         self.connection_config = connection_config
         self.description = description

@@ -1,0 +1,253 @@
+"""Schema'd formats for the gateway (issue 23): which registry a tenant uses, and framed payloads -> JSON.
+
+The HTTP layer and the sink call only this module (and :mod:`service.schemas.codecs` through it):
+
+* :class:`SchemaService` (one per gateway) picks the registry of a tenant -- its own from the tenants file,
+  else the gateway-wide ``GATEWAY_SCHEMA_REGISTRY_URL``, else the embedded one ``make run`` starts -- and
+  keeps one :class:`SchemaResolver` per distinct registry, so tenants sharing a registry share its caches.
+* :class:`SchemaResolver` turns schema ids into compiled codecs: ``await prepare(ids)`` fetches what is not
+  cached (Protobuf as descriptors, ``?format=serialized``, with every reference, transitively), then
+  :meth:`SchemaResolver.decode` is synchronous and never raises: each payload becomes its JSON value, ``None``
+  (a null key/value) or a :class:`~service.schemas.codecs.DecodeError` (no magic byte, unknown id, a schema
+  of another format, a payload that does not decode) that the caller renders as ``null`` plus an error field.
+
+A registry that is down raises :class:`~service.schemas.registry.RegistryUnavailable` from ``prepare`` (the
+caller gives the records back: nothing is delivered half-decoded). An id the registry does not know is not an
+outage: it is remembered for :data:`NOT_FOUND_TTL_S` and its records become per-record errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.schemas.codecs import Codecs, DecodeError, SchemaError
+from service.schemas.registry import (
+    LRUCache,
+    RegistryClient,
+    RegistryConfig,
+    RegistryUnavailable,
+    Schema,
+    SchemaNotFound,
+    SchemaReference,
+)
+from service.schemas.wire import WireFormatError, unframe
+
+#: the gateway's format names <-> the registry's schema types
+SCHEMA_TYPE_OF = {"avro": "AVRO", "protobuf": "PROTOBUF", "jsonschema": "JSON"}
+FORMAT_OF = {v: k for k, v in SCHEMA_TYPE_OF.items()}
+SCHEMA_FORMATS = tuple(SCHEMA_TYPE_OF)
+#: how long an id the registry answered 404 for is remembered as unknown (it may be registered later, in
+#: another registry that a misconfigured gateway should have used, ...)
+NOT_FOUND_TTL_S = 30.0
+#: references followed at most (a cycle or a pathological chain is an error, not a hang)
+MAX_REFERENCES = 256
+#: the hint every "no registry" answer carries
+CONFIGURE_HINT = ("set GATEWAY_SCHEMA_REGISTRY_URL, or schema_registry in the tenant's entry of the tenants file "
+                  "(make run starts an embedded registry unless GATEWAY_EMBEDDED_REGISTRY=false)")
+
+
+class RegistryNotConfigured(Exception):
+    """A schema'd format was asked for and no registry is configured for the tenant."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(f"format {fmt!r} needs a schema registry and none is configured: {CONFIGURE_HINT}")
+        self.format = fmt
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedSchema:
+    """A schema id's schema, its references (name -> schema text or descriptor), and its codec."""
+
+    schema_id: int
+    schema_type: str
+    schema: Schema
+    references: dict[str, str]
+    codec: Any  # the compiled codec, or a SchemaError when the schema does not compile
+
+    @property
+    def format(self) -> str:
+        return FORMAT_OF.get(self.schema_type, self.schema_type.lower())
+
+
+class SchemaResolver:
+    """Schema ids -> compiled codecs for one registry. Decoding is sync, after an async ``prepare``."""
+
+    def __init__(self, client: RegistryClient, codecs: Codecs | None = None, *, cache_size: int = 1000) -> None:
+        self.client = client
+        self.codecs = codecs if codecs is not None else Codecs(max_cached=cache_size)
+        self._resolved: LRUCache[int, ResolvedSchema] = LRUCache(cache_size)
+        self._unknown: dict[int, float] = {}  # id -> monotonic deadline of the negative entry
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # -- resolution (async, cached) -----------------------------------------------------------------------
+    def cached(self, schema_id: int) -> ResolvedSchema | None:
+        return self._resolved.get(schema_id)
+
+    def _known_unknown(self, schema_id: int) -> bool:
+        deadline = self._unknown.get(schema_id)
+        if deadline is None:
+            return False
+        if time.monotonic() < deadline:
+            return True
+        del self._unknown[schema_id]
+        return False
+
+    async def resolve(self, schema_id: int) -> ResolvedSchema | None:
+        """The id's schema and codec; ``None`` if the registry has no such id. Raises RegistryUnavailable."""
+        hit = self._resolved.get(schema_id)
+        if hit is not None:
+            return hit
+        if self._known_unknown(schema_id):
+            return None
+        try:
+            schema = await self.client.get_schema(schema_id)
+            if schema.schema_type == "PROTOBUF":
+                schema = await self.client.get_schema(schema_id, fmt="serialized")
+            references = await self._references(schema.schema_type, schema.references)
+        except SchemaNotFound:
+            if len(self._unknown) > 10_000:
+                self._unknown.clear()
+            self._unknown[schema_id] = time.monotonic() + NOT_FOUND_TTL_S
+            return None
+        fmt = FORMAT_OF.get(schema.schema_type, "")
+        codec: Any
+        try:
+            if schema.schema_type == "AVRO" and references:
+                raise SchemaError("avro", "schema references (named types of other subjects) are not supported "
+                                          "for Avro yet")
+            codec = self.codecs.codec(fmt, schema_id, schema.schema, references or None)
+        except SchemaError as exc:
+            codec = exc
+        resolved = ResolvedSchema(schema_id, schema.schema_type, schema, references, codec)
+        self._resolved.put(schema_id, resolved)
+        return resolved
+
+    async def _references(self, schema_type: str, refs: Sequence[SchemaReference]) -> dict[str, str]:
+        """Every schema ``refs`` import, transitively: import name -> schema (Protobuf: its descriptor)."""
+        out: dict[str, str] = {}
+        todo = list(refs)
+        seen: set[tuple[str, int]] = set()
+        fmt = "serialized" if schema_type == "PROTOBUF" else None
+        while todo:
+            ref = todo.pop()
+            if (ref.subject, ref.version) in seen:
+                continue
+            seen.add((ref.subject, ref.version))
+            if len(seen) > MAX_REFERENCES:
+                raise SchemaNotFound(422, 42201, f"more than {MAX_REFERENCES} schema references")
+            reg = await self.client.get_version(ref.subject, ref.version, fmt=fmt)
+            out[ref.name] = reg.schema.schema
+            todo.extend(reg.schema.references)
+        return out
+
+    async def prepare(self, schema_ids: Iterable[int]) -> None:
+        """Resolve every id not cached yet, concurrently; raises RegistryUnavailable (nothing else)."""
+        missing = {i for i in schema_ids if self._resolved.get(i) is None and not self._known_unknown(i)}
+        if not missing:
+            return
+        results = await asyncio.gather(*(self.resolve(i) for i in missing), return_exceptions=True)
+        for r in results:
+            if isinstance(r, RegistryUnavailable):
+                raise r
+            if isinstance(r, BaseException):
+                raise r
+
+    # -- decoding (sync, never raises) --------------------------------------------------------------------
+    @staticmethod
+    def schema_ids(payloads: Iterable[bytes | memoryview | None]) -> set[int]:
+        """The schema ids of the framed payloads among ``payloads`` (the rest are skipped)."""
+        ids: set[int] = set()
+        for p in payloads:
+            if p is not None and len(p) >= 5 and p[0] == 0:
+                ids.add(int.from_bytes(p[1:5], "big"))
+        return ids
+
+    def decode(self, fmt: str, payloads: Sequence[bytes | memoryview | None]) -> list[Any]:
+        """Each payload as its JSON value, ``None`` for ``None``, or a DecodeError in its place."""
+        out: list[Any] = [None] * len(payloads)
+        protobuf = fmt == "protobuf"
+        groups: dict[int, tuple[list[int], list[Any]]] = {}
+        want_type = SCHEMA_TYPE_OF[fmt]
+        for i, p in enumerate(payloads):
+            if p is None:
+                continue
+            try:
+                fr = unframe(p, protobuf=protobuf)
+            except WireFormatError as exc:
+                out[i] = DecodeError(fmt, None, str(exc))
+                continue
+            sid = fr.schema_id
+            resolved = self._resolved.get(sid)
+            if resolved is None:
+                out[i] = DecodeError(fmt, sid, f"schema id {sid} not found in the schema registry")
+                continue
+            if resolved.schema_type != want_type:
+                out[i] = DecodeError(fmt, sid, f"schema id {sid} is a {resolved.schema_type} schema, "
+                                               f"not {want_type} (this consumer's format is {fmt})")
+                continue
+            if isinstance(resolved.codec, SchemaError):
+                out[i] = DecodeError(fmt, sid, str(resolved.codec))
+                continue
+            group = groups.get(sid)
+            if group is None:
+                group = groups[sid] = ([], [])
+            group[0].append(i)
+            group[1].append((fr.message_indexes, fr.payload) if protobuf else fr.payload)
+        for sid, (where, items) in groups.items():
+            values = self.codecs.decode_many(fmt, sid, self._resolved.get(sid).schema.schema,  # type: ignore[union-attr]
+                                             items, self._resolved.get(sid).references or None)  # type: ignore[union-attr]
+            for i, v in zip(where, values, strict=True):
+                out[i] = v
+        return out
+
+    async def decode_all(self, fmt: str, payloads: Sequence[bytes | memoryview | None]) -> list[Any]:
+        """:meth:`prepare` then :meth:`decode` (raises RegistryUnavailable only)."""
+        await self.prepare(self.schema_ids(payloads))
+        return self.decode(fmt, payloads)
+
+
+class SchemaService:
+    """The gateway's registries: the default one and the tenants' own, one resolver per distinct config."""
+
+    def __init__(self, default: RegistryConfig | None = None) -> None:
+        self.default = default
+        #: set while an embedded registry is starting (schema'd requests answer 503 + Retry-After meanwhile)
+        self.pending: str | None = None
+        self._resolvers: dict[RegistryConfig, SchemaResolver] = {}
+
+    def set_default(self, config: RegistryConfig | None, *, pending: str | None = None) -> None:
+        """Install the gateway-wide registry (the embedded one calls this once it takes writes)."""
+        self.default = config
+        self.pending = pending
+
+    def config_for(self, tenant_config: RegistryConfig | None) -> RegistryConfig | None:
+        return tenant_config if tenant_config is not None else self.default
+
+    def available(self, tenant_config: RegistryConfig | None) -> bool:
+        """Whether schema'd formats can work for a tenant (a registry is configured, or one is starting)."""
+        return self.config_for(tenant_config) is not None or (tenant_config is None and self.pending is not None)
+
+    def resolver(self, tenant_config: RegistryConfig | None, fmt: str = "avro") -> SchemaResolver:
+        """The resolver of a tenant's registry. Raises RegistryNotConfigured, or RegistryUnavailable while
+        the embedded registry is still starting."""
+        config = self.config_for(tenant_config)
+        if config is None:
+            if tenant_config is None and self.pending is not None:
+                raise RegistryUnavailable(self.pending, retry_after=2.0)
+            raise RegistryNotConfigured(fmt)
+        resolver = self._resolvers.get(config)
+        if resolver is None:
+            # codecs are cached per schema id, and ids are per registry: a codec cache of its own each
+            resolver = self._resolvers[config] = SchemaResolver(RegistryClient(config), cache_size=config.cache_size)
+        return resolver
+
+    async def close(self) -> None:
+        resolvers, self._resolvers = list(self._resolvers.values()), {}
+        for r in resolvers:
+            await r.close()

@@ -33,7 +33,7 @@ from api.consumer_config import (
 from api.errors import documented_errors
 from api.hosts import parse_host
 from api.kafka_texts import client_text
-from api.render import NDJSON_SEP, render_binary, render_json
+from api.render import NDJSON_SEP, Decoded, render_binary, render_decoded, render_json
 from api.responses import OrjsonResponse
 from service.client.errors import KafkaError
 from service.gateway import (
@@ -51,6 +51,8 @@ from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
 from service.protocol.records import InflatedSizeError
 from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
+from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
+from service.schemas.registry import RegistryUnavailable
 from service.subscription import (
     SubscriptionError,
     TopicPartition,
@@ -61,6 +63,11 @@ from service.topics import require_legal_topic_name
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
 JSONFMT = "application/vnd.kafka.json.v2+json"
+AVRO = "application/vnd.kafka.avro.v2+json"
+PROTOBUF = "application/vnd.kafka.protobuf.v2+json"
+JSONSCHEMA = "application/vnd.kafka.jsonschema.v2+json"
+#: an instance's format -> the media type its records are answered in
+MEDIA_OF_FORMAT = {"binary": BINARY, "json": JSONFMT, "avro": AVRO, "protobuf": PROTOBUF, "jsonschema": JSONSCHEMA}
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 
@@ -165,7 +172,9 @@ class CreateConsumer(BaseModel):
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$")
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$",
                            description="legacy name of the instance (overrides name, as in Confluent)")
-    format: Annotated[Literal["binary", "json"], BeforeValidator(_lower)] = "binary"
+    format: Annotated[Literal["binary", "json", "avro", "protobuf", "jsonschema"], BeforeValidator(_lower)] = Field(
+        "binary", description="binary: base64 keys and values; json: embedded JSON; avro, protobuf, jsonschema: "
+        "Confluent wire format decoded with the writer's schema from the schema registry (docs/schemas.md)")
     auto_offset_reset: Literal["earliest", "latest", "none", "smallest", "largest"] | None = Field(
         None, alias="auto.offset.reset")
     auto_commit_enable: ConfigBool = Field(None, alias="auto.commit.enable")
@@ -448,6 +457,8 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
         props.overrides["client_id"] = tenant_client_id(tenant.id, props.overrides["client_id"])
     if body.max_poll_records is not None and body.max_poll_records > 100_000:
         raise GatewayError("max.poll.records: must be at most 100000", status=422, error_code=42206)
+    if body.format in SCHEMA_FORMATS and not schema_service(request).available(tenant.schema_registry):
+        raise RegistryNotConfigured(body.format)  # 422/42211, before anything is created
     auto = body.enable_auto_commit if body.enable_auto_commit is not None else body.auto_commit_enable
     reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
                                                              body.auto_offset_reset or "latest")
@@ -662,7 +673,7 @@ async def committed(request: Request, group: str, instance_id: str, body: Partit
 
 def _accept(request: Request, inst: ConsumerInstance) -> str:
     accept = request.headers.get("accept", "").lower()
-    want = BINARY if inst.options.format == "binary" else JSONFMT
+    want = MEDIA_OF_FORMAT.get(inst.options.format, BINARY)
     for item in (a.split(";")[0].strip() for a in accept.split(",")):
         if item in (NDJSON, SSE):
             return item
@@ -709,6 +720,7 @@ async def records(request: Request, group: str, instance_id: str,
         # max_records / max.poll.records, take up to STREAM_CHUNK_RECORDS of what is buffered per chunk
         limit = max_records or inst.options.max_poll_records or STREAM_CHUNK_RECORDS
         render = render_binary if inst.options.format == "binary" else render_json
+        resolver = schema_resolver(request, inst, tenant)  # 422/42211 or 503 before the stream starts
         # A stream holds one of the tenant's stream slots and one of its concurrent-poll slots for its whole
         # life, like a plain poll holds one while it waits: no slot is 429/42901 before the status line.
         slot = tenant.stream_slot()
@@ -726,7 +738,7 @@ async def records(request: Request, group: str, instance_id: str,
             headers["x-resume-skipped"] = _skipped_text(skipped)
         return _SlotStreamingResponse(
             _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes,
-                    codec, binding, skipped, epoch),
+                    codec, binding, skipped, epoch, resolver),
             release=slot, media_type=media, headers=headers)
     return Response(await poll_records(request, inst, tenant, timeout, max_bytes, max_records), media_type=media)
 
@@ -740,6 +752,8 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
     limit = max_records or inst.options.max_poll_records or 500
     max_bytes = max_bytes or inst.options.max_bytes
     render = render_binary if inst.options.format == "binary" else render_json
+    resolver = schema_resolver(request, inst, tenant)  # schema'd formats: 422/42211 or 503 before polling
+    decoded: Decoded | None = None
     metrics = request.app.state.metrics
     inst.active_requests += 1
     started = time.monotonic()
@@ -749,16 +763,56 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
             # one request returns what is waiting across the assignment (the gateway's poll linger), or
             # with fetch.min.bytes set, once more than that many bytes are buffered (Confluent's rule)
             chunks = await gw.poll(inst, limit, max_bytes, wait, min_bytes=inst.options.fetch_min_bytes)
+            if resolver is not None:
+                decoded = await decode_chunks(inst, resolver, chunks)
     finally:
         inst.active_requests -= 1
         inst.touch()
     waited = time.monotonic() - started
     metrics.poll_wait.labels(tenant.id).observe(waited)
-    out = render(chunks)
+    out = render(chunks) if decoded is None else render_decoded(chunks, decoded)
     if out.count:
         metrics.records.labels(tenant.id).inc(out.count)
         metrics.bytes.labels(tenant.id).inc(out.payload)
     return out.array()
+
+
+def schema_service(request: Request) -> SchemaService:
+    return request.app.state.schemas  # type: ignore[no-any-return]
+
+
+def schema_resolver(request: Request, inst: ConsumerInstance, tenant: Tenant) -> SchemaResolver | None:
+    """The registry resolver of a schema'd instance (None for binary/json); raises RegistryNotConfigured or,
+    while the embedded registry starts, RegistryUnavailable."""
+    fmt = inst.options.format
+    if fmt not in SCHEMA_FORMATS:
+        return None
+    return schema_service(request).resolver(tenant.schema_registry, fmt)
+
+
+async def decode_chunks(inst: ConsumerInstance, resolver: SchemaResolver,
+                        chunks: list[tuple[TopicPartition, list[Any]]]) -> Decoded:
+    """Every key and value of a poll decoded (per record: a JSON value, None or a DecodeError). Call it under
+    the instance's lock. A registry that cannot answer gives the records back (the instance is sought back to
+    each chunk's first offset: nothing is lost or skipped) and raises RegistryUnavailable (503/50307)."""
+    fmt = inst.options.format
+    keys = [r.key for _, recs in chunks for r in recs]
+    values = [r.value for _, recs in chunks for r in recs]
+    try:
+        await resolver.prepare(resolver.schema_ids(keys) | resolver.schema_ids(values))
+    except RegistryUnavailable:
+        for tp, recs in chunks:
+            if recs:
+                inst.consumer.seek(tp, recs[0].offset)
+        raise
+    dk, dv = resolver.decode(fmt, keys), resolver.decode(fmt, values)
+    out: Decoded = []
+    i = 0
+    for _, recs in chunks:
+        n = len(recs)
+        out.append((dk[i:i + n], dv[i:i + n]))
+        i += n
+    return out
 
 
 class _SlotStreamingResponse(StreamingResponse):
@@ -886,7 +940,8 @@ def _ndjson_with_token(out: Any, chunks: list[tuple[TopicPartition, list[Any]]],
 
 async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
                   limit: int, max_bytes: int | None, codec: ResumeCodec, binding: Binding,
-                  skipped: list[TopicPartition], epoch: int) -> AsyncIterator[bytes]:
+                  skipped: list[TopicPartition], epoch: int,
+                  resolver: SchemaResolver | None = None) -> AsyncIterator[bytes]:
     """Records as they arrive. Backpressure: the next poll happens only after the previous chunk was
     written, so a slow reader stops the polling (and, once the prefetch buffer is full, fetching) —
     never the heartbeats. Every SSE event has the resume token after its record as id; in ndjson the last
@@ -912,6 +967,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     break
                 chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
                 chunks = [c for c in chunks if c[1]]
+                # schema'd: a registry outage gives the records back and ends the stream in-band (50307)
+                decoded = await decode_chunks(inst, resolver, chunks) if resolver is not None and chunks else None
                 # positions read with the records, before another request of the instance can move them
                 prefix = _token_prefix(codec, binding, inst, chunks) if chunks else None
             inst.touch()
@@ -920,11 +977,10 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     yield b": keep-alive\n\n"
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
+            out = render(chunks, NDJSON_SEP) if decoded is None else render_decoded(chunks, decoded, NDJSON_SEP)
             if media == SSE:
-                out = render(chunks, NDJSON_SEP)
                 data = _sse_with_ids(out, chunks, prefix)
             else:
-                out = render(chunks, NDJSON_SEP)
                 data = _ndjson_with_token(out, chunks, prefix)
             metrics.records.labels(tenant.id).inc(out.count)
             metrics.bytes.labels(tenant.id).inc(out.payload)
@@ -932,7 +988,9 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # report in-band: the status line was already sent
-        code = 42209 if isinstance(exc, InflatedSizeError) else 50002  # a decompression bomb: as in a poll
+        # a decompression bomb: as in a poll; a registry outage: its retryable code
+        code = 42209 if isinstance(exc, InflatedSizeError) else 50307 if isinstance(exc, RegistryUnavailable) \
+            else 50002
         text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)  # no broker text or address
         msg = orjson.dumps({"error_code": code, "message": text})
         yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from service.protocol import records as _records
 from service.protocol.records import Record
+from service.schemas.codecs import DecodeError
 from service.subscription import TopicPartition
 
 Chunks = list[tuple[TopicPartition, list[Record]]]
@@ -159,3 +160,44 @@ def render_json(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
 
 
 use_c_renderer(_crecords is not None)
+
+
+# -- schema'd formats (avro, protobuf, jsonschema; issue 23) ---------------------------------------------------
+# Keys and values were decoded by service.schemas (SchemaResolver.decode): each is its JSON value, None, or a
+# DecodeError, rendered as the json format renders a value that is not JSON: null plus "<field>_error" (why)
+# and "<field>_base64" (the record's bytes), so an undecodable record is still delivered, never lost.
+Decoded = list[tuple[list[Any], list[Any]]]  # per chunk: (keys, values)
+
+
+def _decoded_field(v: Any, raw: bytes | None, field: bytes) -> bytes:
+    if v is None:
+        return b'"%s":null' % field
+    if isinstance(v, DecodeError):
+        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
+            field, field, _dumps(v.message), field, _b64json(raw))
+    try:
+        return b'"%s":%s' % (field, _dumps(v, option=orjson.OPT_NON_STR_KEYS))
+    except TypeError as exc:  # a decoded value JSON cannot hold (should not happen: the codecs render JSON)
+        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
+            field, field, _dumps(f"not renderable as JSON: {exc}"), field, _b64json(raw))
+
+
+def render_decoded_chunk(recs: list[Record], keys: list[Any], values: list[Any], head: bytes,
+                         sep: bytes) -> tuple[bytes, int]:
+    out = [b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
+        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key"), _decoded_field(v, r.value, b"value"),
+        _headers_binary(r.headers)) for r, k, v in zip(recs, keys, values, strict=True)]
+    return sep.join(out), _payload(recs)
+
+
+def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> Rendered:
+    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order)."""
+    parts: list[bytes] = []
+    count = payload = 0
+    for (tp, recs), (keys, values) in zip(chunks, decoded, strict=True):
+        if recs:
+            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep)
+            parts.append(body)
+            count += len(recs)
+            payload += n
+    return Rendered(parts, count, payload)

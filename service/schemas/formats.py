@@ -24,7 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from service.schemas import proto_text
 from service.schemas.codecs import Codecs, DecodeError, SchemaError
+from service.schemas.errors import CodecSchemaError
 from service.schemas.registry import (
     LRUCache,
     RegistryClient,
@@ -107,9 +109,10 @@ class SchemaResolver:
             return None
         try:
             schema = await self.client.get_schema(schema_id)
-            if schema.schema_type == "PROTOBUF":
-                schema = await self.client.get_schema(schema_id, fmt="serialized")
-            references = await self._references(schema.schema_type, schema.references)
+            serialized = schema.schema_type == "PROTOBUF" and not proto_text.available()
+            if serialized:  # no protoc here: ask the registry for descriptors (Confluent's can; Karapace not
+                schema = await self.client.get_schema(schema_id, fmt="serialized")  # with references)
+            references = await self._references(schema.references, serialized)
         except SchemaNotFound:
             if len(self._unknown) > 10_000:
                 self._unknown.clear()
@@ -121,19 +124,28 @@ class SchemaResolver:
             if schema.schema_type == "AVRO" and references:
                 raise SchemaError("avro", "schema references (named types of other subjects) are not supported "
                                           "for Avro yet")
-            codec = self.codecs.codec(fmt, schema_id, schema.schema, references or None)
+            if schema.schema_type == "PROTOBUF" and proto_text.looks_like_text(schema.schema):
+                try:  # .proto text: compiled with protoc, off the event loop (a subprocess, once per id)
+                    main, deps = await asyncio.to_thread(
+                        proto_text.compile_proto, f"kcg_schema_{schema_id}.proto", schema.schema, references)
+                except CodecSchemaError as exc:
+                    raise SchemaError(fmt, str(exc)) from None
+                codec = self.codecs.codec(fmt, schema_id, main, deps)
+            else:
+                codec = self.codecs.codec(fmt, schema_id, schema.schema, references or None)
         except SchemaError as exc:
             codec = exc
         resolved = ResolvedSchema(schema_id, schema.schema_type, schema, references, codec)
         self._resolved.put(schema_id, resolved)
         return resolved
 
-    async def _references(self, schema_type: str, refs: Sequence[SchemaReference]) -> dict[str, str]:
-        """Every schema ``refs`` import, transitively: import name -> schema (Protobuf: its descriptor)."""
+    async def _references(self, refs: Sequence[SchemaReference], serialized: bool = False) -> dict[str, str]:
+        """Every schema ``refs`` import, transitively: import name -> schema text (``serialized``: Protobuf
+        descriptors, base64)."""
         out: dict[str, str] = {}
         todo = list(refs)
         seen: set[tuple[str, int]] = set()
-        fmt = "serialized" if schema_type == "PROTOBUF" else None
+        fmt = "serialized" if serialized else None
         while todo:
             ref = todo.pop()
             if (ref.subject, ref.version) in seen:

@@ -175,6 +175,10 @@ class CreateConsumer(BaseModel):
     format: Annotated[Literal["binary", "json", "avro", "protobuf", "jsonschema"], BeforeValidator(_lower)] = Field(
         "binary", description="binary: base64 keys and values; json: embedded JSON; avro, protobuf, jsonschema: "
         "Confluent wire format decoded with the writer's schema from the schema registry (docs/schemas.md)")
+    avro_json_rendering: Literal["confluent", "karapace"] | None = Field(
+        None, alias="avro.json.rendering", description="format avro: unions tagged by branch and bytes as one "
+        "character per byte (confluent, as Confluent's REST Proxy), or untagged unions and base64 bytes (karapace); "
+        "default: GATEWAY_AVRO_JSON_RENDERING")
     auto_offset_reset: Literal["earliest", "latest", "none", "smallest", "largest"] | None = Field(
         None, alias="auto.offset.reset")
     auto_commit_enable: ConfigBool = Field(None, alias="auto.commit.enable")
@@ -463,7 +467,7 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
     reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
                                                              body.auto_offset_reset or "latest")
     opts = InstanceOptions(
-        format=body.format, auto_offset_reset=reset, auto_commit=True if auto is None else bool(auto),
+        format=body.format, avro_rendering=body.avro_json_rendering, auto_offset_reset=reset, auto_commit=True if auto is None else bool(auto),
         fetch_min_bytes=int(body.fetch_min_bytes) if body.fetch_min_bytes is not None else None,
         request_timeout_ms=int(body.consumer_request_timeout_ms) if body.consumer_request_timeout_ms is not None else None,
         isolation_level=body.isolation_level or "read_uncommitted",
@@ -805,7 +809,8 @@ async def decode_chunks(inst: ConsumerInstance, resolver: SchemaResolver,
             if recs:
                 inst.consumer.seek(tp, recs[0].offset)
         raise
-    dk, dv = resolver.decode(fmt, keys), resolver.decode(fmt, values)
+    rendering = inst.options.avro_rendering
+    dk, dv = resolver.decode(fmt, keys, rendering=rendering), resolver.decode(fmt, values, rendering=rendering)
     out: Decoded = []
     i = 0
     for _, recs in chunks:

@@ -128,7 +128,8 @@ SHUTDOWN_MESSAGE = "gateway shutting down: commit your offsets and reconnect"
 
 @dataclass
 class InstanceOptions:
-    format: str = "binary"  # binary | json
+    format: str = "binary"  # binary | json | avro | protobuf | jsonschema
+    avro_rendering: str | None = None  # avro's JSON rendering (confluent | karapace); None: the gateway's
     auto_offset_reset: str = "latest"
     auto_commit: bool = True
     # Confluent's instance configs, None when the client did not set them (api/consumer_config.py:

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.schemas import proto_text
+from service.schemas.avro import RENDER_CONFLUENT, AvroCodec
 from service.schemas.codecs import Codecs, DecodeError, SchemaError
-from service.schemas.errors import CodecSchemaError
+from service.schemas.errors import CodecDecodeError, CodecSchemaError
 from service.schemas.registry import (
     LRUCache,
     RegistryClient,
@@ -68,7 +69,9 @@ class ResolvedSchema:
     schema_type: str
     schema: Schema
     references: dict[str, str]
-    codec: Any  # the compiled codec, or a SchemaError when the schema does not compile
+    codec: Any  # the compiled codec (the resolver's default rendering), or a SchemaError
+    source: Any = None  # what the codec was compiled from (Protobuf: the compiled descriptor)
+    deps: Any = None  # and its imports (name -> schema or descriptor)
 
     @property
     def format(self) -> str:
@@ -78,10 +81,13 @@ class ResolvedSchema:
 class SchemaResolver:
     """Schema ids -> compiled codecs for one registry. Decoding is sync, after an async ``prepare``."""
 
-    def __init__(self, client: RegistryClient, codecs: Codecs | None = None, *, cache_size: int = 1000) -> None:
+    def __init__(self, client: RegistryClient, codecs: Codecs | None = None, *, cache_size: int = 1000,
+                 avro_rendering: str = RENDER_CONFLUENT) -> None:
         self.client = client
-        self.codecs = codecs if codecs is not None else Codecs(max_cached=cache_size)
+        self.codecs = codecs if codecs is not None else Codecs(max_cached=cache_size, avro_rendering=avro_rendering)
+        self.avro_rendering = self.codecs.avro_rendering
         self._resolved: LRUCache[int, ResolvedSchema] = LRUCache(cache_size)
+        self._other_renderings: LRUCache[tuple[int, str], Any] = LRUCache(cache_size)
         self._unknown: dict[int, float] = {}  # id -> monotonic deadline of the negative entry
 
     async def close(self) -> None:
@@ -120,22 +126,24 @@ class SchemaResolver:
             return None
         fmt = FORMAT_OF.get(schema.schema_type, "")
         codec: Any
+        source, deps = schema.schema, references or None
         try:
             if schema.schema_type == "AVRO" and references:
                 raise SchemaError("avro", "schema references (named types of other subjects) are not supported "
                                           "for Avro yet")
             if schema.schema_type == "PROTOBUF" and proto_text.looks_like_text(schema.schema):
                 try:  # .proto text: compiled with protoc, off the event loop (a subprocess, once per id)
-                    main, deps = await asyncio.to_thread(
+                    main, deps_ = await asyncio.to_thread(
                         proto_text.compile_proto, f"kcg_schema_{schema_id}.proto", schema.schema, references)
                 except CodecSchemaError as exc:
                     raise SchemaError(fmt, str(exc)) from None
-                codec = self.codecs.codec(fmt, schema_id, main, deps)
+                source, deps = main, deps_
+                codec = self.codecs.codec(fmt, schema_id, main, deps_)
             else:
-                codec = self.codecs.codec(fmt, schema_id, schema.schema, references or None)
+                codec = self.codecs.codec(fmt, schema_id, source, deps)
         except SchemaError as exc:
             codec = exc
-        resolved = ResolvedSchema(schema_id, schema.schema_type, schema, references, codec)
+        resolved = ResolvedSchema(schema_id, schema.schema_type, schema, references, codec, source, deps)
         self._resolved.put(schema_id, resolved)
         return resolved
 
@@ -180,11 +188,25 @@ class SchemaResolver:
                 ids.add(int.from_bytes(p[1:5], "big"))
         return ids
 
-    def decode(self, fmt: str, payloads: Sequence[bytes | memoryview | None]) -> list[Any]:
-        """Each payload as its JSON value, ``None`` for ``None``, or a DecodeError in its place."""
+    def _codec(self, resolved: ResolvedSchema, rendering: str | None) -> Any:
+        """The id's codec in a rendering (Avro only has several); a SchemaError when it does not compile."""
+        if rendering is None or rendering == self.avro_rendering or resolved.schema_type != "AVRO" \
+                or isinstance(resolved.codec, SchemaError):
+            return resolved.codec
+        key = (resolved.schema_id, rendering)
+        codec = self._other_renderings.get(key)
+        if codec is None:
+            codec = AvroCodec(resolved.source, rendering=rendering, strict_unions=self.codecs.avro_strict_unions)
+            self._other_renderings.put(key, codec)
+        return codec
+
+    def decode(self, fmt: str, payloads: Sequence[bytes | memoryview | None], *,
+               rendering: str | None = None) -> list[Any]:
+        """Each payload as its JSON value, ``None`` for ``None``, or a DecodeError in its place. ``rendering``:
+        the Avro JSON rendering (``confluent`` or ``karapace``; the resolver's default when None)."""
         out: list[Any] = [None] * len(payloads)
         protobuf = fmt == "protobuf"
-        groups: dict[int, tuple[list[int], list[Any]]] = {}
+        groups: dict[int, tuple[ResolvedSchema, list[int], list[Any]]] = {}
         want_type = SCHEMA_TYPE_OF[fmt]
         for i, p in enumerate(payloads):
             if p is None:
@@ -195,40 +217,41 @@ class SchemaResolver:
                 out[i] = DecodeError(fmt, None, str(exc))
                 continue
             sid = fr.schema_id
-            resolved = self._resolved.get(sid)
-            if resolved is None:
-                out[i] = DecodeError(fmt, sid, f"schema id {sid} not found in the schema registry")
-                continue
-            if resolved.schema_type != want_type:
-                out[i] = DecodeError(fmt, sid, f"schema id {sid} is a {resolved.schema_type} schema, "
-                                               f"not {want_type} (this consumer's format is {fmt})")
-                continue
-            if isinstance(resolved.codec, SchemaError):
-                out[i] = DecodeError(fmt, sid, str(resolved.codec))
-                continue
             group = groups.get(sid)
             if group is None:
-                group = groups[sid] = ([], [])
-            group[0].append(i)
-            group[1].append((fr.message_indexes, fr.payload) if protobuf else fr.payload)
-        for sid, (where, items) in groups.items():
-            values = self.codecs.decode_many(fmt, sid, self._resolved.get(sid).schema.schema,  # type: ignore[union-attr]
-                                             items, self._resolved.get(sid).references or None)  # type: ignore[union-attr]
+                resolved = self._resolved.get(sid)
+                if resolved is None:
+                    out[i] = DecodeError(fmt, sid, f"schema id {sid} not found in the schema registry")
+                    continue
+                if resolved.schema_type != want_type:
+                    out[i] = DecodeError(fmt, sid, f"schema id {sid} is a {resolved.schema_type} schema, "
+                                                   f"not {want_type} (this consumer's format is {fmt})")
+                    continue
+                if isinstance(resolved.codec, SchemaError):
+                    out[i] = DecodeError(fmt, sid, str(resolved.codec))
+                    continue
+                group = groups[sid] = (resolved, [], [])
+            group[1].append(i)
+            group[2].append((fr.message_indexes, fr.payload) if protobuf else fr.payload)
+        for sid, (resolved, where, items) in groups.items():
+            values = self._codec(resolved, rendering).decode_many(items)
             for i, v in zip(where, values, strict=True):
-                out[i] = v
+                out[i] = DecodeError(fmt, sid, str(v)) if isinstance(v, CodecDecodeError) else v
         return out
 
-    async def decode_all(self, fmt: str, payloads: Sequence[bytes | memoryview | None]) -> list[Any]:
+    async def decode_all(self, fmt: str, payloads: Sequence[bytes | memoryview | None], *,
+                         rendering: str | None = None) -> list[Any]:
         """:meth:`prepare` then :meth:`decode` (raises RegistryUnavailable only)."""
         await self.prepare(self.schema_ids(payloads))
-        return self.decode(fmt, payloads)
+        return self.decode(fmt, payloads, rendering=rendering)
 
 
 class SchemaService:
     """The gateway's registries: the default one and the tenants' own, one resolver per distinct config."""
 
-    def __init__(self, default: RegistryConfig | None = None) -> None:
+    def __init__(self, default: RegistryConfig | None = None, *, avro_rendering: str = RENDER_CONFLUENT) -> None:
         self.default = default
+        self.avro_rendering = avro_rendering
         #: set while an embedded registry is starting (schema'd requests answer 503 + Retry-After meanwhile)
         self.pending: str | None = None
         self._resolvers: dict[RegistryConfig, SchemaResolver] = {}
@@ -256,7 +279,8 @@ class SchemaService:
         resolver = self._resolvers.get(config)
         if resolver is None:
             # codecs are cached per schema id, and ids are per registry: a codec cache of its own each
-            resolver = self._resolvers[config] = SchemaResolver(RegistryClient(config), cache_size=config.cache_size)
+            resolver = self._resolvers[config] = SchemaResolver(
+                RegistryClient(config), cache_size=config.cache_size, avro_rendering=self.avro_rendering)
         return resolver
 
     async def close(self) -> None:

@@ -232,6 +232,55 @@ async def test_registry_faults_lose_nothing_and_no_registry_is_a_clear_error(
         # a gateway without any registry: the format is refused at create, naming the setting
         with GatewayProcess(tansu.bootstrap, env={"GATEWAY_EMBEDDED_REGISTRY": "false"},
                             log_file=log.with_name("noreg.log")) as g:
-            r = httpx.post(f"{g.url}/consumers/gn", json={"format": "protobuf"}, headers={"Content-Type": V2})
+            async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+                r = await http.post("/consumers/gn", json={"format": "protobuf"}, headers={"Content-Type": V2})
             assert r.status_code == 422 and r.json()["error_code"] == 42211
             assert "GATEWAY_SCHEMA_REGISTRY_URL" in r.json()["message"]
+
+
+# Karapace's REST consumer renders Avro unions untagged and bytes as base64; a consumer created with
+# "avro.json.rendering": "karapace" (or a gateway with GATEWAY_AVRO_JSON_RENDERING=karapace) reads what Karapace's
+# own tests expect: the records exactly as the producer's Python values (complex unions in arrays and maps).
+UNION_SCHEMA = {"type": "record", "name": "MinimalUnion", "namespace": "kcg.test", "fields": [
+    {"name": "id", "type": "string"},
+    {"name": "attrs", "type": {"type": "array", "items": {"type": "record", "name": "Attr", "fields": [
+        {"name": "k", "type": "string"},
+        {"name": "v", "type": ["null", "string", "long", "double", "boolean"]}]}}},
+    {"name": "props", "type": {"type": "map", "values": ["null", "string"]}},
+    {"name": "blob", "type": "bytes"}]}
+UNION_RECORD = {"id": "one", "attrs": [{"k": "text", "v": "value"}, {"k": "count", "v": 5}, {"k": "ratio", "v": 1.5},
+                                       {"k": "flag", "v": True}, {"k": "empty", "v": None}],
+                "props": {"present": "yes", "missing": None}, "blob": b"\x01\x02\xff"}
+
+
+async def test_avro_renderings_confluent_tags_unions_karapace_does_not(
+        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str, topic_name: str) -> None:
+    ser = AvroSerializer(SchemaRegistryClient({"url": schema_registry}), json.dumps(UNION_SCHEMA))
+    _produce(tansu.bootstrap, topic_name, [ser(UNION_RECORD, SerializationContext(topic_name, MessageField.VALUE))],
+             keys=[b"plain-key"])
+    got: dict[str, dict[str, Any]] = {}
+    for rendering in ("karapace", "confluent"):
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        r = await http.post(f"/consumers/{group}", headers={"Content-Type": V2}, json={
+            "format": "avro", "avro.json.rendering": rendering, "auto.offset.reset": "earliest"})
+        assert r.status_code == 200, r.text
+        base = r.json()["base_uri"]
+        await http.post(f"{base}/assignments", json={"partitions": [{"topic": topic_name, "partition": 0}]},
+                        headers={"Content-Type": V2})
+        for _ in range(20):
+            r = await http.get(f"{base}/records", headers={"Accept": AVRO}, params={"timeout": 1000})
+            assert r.status_code == 200, r.text
+            if r.json():
+                got[rendering] = r.json()[0]
+                break
+        await http.delete(base, headers={"Content-Type": V2})
+    k = got["karapace"]
+    assert k["value"] == {**UNION_RECORD, "blob": base64.b64encode(b"\x01\x02\xff").decode()}
+    c = got["confluent"]["value"]
+    assert c["attrs"][1] == {"k": "count", "v": {"long": 5}} and c["attrs"][4] == {"k": "empty", "v": None}
+    assert c["props"] == {"present": {"string": "yes"}, "missing": None}
+    assert c["blob"] == "\x01\x02\xff"  # Avro's JSON encoding: one character per byte
+    # a key that is not in the wire format (a plain string key of an avro topic): the record is still delivered
+    for msg in (k, got["confluent"]):
+        assert msg["key"] is None and "magic byte" in msg["key_error"]
+        assert base64.b64decode(msg["key_base64"]) == b"plain-key"

@@ -1,4 +1,4 @@
-# Quick start: `make run` (gateway + embedded Tansu broker) and `make test` (the whole suite).
+# Quick start: `make run` (gateway + embedded Tansu broker + embedded Schema Registry) and `make test` (the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -25,6 +25,8 @@ $(TEST_STAMP): $(RUN_STAMP) pyproject.toml tools/install-extras.sh
 system-deps:
 	sh tools/install-system-deps.sh
 
+# The gateway starts the Schema Registry itself, in the background (service/embedded_registry.py): its first
+# start installs Karapace's venv (../shared/registry/start, about 35 s) while the gateway already serves.
 run: $(RUN_STAMP)
 	exec $(VENV)/bin/consumer-gateway
 

@@ -37,8 +37,10 @@ def tune_gc() -> None:
 
 async def serve(settings: Settings) -> None:
     from api.app import create_app
+    from service.embedded_registry import EmbeddedRegistry, launcher_for
 
     broker: EmbeddedBroker | None = None
+    registry: EmbeddedRegistry | None = None  # the embedded schema registry (service/embedded_registry.py)
     bootstrap = settings.kafka_bootstrap
     if not bootstrap:
         broker = EmbeddedBroker(port=settings.embedded_broker_port, storage=settings.embedded_broker_storage)
@@ -112,8 +114,16 @@ async def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, _stop)
         scheme = "https" if tls else "http"
         print(f"gateway HTTP on {scheme}://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
+        # issue 23: a schema registry next to the embedded broker, started in the background (not awaited)
+        launcher = launcher_for(settings) if broker is not None else None
+        if launcher is not None:
+            registry = EmbeddedRegistry(launcher, bootstrap, app.state.schemas, settings,
+                                        port=settings.embedded_registry_port)
+            registry.start()
         await server.serve()
     finally:
+        if registry is not None:  # before the broker: it keeps its schemas there
+            await registry.stop()
         if broker is not None:
             broker.stop()
             print("embedded broker stopped", flush=True)
@@ -149,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
     from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
+    from service.embedded_registry import start_problem as registry_problem
 
     return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
-            or peer_tls_problem(settings))
+            or peer_tls_problem(settings) or registry_problem(settings))
 
 
 def with_host_defaults(settings: Settings) -> Settings:

@@ -263,6 +263,16 @@ class Settings(BaseSettings):
         "registry counts as unavailable (retryable)")
     schema_registry_cache_size: int = Field(
         1000, ge=0, description="Schemas by id (immutable) and ids of registered schemas kept in memory (each)")
+    # the embedded registry of `make run` (service/embedded_registry.py, issue 23 item 5)
+    embedded_registry: Literal["auto"] | bool = Field(
+        "auto", description="Start a Schema Registry (Karapace, from GATEWAY_REGISTRY_LAUNCHER) next to the "
+        "embedded broker when GATEWAY_SCHEMA_REGISTRY_URL is unset: 'auto' when the launcher is found, true: "
+        "required (refuse to start without the launcher), false: never")
+    registry_launcher: str | None = Field(
+        None, description="The registry launcher (`start --bootstrap HOST:PORT --port N`). Default: "
+        "../shared/registry/start beside the repository")
+    embedded_registry_port: int = Field(
+        0, ge=0, le=65535, description="Port of the embedded registry on 127.0.0.1 (0: a free port)")
 
     def schema_registry_config(self) -> RegistryConfig | None:
         """The gateway-wide registry's client configuration (``None`` without GATEWAY_SCHEMA_REGISTRY_URL)."""

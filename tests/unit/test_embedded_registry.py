@@ -1,0 +1,52 @@
+"""When `make run` starts the embedded schema registry (service/embedded_registry.py): the decision alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.embedded_registry import launcher_for, start_problem
+from service.settings import Settings
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Path:
+    path = tmp_path / "start"
+    path.write_text("")
+    return path
+
+
+def settings(**kw: object) -> Settings:
+    """Settings independent of the GATEWAY_* environment the suite runs in."""
+    base: dict[str, object] = {"kafka_bootstrap": None, "schema_registry_url": None, "embedded_registry": "auto"}
+    return Settings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False), ("0", False)])
+def test_setting_values(monkeypatch: pytest.MonkeyPatch, value: str, expected: object) -> None:
+    monkeypatch.setenv("GATEWAY_EMBEDDED_REGISTRY", value)
+    assert Settings().embedded_registry == expected
+
+
+def test_started_only_with_the_embedded_broker_and_no_registry_url(launcher: Path) -> None:
+    assert launcher_for(settings(registry_launcher=str(launcher))) == launcher
+    assert launcher_for(settings(registry_launcher=str(launcher), kafka_bootstrap="k:9092")) is None
+    assert launcher_for(settings(registry_launcher=str(launcher), schema_registry_url="http://r:8081")) is None
+    assert launcher_for(settings(registry_launcher=str(launcher), embedded_registry=False)) is None
+    assert launcher_for(settings(registry_launcher=str(launcher), embedded_registry=True)) == launcher
+
+
+def test_auto_without_a_launcher_is_no_registry_and_no_problem(tmp_path: Path) -> None:
+    s = settings(registry_launcher=str(tmp_path / "missing"))
+    assert launcher_for(s) is None
+    assert start_problem(s) is None
+
+
+def test_required_without_a_launcher_refuses_to_start(tmp_path: Path, launcher: Path) -> None:
+    missing = str(tmp_path / "missing")
+    problem = start_problem(settings(registry_launcher=missing, embedded_registry=True))
+    assert problem is not None and missing in problem and "GATEWAY_EMBEDDED_REGISTRY=true" in problem
+    # not needed (an external broker or registry): no problem even when required
+    assert start_problem(settings(registry_launcher=missing, embedded_registry=True, kafka_bootstrap="k:9092")) is None
+    assert start_problem(settings(registry_launcher=str(launcher), embedded_registry=True)) is None

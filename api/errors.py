@@ -64,7 +64,16 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (413, 41301, 'request body too large'),
     (415, 41501, 'unsupported request content type'),
     (421, 42101, 'the Host header is not one of GATEWAY_ALLOWED_HOSTS (DNS rebinding guard)'),
+    (422, 42201, 'produce (avro, protobuf, jsonschema): the request includes keys but no key_schema or '
+                 'key_schema_id'),
+    (422, 42202, 'produce (avro, protobuf, jsonschema): the request includes values but no value_schema or '
+                 'value_schema_id'),
+    (422, 42203, 'produce (avro, protobuf, jsonschema): a record\'s key or value does not match its schema; the '
+                 'message names each bad record and path (records[2].value.$.age); nothing was produced'),
     (422, 42204, 'unknown or invalid consumer configuration key'),
+    (422, 42205, 'produce (avro, protobuf, jsonschema): invalid schema (does not parse, the registry refused it '
+                 'as invalid, a schema id of another type than the content type, or a record-name subject '
+                 'strategy and a schema without a record name)'),
     (422, 42206, 'invalid request field'),
     (422, 42207, 'invalid offset, partition or timestamp value'),
     (422, 42208, 'v3 produce: empty body, or a record whose key/value needs a schema registry (AVRO, PROTOBUF, '

@@ -36,10 +36,17 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
   auto-create (Tansu would, with 4 partitions). An unknown partition (path, or a record's ``partition``) is
   **404/40402** before anything is produced (Confluent's older v2 checked the path partition the same
   way; a bad record partition made its Java producer throw, a 500).
-- avro, protobuf and jsonschema content types are **415/41501**: the gateway has no schema registry
-  (Confluent without one answers a "Schema Registry must be configured" error). Other content types, or
-  none, are 415/41501 too (Confluent's resources consume only the five embedded formats).
-  ``key_schema``/``value_schema``/``*_schema_id`` are ignored with binary and json, as Confluent does.
+- ``application/vnd.kafka.{avro,protobuf,jsonschema}.v2+json`` (issue 23): key and value are JSON data
+  of the schema named by ``key_schema`` / ``value_schema`` (the schema's text: Avro JSON, ``.proto``, JSON
+  Schema; registered under the subject of ``GATEWAY_SCHEMA_SUBJECT_NAME_STRATEGY``) or ``key_schema_id`` /
+  ``value_schema_id``; the answer carries the ids. Every record is encoded before anything is sent: one bad
+  record fails the request (422/42203 naming ``records[i].value.$.path``), nothing is written. A non-null
+  key without a key schema is 422/42201, a value without a value schema 422/42202, an invalid schema
+  422/42205 (Confluent's codes), an unknown id 422/42210, no registry for the tenant 422/42211, a registry
+  that refuses the schema (incompatible: its 409) 422/42212, a registry that is down 503/50307 with
+  Retry-After. The engine is :mod:`service.schemas.produce`. Other content types, or none, are 415/41501
+  (Confluent's resources consume only the five embedded formats). ``key_schema``/``value_schema``/
+  ``*_schema_id`` are ignored with binary and json, as Confluent does.
 - bad base64 is **422/42206** naming the record and field (Confluent's old entities: a 422 constraint
   violation; its current serializer answers 408/40801, a known FIXME there).
 - an empty body, a body without a non-empty ``records`` array, unknown fields (a typo such as ``vaule``
@@ -52,6 +59,7 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import json
 from typing import Any
@@ -66,7 +74,7 @@ from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
-from api.produce_common import partitions_or_create
+from api.produce_common import may_create_topic, partitions_or_create
 from api.topics import catalog
 from service.gateway import GatewayError
 from service.producer import (
@@ -76,6 +84,8 @@ from service.producer import (
     UnknownTopicError,
     parse_compression,
 )
+from service.schemas import produce as schema_produce
+from service.schemas.produce import ProduceSchemaError
 from service.tenants import Tenant
 from service.topics import require_legal_topic_name
 
@@ -91,6 +101,8 @@ _RECORD_KEYS = frozenset({"key", "value", "partition", "headers", "timestamp"})
 _KEY_VALUE = frozenset({"key", "value"})
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
 INT64_MAX = 2**63 - 1
+#: schema'd batches of at least this many records are encoded off the event loop
+ENCODE_IN_THREAD = 1000
 
 
 # -- OpenAPI description (validation itself is plain code below, never a model per record) -------------------
@@ -109,9 +121,34 @@ class ProduceResponse(BaseModel):
     value_schema_id: int | None = None
 
 
+_MEDIA_TYPE = {"binary": BINARY, "json": JSONFMT, **{f: ct for ct, f in SCHEMA_FORMATS.items()}}
+_IGNORED = "ignored with this format (as in Confluent)"
+
+
+def _schema_fields(fmt: str) -> dict[str, dict[str, Any]]:
+    """The body's key_schema/value_schema/*_schema_id fields of one embedded format."""
+    if fmt in ("binary", "json"):
+        return {f: {"type": [t, "null"], "description": _IGNORED}
+                for f, t in (("key_schema", "string"), ("value_schema", "string"),
+                             ("key_schema_id", "integer"), ("value_schema_id", "integer"))}
+    text = {"avro": "Avro schema (its JSON text, as a string)", "protobuf": "Protobuf schema (.proto text)",
+            "jsonschema": "JSON Schema (its JSON text, as a string)"}[fmt]
+    out: dict[str, dict[str, Any]] = {}
+    for part in ("key", "value"):
+        out[f"{part}_schema"] = {
+            "type": ["string", "null"],
+            "description": f"the {part}s' {text}: registered under the subject of GATEWAY_SCHEMA_SUBJECT_NAME_STRATEGY "
+                           f"(default <topic>-{part}); needed when a record has a non-null {part} and no "
+                           f"{part}_schema_id is given"}
+        out[f"{part}_schema_id"] = {
+            "type": ["integer", "null"], "minimum": 0, "format": "int64",
+            "description": f"the registry id of the {part}s' schema (wins over {part}_schema)"}
+    return out
+
+
 def _body_schema(fmt: str, key_value: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The request body of one embedded format, as named schemas (generated clients get a model each)."""
-    name = fmt.capitalize()
+    name = {"jsonschema": "JsonSchema"}.get(fmt, fmt.capitalize())
     record = {
         "type": "object",
         "title": f"{name}ProduceRecord",
@@ -133,15 +170,12 @@ def _body_schema(fmt: str, key_value: dict[str, Any]) -> dict[str, dict[str, Any
     body = {
         "type": "object",
         "title": f"{name}ProduceRequest",
-        "description": f"Records to produce, sent as `{BINARY if fmt == 'binary' else JSONFMT}`.",
+        "description": f"Records to produce, sent as `{_MEDIA_TYPE[fmt]}`.",
         "required": ["records"],
         "additionalProperties": False,
         "properties": {
             "records": {"type": "array", "minItems": 1, "items": {"$ref": f"#/components/schemas/{name}ProduceRecord"}},
-            "key_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
-            "value_schema": {"type": ["string", "null"], "description": "ignored (no schema registry)"},
-            "key_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
-            "value_schema_id": {"type": ["integer", "null"], "description": "ignored (no schema registry)"},
+            **_schema_fields(fmt),
         },
     }
     return {f"{name}ProduceRequest": body, f"{name}ProduceRecord": record}
@@ -152,6 +186,12 @@ PRODUCE_SCHEMAS: dict[str, dict[str, Any]] = {
     **_body_schema("binary", {"type": ["string", "null"], "format": "byte",
                               "description": "base64 (RFC 4648, with padding); null: none"}),
     **_body_schema("json", {"description": "any JSON value, stored as its JSON text; null: none"}),
+    **_body_schema("avro", {"description": "JSON data of the Avro schema (unions as {\"type\": value} or bare), "
+                                           "encoded and framed with its schema id; null: none"}),
+    **_body_schema("protobuf", {"description": "the first message of the Protobuf schema in its JSON form, "
+                                               "encoded and framed with its schema id; null: none"}),
+    **_body_schema("jsonschema", {"description": "JSON data valid against the JSON Schema, framed with its "
+                                                 "schema id; null: none"}),
     "ProduceRecordHeader": {
         "type": "object", "title": "ProduceRecordHeader", "required": ["key"], "additionalProperties": False,
         "properties": {"key": {"type": "string"},
@@ -163,6 +203,8 @@ def _openapi() -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {
         BINARY: {"schema": {"$ref": "#/components/schemas/BinaryProduceRequest"}},
         JSONFMT: {"schema": {"$ref": "#/components/schemas/JsonProduceRequest"}},
+        **{ct: {"schema": {"$ref": f"#/components/schemas/{'JsonSchema' if f == 'jsonschema' else f.capitalize()}"
+                                   "ProduceRequest"}} for ct, f in SCHEMA_FORMATS.items()},
     }}}
 
 
@@ -183,11 +225,11 @@ def embedded_format(request: Request) -> str:
         return "binary"
     if ct == JSONFMT:
         return "json"
-    if ct in SCHEMA_FORMATS:
-        raise GatewayError(f"{SCHEMA_FORMATS[ct]} records need a schema registry, which this gateway does not "
-                           f"provide; produce with {BINARY} or {JSONFMT}", status=415, error_code=41501)
+    fmt = SCHEMA_FORMATS.get(ct)
+    if fmt is not None:
+        return fmt
     raise GatewayError(f"unsupported content type {ct or '(none)'!r} for produce; use {BINARY} (base64 keys and "
-                       f"values) or {JSONFMT}", status=415, error_code=41501)
+                       f"values), {JSONFMT} or {', '.join(SCHEMA_FORMATS)}", status=415, error_code=41501)
 
 
 def producer_for(request: Request, tenant: Tenant) -> Producer:
@@ -216,7 +258,7 @@ def _parse_body(raw: bytes, fmt: str) -> Any:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise GatewayError(f"malformed JSON: {exc}", status=400, error_code=40001) from None
-    if fmt == "json" and _LONG_DIGITS.search(raw):
+    if fmt in ("json", "jsonschema") and _LONG_DIGITS.search(raw):
         body = json.loads(raw)  # exact integers beyond 64 bits (orjson would make them floats)
     return body
 
@@ -256,19 +298,24 @@ def _int_field(v: Any, i: int, field: str, maximum: int) -> int | None:
 
 
 def parse_records(body: Any, fmt: str, path_partition: int | None) -> tuple[list[tuple[Any, ...]], list[int]]:
-    """(key, value, headers, partition, timestamp) tuples and key+value sizes, or a 422 GatewayError."""
+    """(key, value, headers, partition, timestamp) tuples and key+value sizes, or a 422 GatewayError.
+
+    With a schema'd ``fmt`` (avro, protobuf, jsonschema) key and value stay the JSON data as sent (sizes 0):
+    :func:`_encode_schema_records` replaces them with their framed bytes."""
     if type(body) is not dict:
         raise _invalid('the body must be a JSON object {"records": [...]}')
     extra = [k for k in body if k not in _BODY_KEYS]
     if extra:
-        raise _invalid(f"unknown field(s) {', '.join(repr(k) for k in extra)}; expected records (and the ignored "
-                       "key_schema, value_schema, key_schema_id, value_schema_id)")
+        raise _invalid(f"unknown field(s) {', '.join(repr(k) for k in extra)}; expected records, key_schema, "
+                       "value_schema, key_schema_id, value_schema_id (the schema fields are ignored with binary "
+                       "and json)")
     records = body.get("records")
     if type(records) is not list or not records:
         raise _invalid("records must be a non-empty array")
     out: list[tuple[Any, ...]] = []
     sizes: list[int] = []
     binary = fmt == "binary"
+    mode = fmt if fmt in ("binary", "json") else "schema"
     a2b = binascii.a2b_base64
     for i, r in enumerate(records):
         # fast path: a binary record of only a key and/or a value (base64 strings or null)
@@ -285,21 +332,25 @@ def parse_records(body: Any, fmt: str, path_partition: int | None) -> tuple[list
                     out.append((key, value, _NO_HEADERS, path_partition, None))
                     sizes.append((len(key) if key is not None else 0) + (len(value) if value is not None else 0))
                     continue
-        rec = _parse_record(r, i, binary, path_partition)
+        rec = _parse_record(r, i, mode, path_partition)
         out.append(rec)
-        sizes.append((len(rec[0]) if rec[0] is not None else 0) + (len(rec[1]) if rec[1] is not None else 0))
+        sizes.append(0 if mode == "schema" else
+                     (len(rec[0]) if rec[0] is not None else 0) + (len(rec[1]) if rec[1] is not None else 0))
     return out, sizes
 
 
-def _parse_record(r: Any, i: int, binary: bool, path_partition: int | None) -> tuple[Any, ...]:
+def _parse_record(r: Any, i: int, mode: str, path_partition: int | None) -> tuple[Any, ...]:
     if type(r) is not dict:
         raise _invalid(f"records[{i}] must be an object")
     unknown = [k for k in r if k not in _RECORD_KEYS]
     if unknown:
         raise _invalid(f"records[{i}]: unknown field(s) {', '.join(repr(k) for k in unknown)}")
-    if binary:
+    if mode == "binary":
         key = _b64(r.get("key"), i, "key")
         value = _b64(r.get("value"), i, "value")
+    elif mode == "schema":  # JSON data, encoded with its schema once every record parsed
+        key = r.get("key")
+        value = r.get("value")
     else:
         key = _json_bytes(r.get("key"))
         value = _json_bytes(r.get("value"))
@@ -311,7 +362,8 @@ def _parse_record(r: Any, i: int, binary: bool, path_partition: int | None) -> t
     return key, value, headers, partition, ts
 
 
-def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:
+def render(results: list[Any], key_schema_id: int | None = None,
+           value_schema_id: int | None = None) -> tuple[bytes, int, int, list[bool]]:
     """The ProduceResponse body, its HTTP status (Confluent: 403/401 if a record failed authorization or
     authentication, else 200), the number of failures and which records succeeded."""
     parts: list[bytes] = []
@@ -333,10 +385,60 @@ def render(results: list[Any]) -> tuple[bytes, int, int, list[bool]]:
             failures.append(r)
             failed += 1
             oks.append(False)
-    body = b'{"offsets":[' + b",".join(parts) + b'],"key_schema_id":null,"value_schema_id":null}'
+    body = b'{"offsets":[' + b",".join(parts) + b'],"key_schema_id":%s,"value_schema_id":%s}' % (
+        b"null" if key_schema_id is None else b"%d" % key_schema_id,
+        b"null" if value_schema_id is None else b"%d" % value_schema_id)
     if failures:
         failure_texts(failures)
     return body, status, failed, oks
+
+
+def _check_partitions(topic: str, partitions: set[int], records: list[tuple[Any, ...]],
+                      path_partition: int | None) -> None:
+    if path_partition is not None:
+        if path_partition not in partitions:
+            raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,
+                               error_code=40402)
+        return
+    for i, rec in enumerate(records):
+        if rec[3] is not None and rec[3] not in partitions:
+            raise GatewayError(f"records[{i}]: partition {rec[3]} of topic {topic!r} not found", status=404,
+                               error_code=40402)
+
+
+def _strategy(settings: Any, is_key: bool) -> str:
+    specific = settings.schema_key_subject_name_strategy if is_key else settings.schema_value_subject_name_strategy
+    return str(specific or settings.schema_subject_name_strategy)
+
+
+async def _encode_schema_records(request: Request, tenant: Tenant, fmt: str, topic: str, body: Any,
+                                 records: list[tuple[Any, ...]], sizes: list[int]) -> tuple[int | None, int | None]:
+    """Resolve the body's key/value schemas (registering schema text) and replace every record's JSON key and
+    value with its framed bytes, in place; all or nothing. Returns the key and value schema ids."""
+    resolver = request.app.state.schemas.resolver(tenant.schema_registry, fmt)  # no registry: 42211, first
+    try:
+        key_spec, value_spec = schema_produce.schema_specs(body)
+        keys = [r[0] for r in records]
+        values = [r[1] for r in records]
+        schema_produce.require_schemas(keys, values, key_spec, value_spec)
+        settings = request.app.state.settings
+        key_enc = value_enc = None
+        if key_spec is not None:
+            key_enc = await schema_produce.resolve_encoder(resolver, fmt, key_spec, topic, _strategy(settings, True))
+        if value_spec is not None:
+            value_enc = await schema_produce.resolve_encoder(resolver, fmt, value_spec, topic,
+                                                             _strategy(settings, False))
+        if len(records) < ENCODE_IN_THREAD:
+            encoded = schema_produce.encode_batch(keys, values, key_enc, value_enc)
+        else:  # a large batch: the event loop keeps serving other requests meanwhile
+            encoded = await asyncio.to_thread(schema_produce.encode_batch, keys, values, key_enc, value_enc)
+    except ProduceSchemaError as exc:
+        raise _invalid(exc.message, exc.code) from None
+    for i, (k, v) in enumerate(encoded):
+        records[i] = (k, v, *records[i][2:])
+        sizes[i] = (len(k) if k is not None else 0) + (len(v) if v is not None else 0)
+    return (key_enc.schema_id if key_enc is not None else None,
+            value_enc.schema_id if value_enc is not None else None)
 
 
 async def produce(request: Request, tenant: Tenant, topic: str, path_partition: int | None) -> Response:
@@ -346,22 +448,35 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
     records, sizes = parse_records(body, fmt, path_partition)
     require_legal_topic_name(topic)
     producer = producer_for(request, tenant)
-    try:
-        partitions = await partitions_or_create(request.app.state.settings, producer, topic,
-                                                catalog(request, tenant))
-    except UnknownTopicError:
-        raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
-    if path_partition is not None:
-        if path_partition not in partitions:
-            raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,
-                               error_code=40402)
+    settings = request.app.state.settings
+    key_schema_id = value_schema_id = None
+    if fmt in ("binary", "json"):
+        try:
+            partitions = await partitions_or_create(settings, producer, topic, catalog(request, tenant))
+        except UnknownTopicError:
+            raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+        _check_partitions(topic, partitions, records, path_partition)
     else:
-        for i, rec in enumerate(records):
-            if rec[3] is not None and rec[3] not in partitions:
-                raise GatewayError(f"records[{i}]: partition {rec[3]} of topic {topic!r} not found", status=404,
-                                   error_code=40402)
+        # schema'd: 404s first (no schema registered for a topic that is not there), then every record
+        # encoded, then a missing topic created (when auto-creation is on), then the partitions checked
+        known: set[int] | None = None
+        try:
+            known = set(await producer.partitions(topic))
+        except UnknownTopicError:
+            if not may_create_topic(settings, topic):
+                raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+        if known is not None:
+            _check_partitions(topic, known, records, path_partition)
+        key_schema_id, value_schema_id = await _encode_schema_records(request, tenant, fmt, topic, body, records,
+                                                                      sizes)
+        if known is None:
+            try:
+                known = await partitions_or_create(settings, producer, topic, catalog(request, tenant))
+            except UnknownTopicError:
+                raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+            _check_partitions(topic, known, records, path_partition)
     results = await producer.send_many(topic, records)
-    content, status, failed, oks = render(results)
+    content, status, failed, oks = render(results, key_schema_id, value_schema_id)
     metrics = request.app.state.metrics
     acked = len(results) - failed
     if acked:

@@ -6,7 +6,9 @@ error code of a record the producer could not deliver.
 - :data:`LONG_DIGITS`: a number that might not fit 64 bits (orjson would read it as a float): such JSON
   text is parsed again with the standard library;
 - :func:`failure_code`: the REST error code of a :class:`~service.producer.ProduceFailure` (Confluent's
-  codes: 40301 authorization, 40101 authentication, 50003 retriable Kafka error, 50002 other).
+  codes: 40301 authorization, 40101 authentication, 50003 retriable Kafka error, 50002 other);
+- :func:`partitions_or_create` / :func:`may_create_topic`: a topic's partitions, creating a missing one when
+  ``GATEWAY_AUTO_CREATE_TOPICS`` allows it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def failure_code(f: ProduceFailure) -> int:
     return 50003 if f.retriable else 50002
 
 
+def may_create_topic(settings: Any, topic: str) -> bool:
+    """Whether produce creates ``topic`` when it is missing (``GATEWAY_AUTO_CREATE_TOPICS``; never ``__*``)."""
+    return bool(settings.auto_create_topics_enabled()) and not topic.startswith("__")
+
+
 async def partitions_or_create(settings: Any, producer: Producer, topic: str, catalog: Any = None) -> set[int]:
     """The partitions of ``topic``; a missing one is created when ``GATEWAY_AUTO_CREATE_TOPICS`` is on
     (never a name starting with ``__``: internal topics). Raises UnknownTopicError otherwise.
@@ -51,7 +58,7 @@ async def partitions_or_create(settings: Any, producer: Producer, topic: str, ca
     try:
         return set(await producer.partitions(topic))
     except UnknownTopicError:
-        if not settings.auto_create_topics_enabled() or topic.startswith("__"):
+        if not may_create_topic(settings, topic):
             raise
         created = set(await producer.create_topic(topic, settings.auto_create_partitions,
                                                   settings.auto_create_replication_factor))

@@ -28,6 +28,8 @@ EMBEDDED_STATIC_SESSION_TIMEOUT_MS = 10000
 EMBEDDED_HEARTBEAT_INTERVAL_MS = 1000
 KAFKA_SESSION_TIMEOUT_MS = 45000
 KAFKA_HEARTBEAT_INTERVAL_MS = 3000
+#: service/schemas/produce.py STRATEGIES (Confluent's subject-name strategy class names)
+SubjectNameStrategy = Literal["TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy"]
 
 
 class Settings(BaseSettings):
@@ -250,6 +252,16 @@ class Settings(BaseSettings):
     schema_registry_url: str | None = Field(
         None, description="Base URL of the Confluent-compatible Schema Registry of the avro, protobuf and "
         "jsonschema formats (e.g. http://registry:8081)")
+    # schema'd produce (issue 23 item 3, service/schemas/produce.py): the subject a key_schema/value_schema
+    # posted as text is registered under
+    schema_subject_name_strategy: SubjectNameStrategy = Field(
+        "TopicNameStrategy", description="Subject of a schema posted with produce: TopicNameStrategy "
+        "(<topic>-key / <topic>-value), RecordNameStrategy (the record's fully-qualified name) or "
+        "TopicRecordNameStrategy (<topic>-<record name>)")
+    schema_key_subject_name_strategy: SubjectNameStrategy | None = Field(
+        None, description="The strategy for key schemas (unset: GATEWAY_SCHEMA_SUBJECT_NAME_STRATEGY)")
+    schema_value_subject_name_strategy: SubjectNameStrategy | None = Field(
+        None, description="The strategy for value schemas (unset: GATEWAY_SCHEMA_SUBJECT_NAME_STRATEGY)")
     schema_registry_basic_auth: SecretStr | None = Field(
         None, description="'user:password' for the registry's HTTP basic auth (never logged)")
     schema_registry_bearer_token: SecretStr | None = Field(

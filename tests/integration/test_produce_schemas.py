@@ -19,6 +19,8 @@ import httpx
 import pytest
 from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import TopicPartition as CKTopicPartition
+from confluent_kafka.schema_registry import Schema as CSchema
+from confluent_kafka.schema_registry import SchemaReference as CRef
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
@@ -38,6 +40,7 @@ V2 = "application/vnd.kafka.v2+json"
 AVRO = {"Content-Type": "application/vnd.kafka.avro.v2+json", "Accept": V2}
 PROTOBUF = {"Content-Type": "application/vnd.kafka.protobuf.v2+json", "Accept": V2}
 JSONSCHEMA = {"Content-Type": "application/vnd.kafka.jsonschema.v2+json", "Accept": V2}
+F = descriptor_pb2.FieldDescriptorProto
 
 
 @contextlib.asynccontextmanager
@@ -231,6 +234,83 @@ async def test_protobuf_and_jsonschema_by_id(http: httpx.AsyncClient, kclient: K
     msgs = read_raw(tansu.bootstrap, json_t, 2)
     assert [jd(m.value(), vctx) for m in msgs] == [{"n": 1}, {"n": 2, "big": 9007199254740993}]
     assert [jd(m.key(), kctx) for m in msgs] == ["k", "k2"]
+
+
+async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, kclient: KafkaClient,
+                                                    tansu: EmbeddedBroker, schema_registry: str,
+                                                    topic_name: str) -> None:
+    """A schema id whose .proto imports another registered schema: encoded with the import resolved."""
+    await kclient.create_topics({topic_name: 1})
+    p = f"p{uuid.uuid4().hex[:8]}"
+    registry = SchemaRegistryClient({"url": schema_registry})
+    dep_text = f'syntax = "proto3";\npackage {p}.money;\n\nmessage Money {{\n  int64 units = 1;\n  string currency = 2;\n}}\n'
+    main_text = (f'syntax = "proto3";\npackage {p};\n\nimport "{p}/money.proto";\n\n'
+                 f'message Order {{\n  string order_id = 1;\n  {p}.money.Money total = 2;\n}}\n')
+    registry.register_schema(f"{p}/money.proto", CSchema(dep_text, "PROTOBUF"))
+    main_id = registry.register_schema(f"{topic_name}-value", CSchema(
+        main_text, "PROTOBUF", [CRef(f"{p}/money.proto", f"{p}/money.proto", 1)]))
+    sent = {"orderId": "o-1", "total": {"units": "12", "currency": "EUR"}}
+    produced(await http.post(f"/topics/{topic_name}", headers=PROTOBUF, json={
+        "value_schema_id": main_id, "records": [{"value": sent}]}), 1, value_id=main_id)
+
+    dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
+    money = dep.message_type.add(name="Money")
+    money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    money.field.add(name="currency", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    main = descriptor_pb2.FileDescriptorProto(name=f"{p}/order.proto", package=p, syntax="proto3",
+                                              dependency=[f"{p}/money.proto"])
+    order = main.message_type.add(name="Order")
+    order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
+                    label=F.LABEL_OPTIONAL)
+    pool = DescriptorPool()
+    pool.Add(dep)
+    pool.Add(main)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))
+    [m] = read_raw(tansu.bootstrap, topic_name, 1)
+    assert unframe(m.value(), protobuf=True).message_indexes == (0,)
+    msg = ProtobufDeserializer(cls, {"use.deprecated.format": False})(
+        m.value(), SerializationContext(topic_name, MessageField.VALUE))
+    assert json_format.MessageToDict(msg) == sent
+
+
+async def test_round_trip_through_the_gateway(http: httpx.AsyncClient, kclient: KafkaClient,
+                                              topic_name: str) -> None:
+    """Produced through the gateway, consumed through the gateway (each format's media type): the same JSON."""
+    cases = {
+        "avro": (AVRO, json.dumps({"type": "record", "name": "R", "namespace": "rt", "fields": [
+            {"name": "s", "type": "string"}, {"name": "n", "type": ["null", "long"], "default": None}]}),
+            [{"s": "a", "n": {"long": 5}}, {"s": "b", "n": None}]),
+        "protobuf": (PROTOBUF, 'syntax = "proto3"; package rt; message R { string s = 1; int64 n = 2; }',
+                     [{"s": "a", "n": "5"}, {"s": "b", "n": "0"}]),
+        "jsonschema": (JSONSCHEMA, '{"type": "object", "properties": {"s": {"type": "string"}}}',
+                       [{"s": "a", "n": [1, {"x": None}]}, {"s": "b"}]),
+    }
+    for fmt, (headers, schema, values) in cases.items():
+        topic = f"{topic_name}-{fmt}"
+        await kclient.create_topics({topic: 1})
+        produced(await http.post(f"/topics/{topic}", headers=headers, json={
+            "value_schema": schema, "records": [{"value": v} for v in values]}), len(values))
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        r = await http.post(f"/consumers/{group}", headers={"Content-Type": V2}, json={"format": fmt})
+        assert r.status_code == 200, r.text
+        base = f"/consumers/{group}/instances/{r.json()['instance_id']}"
+        parts = {"partitions": [{"topic": topic, "partition": 0}]}
+        try:
+            assert (await http.post(f"{base}/assignments", json=parts, headers={"Content-Type": V2})).status_code == 204
+            assert (await http.post(f"{base}/positions/beginning", json=parts,
+                                    headers={"Content-Type": V2})).status_code == 204
+            got: list[Any] = []
+            for _ in range(20):
+                r = await http.get(f"{base}/records", params={"timeout": 500},
+                                   headers={"Accept": headers["Content-Type"]})
+                assert r.status_code == 200, r.text
+                got += r.json()
+                if len(got) >= len(values):
+                    break
+            assert [g["value"] for g in got] == values, fmt
+        finally:
+            await http.delete(base, headers={"Content-Type": V2})
 
 
 # -- refusals: nothing half-written ------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
 from service.protocol.records import InflatedSizeError
 from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
+from service.schemas.codecs import DecodeError
 from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
 from service.schemas.registry import RegistryUnavailable
 from service.subscription import (
@@ -768,7 +769,7 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
             # with fetch.min.bytes set, once more than that many bytes are buffered (Confluent's rule)
             chunks = await gw.poll(inst, limit, max_bytes, wait, min_bytes=inst.options.fetch_min_bytes)
             if resolver is not None:
-                decoded = await decode_chunks(inst, resolver, chunks)
+                decoded = await decode_chunks(inst, resolver, chunks, metrics)
     finally:
         inst.active_requests -= 1
         inst.touch()
@@ -795,7 +796,7 @@ def schema_resolver(request: Request, inst: ConsumerInstance, tenant: Tenant) ->
 
 
 async def decode_chunks(inst: ConsumerInstance, resolver: SchemaResolver,
-                        chunks: list[tuple[TopicPartition, list[Any]]]) -> Decoded:
+                        chunks: list[tuple[TopicPartition, list[Any]]], metrics: Any = None) -> Decoded:
     """Every key and value of a poll decoded (per record: a JSON value, None or a DecodeError). Call it under
     the instance's lock. A registry that cannot answer gives the records back (the instance is sought back to
     each chunk's first offset: nothing is lost or skipped) and raises RegistryUnavailable (503/50307)."""
@@ -808,9 +809,15 @@ async def decode_chunks(inst: ConsumerInstance, resolver: SchemaResolver,
         for tp, recs in chunks:
             if recs:
                 inst.consumer.seek(tp, recs[0].offset)
+        if metrics is not None:
+            metrics.schema_registry_unavailable.labels(inst.tenant).inc()
         raise
     rendering = inst.options.avro_rendering
     dk, dv = resolver.decode(fmt, keys, rendering=rendering), resolver.decode(fmt, values, rendering=rendering)
+    if metrics is not None:
+        errors = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
+        if errors:
+            metrics.schema_decode_errors.labels(inst.tenant, fmt).inc(errors)
     out: Decoded = []
     i = 0
     for _, recs in chunks:
@@ -973,7 +980,7 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
                 chunks = [c for c in chunks if c[1]]
                 # schema'd: a registry outage gives the records back and ends the stream in-band (50307)
-                decoded = await decode_chunks(inst, resolver, chunks) if resolver is not None and chunks else None
+                decoded = await decode_chunks(inst, resolver, chunks, metrics) if resolver is not None and chunks else None
                 # positions read with the records, before another request of the instance can move them
                 prefix = _token_prefix(codec, binding, inst, chunks) if chunks else None
             inst.touch()

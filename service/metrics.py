@@ -67,6 +67,15 @@ class GatewayMetrics:
         self.produce_failures = Counter("kcg_produce_failures_total",
                                         "Records produced over HTTP that the broker did not acknowledge",
                                         ["tenant"], registry=registry)
+        # schema'd formats (issue 23): keys/values delivered with key_error/value_error, polls given back
+        self.schema_decode_errors = Counter("kcg_schema_decode_errors_total",
+                                            "Keys and values of schema'd consumers delivered as null with an error "
+                                            "field (not in the wire format, unknown schema id, undecodable)",
+                                            ["tenant", "format"], registry=registry)
+        self.schema_registry_unavailable = Counter("kcg_schema_registry_unavailable_total",
+                                                   "Polls and streams of schema'd consumers that failed (503/50307) "
+                                                   "because the schema registry could not answer; their records "
+                                                   "were given back", ["tenant"], registry=registry)
         # The largest lag since the previous scrape (reset by each scrape), so that a stall shorter than
         # the scrape interval is still visible; 0 when no tick ended since the previous scrape.
         self._loop_lag_max = 0.0

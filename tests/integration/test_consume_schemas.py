@@ -111,6 +111,10 @@ async def test_avro_docs_flow_with_evolution_and_per_record_errors(
     assert base64.b64decode(got[3]["value_base64"]) == b"plain text"
     assert got[4]["value"] is None and "2000000000 not found" in got[4]["value_error"]
     assert got[5]["value"] is None and "value_error" not in got[5] and got[5]["key"] == {"name": "key"}
+    metrics = (await http.get("/metrics")).text
+    assert any(line.startswith("kcg_schema_decode_errors_total{") and 'format="avro"' in line
+               and float(line.split()[-1]) >= 2
+               for line in metrics.splitlines()), "decode errors are counted"
 
 
 async def test_avro_stream_ndjson(http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str,
@@ -219,6 +223,7 @@ async def test_registry_faults_lose_nothing_and_no_registry_is_a_clear_error(
                     r = await http.get(f"{base}/records", headers={"Accept": AVRO}, params={"timeout": 3000})
                 assert r.status_code == 503, r.text
                 assert r.json()["error_code"] == 50307 and int(r.headers["retry-after"]) >= 1
+                assert "kcg_schema_registry_unavailable_total" in (await http.get("/metrics")).text
                 reg.up()
                 got: list[dict[str, Any]] = []
                 for _ in range(10):

@@ -54,7 +54,7 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
     port = free_port()
     broker_port = free_port()
     env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_EMBEDDED_BROKER_PORT": str(broker_port),
-           "GATEWAY_LOG_LEVEL": "warning"}
+           "GATEWAY_LOG_LEVEL": "warning", "GATEWAY_EMBEDDED_REGISTRY": "false"}  # (its own test covers it)
     env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
     proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -95,7 +95,8 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
 def test_embedded_broker_dies_with_a_killed_gateway() -> None:
     """Even kill -9 of the gateway leaves no broker behind (PR_SET_PDEATHSIG)."""
     port = free_port()
-    env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning"}
+    env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
+           "GATEWAY_EMBEDDED_REGISTRY": "false"}
     env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
     proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

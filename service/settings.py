@@ -248,7 +248,7 @@ class Settings(BaseSettings):
         -1, ge=-1, le=32767, description="Replication factor of a topic created by produce; -1: the broker's "
         "default.replication.factor (CreateTopics v4+)")
 
-    # Schema Registry (issue 23, in progress: the client exists, no route uses it yet); gateway-wide
+    # Schema Registry (issue 23); gateway-wide, a tenant may name its own in the tenants file
     schema_registry_url: str | None = Field(
         None, description="Base URL of the Confluent-compatible Schema Registry of the avro, protobuf and "
         "jsonschema formats (e.g. http://registry:8081)")
@@ -275,6 +275,10 @@ class Settings(BaseSettings):
         "registry counts as unavailable (retryable)")
     schema_registry_cache_size: int = Field(
         1000, ge=0, description="Schemas by id (immutable) and ids of registered schemas kept in memory (each)")
+    avro_json_rendering: Literal["confluent", "karapace"] = Field(
+        "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
+        "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "
+        "untagged; bytes base64). A consumer may choose its own with \"avro.json.rendering\" at creation")
     # the embedded registry of `make run` (service/embedded_registry.py, issue 23 item 5)
     embedded_registry: Literal["auto"] | bool = Field(
         "auto", description="Start a Schema Registry (Karapace, from GATEWAY_REGISTRY_LAUNCHER) next to the "

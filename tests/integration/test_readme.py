@@ -161,7 +161,7 @@ def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: Gat
     # the consume steps (poll, stream) print every produced record
     values = json_values(done.stdout)
     produced = [v for v in values if isinstance(v, dict) and "offsets" in v and "key_schema_id" in v]
-    assert len(produced) == 1, report
+    assert len(produced) == 2, report  # binary to orders, avro to payments
     sent = {(o["partition"], o["offset"]) for o in produced[0]["offsets"]}
     assert len(sent) == 2 and all(o["error_code"] is None for o in produced[0]["offsets"]), report
     polled = [r for v in values if isinstance(v, list) for r in v if isinstance(r, dict) and "topic" in r]
@@ -170,6 +170,11 @@ def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: Gat
     consumed = {(r["partition"], r["offset"]): r["value"] for r in polled + streamed if r["topic"] == "orders"}
     assert sent <= set(consumed), report
     assert sorted(consumed.values()) == ["aGVsbG8=", "d29ybGQ="], report
+    # the avro block: registered (an id), consumed back decoded by the embedded registry's schema
+    assert isinstance(produced[1]["value_schema_id"], int) and produced[1]["key_schema_id"] is None, report
+    payments = [r["value"] for r in polled if r["topic"] == "payments"]
+    assert payments == [{"id": "p1", "amount": 9.5}, {"id": "p2", "amount": 12.25}], report
+    assert ("POST", "/consumers/billing/instances/b1/subscription") in steps, report
 
     # and, as the README says after the block, make run's gateway creates a missing topic on produce
     r = httpx.post(f"{make_run.url}/topics/readme-new-topic", json={"records": [{"value": "eA=="}]},

@@ -341,3 +341,62 @@ async def test_karapace_avro_scenarios_through_produce_and_consume(http: httpx.A
                 break
         await http.delete(base, headers={"Content-Type": V2})
         assert got == records, topic
+
+
+async def test_each_tenant_reads_with_its_own_registry(tansu: EmbeddedBroker, topic_name: str,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two tenants name two registries in the tenants file, where schema id 1 is not the same schema: the same
+    record bytes decode with each tenant's own schema (no cache shared across registries); a third tenant
+    without a registry (and no gateway-wide one) gets 42211."""
+    import hashlib
+
+    from service.schemas.avro import AvroCodec
+
+    def sha(k: str) -> str:
+        return "sha256:" + hashlib.sha256(k.encode()).hexdigest()
+
+    left = {"type": "record", "name": "L", "fields": [{"name": "a", "type": "string"}]}
+    right = {"type": "record", "name": "R", "fields": [{"name": "b", "type": "bytes"}]}
+    with TestRegistry() as reg_a, TestRegistry() as reg_b:
+        assert reg_a.add("x", json.dumps(left)) == reg_b.add("y", json.dumps(right))
+        sid = reg_a.add("x", json.dumps(left))
+        _produce(tansu.bootstrap, topic_name, [frame(sid, AvroCodec(left).encode({"a": "hé"}))])
+        d = tmp_path_factory.mktemp("tenant-registries")
+        (d / "tenants.yaml").write_text(f"""version: 1
+tenants:
+  - id: alpha
+    api_keys: ["{sha('key-alpha')}"]
+    schema_registry: {{url: "{reg_a.url}"}}
+  - id: beta
+    api_keys: ["{sha('key-beta')}"]
+    schema_registry: {{url: "{reg_b.url}", timeout_s: 2}}
+  - id: gamma
+    api_keys: ["{sha('key-gamma')}"]
+""")
+        with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
+                            log_file=d / "gw.log") as g:
+            async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+                seen = {}
+                for tenant in ("alpha", "beta"):
+                    auth = {"Authorization": f"Bearer key-{tenant}"}
+                    r = await http.post(f"/consumers/g-{tenant}", headers={**auth, "Content-Type": V2},
+                                        json={"format": "avro", "avro.json.rendering": "karapace"})
+                    assert r.status_code == 200, r.text
+                    base = r.json()["base_uri"]
+                    await http.post(f"{base}/assignments", headers={**auth, "Content-Type": V2},
+                                    json={"partitions": [{"topic": topic_name, "partition": 0}]})
+                    await http.post(f"{base}/positions/beginning", headers={**auth, "Content-Type": V2},
+                                    json={"partitions": [{"topic": topic_name, "partition": 0}]})
+                    for _ in range(20):
+                        r = await http.get(f"{base}/records", headers={**auth, "Accept": AVRO},
+                                           params={"timeout": 1000})
+                        assert r.status_code == 200, r.text
+                        if r.json():
+                            seen[tenant] = r.json()[0]["value"]
+                            break
+                assert seen["alpha"] == {"a": "hé"}
+                # the same bytes under beta's schema 1 (a bytes field): the string's length-prefixed UTF-8
+                assert seen["beta"] == {"b": base64.b64encode("hé".encode()).decode()}
+                r = await http.post("/consumers/g-gamma", json={"format": "avro"},
+                                    headers={"Authorization": "Bearer key-gamma", "Content-Type": V2})
+                assert r.status_code == 422 and r.json()["error_code"] == 42211

@@ -4,12 +4,18 @@
         [--format parquet|delta] [--trigger available-now|interval=10s] [--api-key-file PATH]
         [--commit-group NAME] [--max-records-per-trigger N] [--max-offsets-per-task N]
         [--starting-offsets earliest|latest] [--response-format arrow|json]
+        [--value-format avro|protobuf|jsonschema [--value-schema-id latest|ID]]
 
 ``parquet`` (default) is Spark's file sink: its ``_spark_metadata`` log plus the checkpoint make the table
 exactly-once for Spark readers. ``delta`` appends each micro-batch with delta-rs and the transaction
 ``(query id, batch id)``, skipping a replayed batch: exactly-once for every reader. Progress (batch, rows,
 rows/s, lag in offsets behind the last stable offsets) is printed per micro-batch; the exit status is 0 when
 the query ended normally, 1 on a failure (the message names the cause), 2 on bad arguments.
+
+``--value-format avro`` (or ``protobuf`` / ``jsonschema``) writes a typed table: the values decoded with the
+Schema Registry into a ``value`` struct column (plus ``value_schema_id``, ``error`` and ``value_raw`` per
+row; see :mod:`sink.source`), read with one reader schema pinned at the start (``--value-schema-id``,
+default the latest of ``{topic}-value``); without it the table holds the binary values, as before.
 
 The API key: from the environment (``GATEWAY_API_KEY``) or a file (``--api-key-file PATH``: its first line),
 never from the command line, which every user of the machine can read (``ps``, ``/proc/PID/cmdline``);
@@ -54,12 +60,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-offsets-per-task", type=int)
     ap.add_argument("--response-format", choices=("arrow", "json"), default="arrow",
                     help="how the gateway answers range reads: arrow (default, columnar) or json (slower)")
+    ap.add_argument("--value-format", choices=("binary", "avro", "protobuf", "jsonschema"), default="binary",
+                    help="binary (default: value bytes) or a Schema Registry format: a typed value column")
+    ap.add_argument("--value-schema-id", default="latest",
+                    help="with --value-format: the reader schema, latest (of {topic}-value, default) or an id")
     ap.add_argument("--master", default=os.environ.get("SINK_SPARK_MASTER", "local[2]"))
     ap.add_argument("--driver-memory", default="2g")
     ap.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
     args = ap.parse_args(argv)
     if args.trigger != "available-now" and not re.fullmatch(r"interval=\d+(ms|s|m)", args.trigger):
         ap.error("--trigger: available-now or interval=<n>(ms|s|m)")
+    if args.value_schema_id != "latest" and not args.value_schema_id.isdigit():
+        ap.error("--value-schema-id: latest or a schema id")
     if args.api_key is not None:
         print(ARGV_KEY_WARNING, file=sys.stderr, flush=True)
     elif args.api_key_file is not None:
@@ -119,12 +131,18 @@ def stop_session(spark: Any) -> None:
     finish_recording()
 
 
-def preflight(gateway: str, topics: list[str], api_key: str | None) -> None:
-    """Fail before Spark starts (nothing written) if the gateway or a topic is not there."""
+def preflight(gateway: str, topics: list[str], api_key: str | None, value_format: str | None = None,
+              value_schema: str = "latest") -> None:
+    """Fail before Spark starts (nothing written) if the gateway or a topic is not there, or (typed) the
+    value schema cannot be had (no registry, no such subject or id)."""
     http = GatewayHTTP(gateway, api_key)
     try:
         for t in topics:
             http.get_json(f"/topics/{quote(t)}/partitions", f"topic {t!r}")
+        if value_format:
+            from sink.source import fetch_typed_schema
+
+            fetch_typed_schema(http, topics[0], value_format, value_schema)
     finally:
         http.close()
 
@@ -190,6 +208,9 @@ def start_query(spark: Any, args: argparse.Namespace) -> Any:
         reader = reader.option("maxOffsetsPerTask", str(args.max_offsets_per_task))
     if getattr(args, "response_format", "arrow") != "arrow":
         reader = reader.option("responseFormat", args.response_format)
+    typed = getattr(args, "value_format", "binary") != "binary"
+    if typed:
+        reader = reader.option("valueFormat", args.value_format).option("valueSchemaId", args.value_schema_id)
     df = reader.load()
     w = df.writeStream.option("checkpointLocation", args.checkpoint)
     if args.trigger == "available-now":
@@ -200,7 +221,7 @@ def start_query(spark: Any, args: argparse.Namespace) -> Any:
     if args.format == "delta":
         from sink.delta import DeltaBatchWriter
 
-        w = w.foreachBatch(DeltaBatchWriter(args.table, args.checkpoint))
+        w = w.foreachBatch(DeltaBatchWriter(args.table, args.checkpoint, merge_schema=typed))
     else:
         w = w.format("parquet").option("path", args.table)
     return w.start()
@@ -251,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     topics = [t.strip() for t in args.topics.split(",") if t.strip()]
     try:
-        preflight(args.gateway, topics, args.api_key)
+        preflight(args.gateway, topics, args.api_key,
+                  None if args.value_format == "binary" else args.value_format, args.value_schema_id)
     except (GatewayError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1

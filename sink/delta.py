@@ -38,14 +38,17 @@ def committed_version(table: str, app_id: str) -> int | None:
     return None if v is None else int(v)
 
 
-def append_batch(table: str, data: Any, app_id: str, batch_id: int) -> bool:
-    """Append ``data`` (an Arrow table) as batch ``batch_id`` of ``app_id``; False if it was already there."""
+def append_batch(table: str, data: Any, app_id: str, batch_id: int, merge_schema: bool = False) -> bool:
+    """Append ``data`` (an Arrow table) as batch ``batch_id`` of ``app_id``; False if it was already there.
+    ``merge_schema``: a typed table whose reader schema gained fields since the table was made gets them as
+    new columns (delta-rs ``schema_mode="merge"``)."""
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     done = committed_version(table, app_id)
     if done is not None and done >= batch_id:
         return False
-    write_deltalake(table, data, mode="append", commit_properties=CommitProperties(
+    extra: dict[str, Any] = {"schema_mode": "merge"} if merge_schema else {}
+    write_deltalake(table, data, mode="append", **extra, commit_properties=CommitProperties(
         app_transactions=[Transaction(app_id, batch_id)],
         custom_metadata={"kafka_gateway_sink.batch_id": str(batch_id)}))
     return True
@@ -54,9 +57,10 @@ def append_batch(table: str, data: Any, app_id: str, batch_id: int) -> bool:
 class DeltaBatchWriter:
     """The ``foreachBatch`` function (runs on the driver)."""
 
-    def __init__(self, table: str, checkpoint: str) -> None:
+    def __init__(self, table: str, checkpoint: str, merge_schema: bool = False) -> None:
         self.table = local_path(table)
         self.checkpoint = checkpoint
+        self.merge_schema = merge_schema
         self.written = 0
         self.skipped = 0
 
@@ -64,7 +68,8 @@ class DeltaBatchWriter:
         data = df.toArrow()
         if data.num_rows == 0:
             return
-        if append_batch(self.table, data, checkpoint_app_id(self.checkpoint), batch_id):
+        if append_batch(self.table, data, checkpoint_app_id(self.checkpoint), batch_id,
+                        getattr(self, "merge_schema", False)):
             self.written += 1
         else:
             self.skipped += 1

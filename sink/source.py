@@ -14,7 +14,19 @@ API key; a name Spark's default ``spark.redaction.regex`` redacts in plans, the 
 ``startingOffsets`` (``earliest`` (default) | ``latest`` | JSON ``{"topic:partition": offset}``),
 ``endingOffsets`` (batch only: ``latest`` | JSON), ``maxOffsetsPerTask`` (default 200000),
 ``maxRecordsPerTrigger`` (streaming: at most about this many offsets per micro-batch), ``maxBytesPerPage``,
-``responseFormat`` (``arrow`` (default) | ``json``: the gateway's JSON answer, decoded record by record).
+``responseFormat`` (``arrow`` (default) | ``json``: the gateway's JSON answer, decoded record by record),
+``valueFormat`` (``avro`` | ``protobuf`` | ``jsonschema``: typed values, below), ``valueSchemaId``
+(``latest`` (default) | an id: the reader schema of typed values).
+
+Typed values (``valueFormat``): the gateway decodes the Confluent wire format with the Schema Registry and
+answers typed Arrow (``format=...`` on the range read); the table gets a ``value`` struct column (the fields
+of the schema, as Spark's ``from_avro`` would give them) instead of bytes, plus ``value_schema_id`` (the
+writer schema id per row), ``error`` (why a row's value is null although the record had one) and
+``value_raw`` (the bytes of such rows). ONE reader schema is pinned when the query plans -- ``latest``:
+the latest version of the subject ``{first topic}-value`` -- and every page of every task is read with it
+(records of other writer schemas are resolved into it), so the table has one schema; a restarted query
+picks the then latest schema (the Delta writer merges an added column into the table). All topics of a
+typed query are read with that one schema. Keys stay binary.
 
 Offsets are counted, not records: transaction markers and aborted or compacted records leave gaps, so a
 range holds at most (usually slightly fewer) records than offsets.
@@ -24,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -51,6 +63,7 @@ NAME = "kafka_gateway"
 DEFAULT_MAX_OFFSETS_PER_TASK = 200_000
 DEFAULT_MAX_BYTES_PER_PAGE = 8 * 1024 * 1024
 RESPONSE_FORMATS = ("arrow", "json")
+VALUE_FORMATS = ("avro", "protobuf", "jsonschema")
 STALL_PAGES = 50  # consecutive empty pages without progress before a read gives up
 
 SCHEMA = StructType([
@@ -131,6 +144,22 @@ def _format_option(v: str) -> str:
     return v
 
 
+def _value_format_option(v: str | None) -> str | None:
+    if v is None or v.strip().lower() in ("", "binary"):
+        return None
+    v = v.strip().lower()
+    if v not in VALUE_FORMATS:
+        raise ValueError(f"option 'valueFormat' must be one of {list(VALUE_FORMATS)} (or binary)")
+    return v
+
+
+def _schema_id_option(v: str | None) -> str:
+    v = (v or "latest").strip().lower()
+    if v != "latest" and not (v.isdigit() and 0 <= int(v) < 2**32):
+        raise ValueError("option 'valueSchemaId' must be 'latest' or a schema id")
+    return v
+
+
 @dataclass(frozen=True)
 class Settings:
     gateway: str
@@ -142,6 +171,14 @@ class Settings:
     max_records_per_trigger: int | None
     max_bytes_per_page: int
     response_format: str = "arrow"
+    value_format: str | None = None  # typed values (avro, protobuf, jsonschema); None: binary
+    value_schema: str = "latest"  # the reader schema asked for: latest or an id
+    value_schema_id: int | None = None  # the reader schema pinned for a query (resolved by typed())
+    spark_schema: str | None = None  # the typed Spark schema (JSON) the pinned reader schema gives
+
+    @property
+    def typed(self) -> bool:
+        return self.value_format is not None
 
     @classmethod
     def from_options(cls, options: Any) -> Settings:
@@ -155,7 +192,9 @@ class Settings:
                    max_offsets_per_task=_int_option(o, "maxoffsetspertask", DEFAULT_MAX_OFFSETS_PER_TASK) or 1,
                    max_records_per_trigger=_int_option(o, "maxrecordspertrigger", None),
                    max_bytes_per_page=_int_option(o, "maxbytesperpage", DEFAULT_MAX_BYTES_PER_PAGE) or 1,
-                   response_format=_format_option(o.get("responseformat", "arrow")))
+                   response_format=_format_option(o.get("responseformat", "arrow")),
+                   value_format=_value_format_option(o.get("valueformat")),
+                   value_schema=_schema_id_option(o.get("valueschemaid")))
 
 
 # -- the gateway, planner side ---------------------------------------------------------------------------
@@ -185,16 +224,78 @@ def resolve_offsets(spec: str, offsets: dict[str, dict[str, int]], what: str) ->
     return {k: given.get(k, int(v["beginning_offset"])) for k, v in offsets.items()}
 
 
+# -- typed values ----------------------------------------------------------------------------------------
+def typed_params(fmt: str, schema_id: int | str) -> dict[str, Any]:
+    return {"format": fmt, "value_schema_id": schema_id}
+
+
+def fetch_typed_schema(http: GatewayHTTP, topic: str, fmt: str, schema: str | int) -> tuple[int, Any]:
+    """The pinned reader schema id and the typed Arrow schema of ``topic``'s values: an empty typed range
+    read (``end_offset`` = ``offset``: the gateway answers the schema alone, without asking the broker)."""
+    import pyarrow as pa
+
+    _, body = http.call("GET", f"/topics/{quote(topic)}/partitions/0/records",
+                        f"the {fmt} value schema of topic {topic!r}",
+                        {"offset": 0, "end_offset": 0, **typed_params(fmt, schema)}, accept=ARROW)
+    arrow_schema = pa.ipc.open_stream(body).schema
+    sid = (arrow_schema.metadata or {}).get(b"value_schema_id", b"")
+    if not sid:
+        raise GatewayError(f"topic {topic!r}: the gateway named no {fmt} value schema")
+    return int(sid), arrow_schema
+
+
+def typed_spark_schema(arrow_schema: Any) -> StructType:
+    """The Spark schema of a typed page: the fixed columns, ``value`` from the reader schema's Arrow type."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    value = from_arrow_type(arrow_schema.field("value").type)
+    return StructType([*SCHEMA.fields[:5], StructField("value", value, True), SCHEMA.fields[6],
+                       StructField("value_schema_id", IntegerType(), True), StructField("error", StringType(), True),
+                       StructField("value_raw", BinaryType(), True)])
+
+
+def typed(s: Settings) -> Settings:
+    """``s`` with the reader schema pinned (asked from the gateway once) and the Spark schema it gives."""
+    if not s.typed or s.spark_schema is not None:
+        return s
+    assert s.value_format is not None
+    http = GatewayHTTP(s.gateway, s.api_key)
+    try:
+        sid, arrow_schema = fetch_typed_schema(http, s.topics[0], s.value_format, s.value_schema)
+    finally:
+        http.close()
+    return replace(s, value_schema_id=sid, spark_schema=typed_spark_schema(arrow_schema).json())
+
+
+def spark_schema(s: Settings) -> StructType:
+    if not s.typed:
+        return SCHEMA
+    s = typed(s)
+    assert s.spark_schema is not None
+    return StructType.fromJson(json.loads(s.spark_schema))
+
+
+def with_schema(s: Settings, schema: StructType) -> Settings:
+    """Settings for a reader of ``schema`` (Spark's, from :meth:`KafkaGatewayDataSource.schema`)."""
+    if not s.typed:
+        return s
+    s = typed(s)
+    return replace(s, spark_schema=schema.json())
+
+
 # -- input partitions and read() -------------------------------------------------------------------------
 class RangePartition(InputPartition):
     """Offsets ``[start, end)`` of one Kafka partition, with what is needed to read them."""
 
     def __init__(self, gateway: str, api_key: str | None, topic: str, partition: int, start: int, end: int,
-                 max_bytes: int = DEFAULT_MAX_BYTES_PER_PAGE, response_format: str = "arrow") -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_PAGE, response_format: str = "arrow",
+                 value_format: str | None = None, value_schema_id: int | None = None,
+                 spark_schema: str | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.gateway, self.api_key, self.topic, self.partition = gateway, api_key, topic, partition
         self.start, self.end, self.max_bytes = start, end, max_bytes
         self.response_format = response_format
+        self.value_format, self.value_schema_id, self.spark_schema = value_format, value_schema_id, spark_schema
 
     def __repr__(self) -> str:
         return f"RangePartition({self.topic}-{self.partition} [{self.start}, {self.end}))"
@@ -207,14 +308,14 @@ def plan_partitions(s: Settings, start: Offsets, end: Offsets, beginnings: Offse
         lo = start.get(key, (beginnings or {}).get(key, 0))
         for a, b in split_range(lo, end[key], s.max_offsets_per_task):
             out.append(RangePartition(s.gateway, s.api_key, topic, p, a, b, s.max_bytes_per_page,
-                                      s.response_format))
+                                      s.response_format, s.value_format, s.value_schema_id, s.spark_schema))
     return out
 
 
-def _target_schema() -> Any:
+def _target_schema(schema: StructType = SCHEMA) -> Any:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def _arrow_page(body: bytes, target: Any) -> tuple[list[Any], int, int]:
@@ -257,16 +358,23 @@ def _json_page(body: bytes, target: Any) -> tuple[list[Any], int, int]:
 def read_range(part: RangePartition) -> Iterator[Any]:
     """Arrow record batches (Spark's schema for :data:`SCHEMA`) of ``[start, end)``, page by page. Fails,
     rather than returning less, if the partition no longer holds the whole range."""
-    target = _target_schema()
+    value_format = getattr(part, "value_format", None)
+    extra: dict[str, Any] = {}
+    if value_format:  # typed: Arrow with the query's pinned reader schema, cast to the query's Spark schema
+        assert part.spark_schema is not None and part.value_schema_id is not None
+        target = _target_schema(StructType.fromJson(json.loads(part.spark_schema)))
+        extra = typed_params(value_format, part.value_schema_id)
+    else:
+        target = _target_schema()
     http = GatewayHTTP(part.gateway, part.api_key)
     path = f"/topics/{quote(part.topic)}/partitions/{part.partition}/records"
     fmt = getattr(part, "response_format", "arrow")
-    accept, parse = (ARROW, _arrow_page) if fmt == "arrow" else (BINARY_JSON, _json_page)
+    accept, parse = (ARROW, _arrow_page) if fmt == "arrow" or value_format else (BINARY_JSON, _json_page)
     offset, stalls = part.start, 0
     try:
         while offset < part.end:
             _, body = http.call("GET", path, f"records of {part.topic}-{part.partition} at {offset}",
-                                {"offset": offset, "end_offset": part.end, "max_bytes": part.max_bytes},
+                                {"offset": offset, "end_offset": part.end, "max_bytes": part.max_bytes, **extra},
                                 accept=accept)
             batches, nxt, page_end = parse(body, target)
             rows = sum(b.num_rows for b in batches)
@@ -292,13 +400,13 @@ class KafkaGatewayDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return spark_schema(Settings.from_options(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KafkaGatewayBatchReader(Settings.from_options(self.options))
+        return KafkaGatewayBatchReader(with_schema(Settings.from_options(self.options), schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KafkaGatewayStreamReader(Settings.from_options(self.options))
+        return KafkaGatewayStreamReader(with_schema(Settings.from_options(self.options), schema))
 
 
 def current_offsets(s: Settings) -> dict[str, dict[str, int]]:

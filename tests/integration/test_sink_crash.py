@@ -136,3 +136,69 @@ def test_gateway_going_away_is_a_clear_error_and_leaves_whole_batches(
         check_exact(spark, tmp_path / "table", fmt, want)
     finally:
         gw2.stop()
+
+
+# -- typed (issue 23): an Avro topic into a typed Delta table ------------------------------------------------
+AVRO_V1 = {"type": "record", "name": "Reading", "namespace": "sink", "fields": [
+    {"name": "n", "type": "long"}, {"name": "label", "type": "string"},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+AVRO_V2 = {**AVRO_V1, "fields": [*AVRO_V1["fields"], {"name": "unit", "type": ["null", "string"], "default": None}]}
+
+
+def produce_avro(bootstrap: str, registry: str, topic: str, partition: int, n: int) -> list[tuple[int, int, int]]:
+    """``n`` Avro records (confluent-kafka's AvroSerializer: the first half with v1, then v2, the subject's
+    latest); (partition, offset, n) of each."""
+    import json
+
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": registry})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    v1, v2 = AvroSerializer(client, json.dumps(AVRO_V1)), AvroSerializer(client, json.dumps(AVRO_V2))
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    out: list[tuple[int, int, int]] = []
+    for i in range(n):
+        value = (v1 if i < n // 2 else v2)({"n": i, "label": f"r{i}".ljust(60, "."), "at": 1_700_000_000_000 + i,
+                                            **({"unit": "C"} if i >= n // 2 else {})}, ctx)
+        p.produce(topic, value=value, partition=partition,
+                  on_delivery=lambda err, msg, i=i: out.append((msg.partition(), msg.offset(), i)))
+    assert p.flush(30) == 0
+    return out
+
+
+def test_kill_9_mid_run_typed_avro_delta(tansu: EmbeddedBroker, schema_registry: str, tmp_path: Path) -> None:
+    import deltalake
+
+    gw = GatewayProcess(tansu.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry},
+                        log_file=tmp_path / "gw.log")
+    gw.start()
+    try:
+        topic = create_topic(tansu.bootstrap, 2)
+        want = sorted(produce_avro(tansu.bootstrap, schema_registry, topic, 0, 4000)
+                      + produce_avro(tansu.bootstrap, schema_registry, topic, 1, 4000))
+        log = tmp_path / "run1.log"
+        typed = ("--value-format", "avro")
+        proc = start_cli(gw.url, topic, tmp_path, "delta", log, "--max-records-per-trigger", "800", *typed)
+        wait_for_batches(proc, log, 3)
+        kill_group(proc)
+        first = deltalake.DeltaTable(str(tmp_path / "table")).to_pyarrow_table()
+        assert 0 < first.num_rows < len(want)
+        log2 = tmp_path / "run2.log"
+        proc2 = start_cli(gw.url, topic, tmp_path, "delta", log2, "--max-records-per-trigger", "4000", *typed)
+        assert finish(proc2, log2) == 0, log2.read_text()
+        t = deltalake.DeltaTable(str(tmp_path / "table")).to_pyarrow_table()
+    finally:
+        gw.stop()
+    value = t.schema.field("value").type
+    assert [f.name for f in value] == ["n", "label", "at", "unit"]  # typed columns, the latest schema's
+    rows = sorted((r["partition"], r["offset"], r["value"]["n"]) for r in
+                  t.select(["partition", "offset", "value"]).to_pylist())
+    assert len(rows) == len(set(rows)), "duplicated rows"
+    assert rows == want  # nothing lost, nothing twice, each value decoded
+    assert set(t.column("error").to_pylist()) == {None}
+    units = {r["n"]: r["unit"] for r in t.column("value").to_pylist()}
+    assert units[0] is None and units[3999] == "C"  # v1 rows resolved into v2 (the default)
+    assert len(set(t.column("value_schema_id").to_pylist())) == 2

@@ -151,7 +151,11 @@ RANGE_RESPONSES: dict[int | str, dict[str, Any]] = {
                                  "(int64), timestamp (timestamp[ms]), key (binary), value (binary), headers "
                                  "(list<struct<key: string, value: binary>>); the paging state (next_offset, "
                                  "end_offset, high_watermark, last_stable_offset, log_start_offset) in the schema "
-                                 "metadata"}},
+                                 "metadata. With format=avro|protobuf|jsonschema (typed): value is the reader "
+                                 "schema's Arrow type, plus value_schema_id (int32), error (string) and value_raw "
+                                 "(binary) columns (key_schema_id / key_raw with key_format); the reader schema id "
+                                 "in the metadata (value_schema_id) and in X-Value-Schema-Id; see "
+                                 "docs/typed-ranges.md"}},
           }},
     406: {"model": ERRORS[404]["model"], "description": "unsupported Accept (40601)"},
     **{s: e for s, e in ERRORS.items() if s not in (400, 409, 410, 413, 415)},
@@ -217,7 +221,11 @@ def _page_json(page: RangePage, media: str) -> tuple[bytes, int]:
                         "`application/vnd.apache.arrow.stream` (Arrow IPC stream). An offset below the log "
                         "start or past the high watermark is 422 (42207) with `X-Log-Start-Offset` and "
                         "`X-High-Watermark`; an end_offset at or below offset is an empty range (answered "
-                        "without asking the broker: the partition offsets are then -1).")
+                        "without asking the broker: the partition offsets are then -1). Typed Arrow: "
+                        "`format=avro|protobuf|jsonschema` decodes Schema Registry framed values into a typed "
+                        "`value` column, read with one reader schema (`value_schema_id`: an id or `latest`; "
+                        "default the writer schema of the page's last record; other writers' records resolved "
+                        "into it, undecodable ones as rows with `error` set); docs/typed-ranges.md.")
 async def read_partition_records(
         request: Request, topic: str, partition: int,
         offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="the first offset to read")],

@@ -6,7 +6,8 @@
   subjects and versions, register, lookup) with a bounded cache by id, a short-lived cache per subject,
   coalesced concurrent look-ups and typed errors (``RegistryUnavailable`` is retryable).
 * the per-format codecs (Avro, Protobuf, JSON Schema): records to JSON and back, validated against a schema.
-* later: the schema -> Arrow mapping of the typed range reads and the sink.
+* :mod:`service.schemas.arrow` -- the schema -> Arrow mapping and typed columns of the range reads and the
+  Spark sink (:mod:`service.schemas.avro_columns`: Avro records read column-wise with numpy).
 
 The HTTP layer and the sink only choose a format and call in here, so the wire format has one home.
 """

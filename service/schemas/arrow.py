@@ -45,6 +45,10 @@ else (other unions, ``allOf``, objects without properties, recursion, a schema t
 string holding the value as JSON text. A value that does not fit its column (``"x"`` where an integer is
 expected) makes the row an error row.
 
+Speed: the records of a set written with the reader schema itself are read column-wise
+(:mod:`service.schemas.avro_columns`, numpy); other writer schemas, decimals and recursive types go through
+fastavro (all records of one writer in one call, as the Avro encoding of an array of them), then pyarrow.
+
 Schema evolution: a set of records written with several writer schemas is read with ONE reader schema, so
 it has one Arrow type: the caller picks it (by default the latest writer schema id seen; see
 :func:`decode_column`). Avro records are resolved into the reader schema by Avro's schema resolution
@@ -606,10 +610,14 @@ class Reader:
         self.schema_id: int = resolved.schema_id
         self._lock = threading.Lock()
         self._writers: dict[int, Any] = {}
+        self.columns: Any = None
         self._array_schemas: dict[int, Any] = {}  # id(parsed writer) -> array-of-writer, array-of-reader
         if fmt == "avro":
             data = load_schema(resolved.schema.schema)
             self.mapped = avro_mapping(data)
+            from service.schemas.avro_columns import compile_schema
+
+            self.columns = compile_schema(data, self.mapped.type)  # vectorised reader of its own records
             self._reader_data = strip_logical(data)
             self._tags = _needs_tags(data)  # unions of several named types: fastavro names the branch read
             try:
@@ -894,6 +902,10 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
                 indexes.append(fr.message_indexes)
                 kept.append(i)
             rows = kept
+        if rows is None and sid == reader_id and reader.columns is not None:
+            arr = reader.columns.read(bodies)  # every row of the reader's own schema: read column-wise
+            if arr is not None:
+                return TypedColumn(arr, ids, errors, reader_id)
         decoded = reader.decode(bodies, indexes, lookup(sid))
         if rows is None:
             values = decoded

@@ -1,0 +1,406 @@
+"""Avro records straight into Arrow columns, vectorised with numpy (issue 23 item 4: typed range reads).
+
+fastavro decodes a record at a time into Python dicts that pyarrow then converts back: some microseconds a
+record. Here all records of one writer schema are decoded together, field after field: a numpy array
+holds every record's read position, and each field is read for all records at once (a varint for every
+row in a handful of array operations; strings and bytes gathered into one Arrow data buffer), building the
+Arrow arrays directly. Avro's binary encoding is a plain sequence of its fields, so reading field k of every
+record needs only the positions left by field k-1.
+
+:func:`compile_schema` returns ``None`` for what this reader does not do (the caller then uses fastavro):
+recursive types, decimals, arrays or maps of nulls, unions of more than one non-null branch inside arrays
+or maps are all handled; decimals and recursion are not. It reads with the writer's schema only (no schema
+resolution). Any sign that a payload is not what its schema says -- a read past its end, bytes left over,
+a bad union branch or enum index, a length out of range, invalid UTF-8 -- makes :meth:`ColumnReader.read`
+return ``None`` for the whole set, and the caller reads it record by record with fastavro, which names
+each bad record. Output types are those of :mod:`service.schemas.arrow`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+_PAD = 16  # zero bytes after the data: a varint read near the end never indexes past the buffer
+_SHIFTS = (np.arange(10, dtype=np.uint64) * np.uint64(7))
+_TEN = np.arange(10)
+
+
+class _Bad(Exception):
+    """A payload is not what the schema says (the whole set goes to the fallback)."""
+
+
+class _Unsupported(Exception):
+    pass
+
+
+class _State:
+    __slots__ = ("buf", "end", "pos")
+
+    def __init__(self, buf: np.ndarray, pos: np.ndarray, end: np.ndarray) -> None:
+        self.buf, self.pos, self.end = buf, pos, end
+
+    def long(self, rows: np.ndarray) -> np.ndarray:
+        """A zigzag varint at the position of each row in ``rows``; positions advance."""
+        p = self.pos[rows]
+        if len(p) == 0:
+            return np.zeros(0, np.int64)
+        b = self.buf[p[:, None] + _TEN]
+        stop = (b & 0x80) == 0
+        if not stop.any(axis=1).all():
+            raise _Bad("varint longer than 10 bytes")
+        length = stop.argmax(axis=1) + 1
+        w = (b & 0x7F).astype(np.uint64) << _SHIFTS
+        w[_TEN[None, :] >= length[:, None]] = 0
+        v = np.bitwise_or.reduce(w, axis=1)
+        value = (v >> np.uint64(1)).astype(np.int64) ^ -(v & np.uint64(1)).astype(np.int64)
+        newp = p + length
+        if (newp > self.end[rows]).any():
+            raise _Bad("read past the end of a payload")
+        self.pos[rows] = newp
+        return value
+
+    def fixed(self, rows: np.ndarray, size: int) -> np.ndarray:
+        """``size`` bytes of each row, as an (m, size) uint8 array."""
+        p = self.pos[rows]
+        newp = p + size
+        if (newp > self.end[rows]).any():
+            raise _Bad("read past the end of a payload")
+        self.pos[rows] = newp
+        return self.buf[p[:, None] + np.arange(size)]
+
+    def blobs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Length-prefixed bytes of each row: (int32 Arrow offsets, data bytes)."""
+        n = self.long(rows)
+        p = self.pos[rows]
+        if (n < 0).any() or (p + n > self.end[rows]).any():
+            raise _Bad("a string or bytes length out of range")
+        self.pos[rows] = p + n
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(n, out=offsets[1:])
+        total = int(offsets[-1])
+        if total >= 2**31:
+            raise _Bad("more than 2 GiB of strings in one column")
+        if total:
+            idx = np.repeat(p - offsets[:-1], n) + np.arange(total)
+            data = self.buf[idx]
+        else:
+            data = np.zeros(0, np.uint8)
+        return offsets.astype(np.int32), data
+
+
+Read = Callable[[_State, np.ndarray], pa.Array]
+
+
+def _varlen(kind: pa.DataType) -> Read:
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        offsets, data = st.blobs(rows)
+        arr = pa.Array.from_buffers(kind, len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        if kind == pa.string():
+            try:
+                arr.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise _Bad(str(exc)) from None
+        return arr
+    return read
+
+
+def _long_as(typ: pa.DataType, check32: bool = False, scale: int = 1) -> Read:
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        v = st.long(rows)
+        if check32:
+            if len(v) and (v.min() < -(2**31) or v.max() >= 2**31):
+                raise _Bad("an int out of range")
+            if typ == pa.int32() or typ == pa.date32():
+                return pa.array(v.astype(np.int32), pa.int32()).view(typ)
+        if scale != 1:
+            v = v * scale
+        return pa.array(v, pa.int64()).view(typ) if typ != pa.int64() else pa.array(v, pa.int64())
+    return read
+
+
+def _float(size: int) -> Read:
+    dtype, typ = (np.dtype("<f4"), pa.float32()) if size == 4 else (np.dtype("<f8"), pa.float64())
+
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        raw = np.ascontiguousarray(st.fixed(rows, size))
+        return pa.array(raw.view(dtype).reshape(-1), typ)
+    return read
+
+
+def _boolean(st: _State, rows: np.ndarray) -> pa.Array:
+    b = st.fixed(rows, 1).reshape(-1)
+    if (b > 1).any():
+        raise _Bad("a boolean byte other than 0 or 1")
+    return pa.array(b.astype(bool), pa.bool_())
+
+
+def _null(st: _State, rows: np.ndarray) -> pa.Array:
+    return pa.nulls(len(rows))
+
+
+def _fixed(size: int) -> Read:
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        raw = np.ascontiguousarray(st.fixed(rows, size)).reshape(-1)
+        offsets = (np.arange(len(rows) + 1, dtype=np.int64) * size).astype(np.int32)
+        return pa.Array.from_buffers(pa.binary(), len(rows), [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+    return read
+
+
+def _enum(symbols: list[str]) -> Read:
+    table = pa.array(symbols, pa.string())
+
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        i = st.long(rows)
+        if len(i) and (i.min() < 0 or i.max() >= len(symbols)):
+            raise _Bad("an enum index out of range")
+        return table.take(pa.array(i, pa.int64()))
+    return read
+
+
+def _scatter(child: pa.Array, where: np.ndarray, n: int) -> pa.Array:
+    """``child`` (values of the rows ``where``) spread over ``n`` rows, null elsewhere."""
+    idx = np.full(n, -1, np.int64)
+    idx[where] = np.arange(len(where))
+    return child.take(pa.array(idx, pa.int64(), mask=idx < 0))
+
+
+def _union(branches: list[tuple[bool, Read | None]], typ: pa.DataType) -> Read:
+    """``branches``: (is null, reader) per branch in schema order; ``typ``: the mapped Arrow type."""
+    nonnull = [i for i, (isnull, _) in enumerate(branches) if not isnull]
+
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        b = st.long(rows)
+        if len(b) and (b.min() < 0 or b.max() >= len(branches)):
+            raise _Bad("a union branch index out of range")
+        n = len(rows)
+        if len(nonnull) == 1:
+            k = nonnull[0]
+            where = np.flatnonzero(b == k)
+            child = branches[k][1](st, rows[where])  # type: ignore[misc]
+            return child if len(where) == n else _scatter(child, where, n)
+        members = []
+        for k in nonnull:
+            where = np.flatnonzero(b == k)
+            members.append(_scatter(branches[k][1](st, rows[where]), where, n))  # type: ignore[misc]
+        isnull = np.isin(b, [i for i, (x, _) in enumerate(branches) if x])
+        return pa.StructArray.from_arrays(members, fields=list(typ), mask=pa.array(isnull, pa.bool_()))
+    return read
+
+
+def _record(fields: list[tuple[str, Read]], typ: pa.DataType) -> Read:
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        children = [r(st, rows) for _, r in fields]
+        return pa.StructArray.from_arrays(children, fields=list(typ))
+    return read
+
+
+def _blocks(st: _State, rows: np.ndarray, item: Callable[[np.ndarray], list[pa.Array]]) -> tuple[np.ndarray, list[pa.Array]]:
+    """Avro's blocked arrays / maps: per row a sequence of (count, items) blocks ending with count 0 (a
+    negative count is followed by the block's byte size). Items are read block by block, item j of every
+    row that has one at once; returns the Arrow list offsets and the item arrays in row order."""
+    n = len(rows)
+    counts = np.zeros(n, np.int64)
+    parts: list[list[pa.Array]] = []
+    dest: list[np.ndarray] = []  # per step: the row-local index (into rows) of each item read
+    active = np.arange(n)
+    while len(active):
+        c = st.long(rows[active])
+        neg = c < 0
+        if neg.any():
+            c = np.abs(c)
+            st.long(rows[active[neg]])  # the block's size in bytes: not needed
+        room = st.end[rows[active]] - st.pos[rows[active]]
+        if (c > room).any():
+            raise _Bad("an array or map count larger than its payload")
+        more = c > 0
+        active, c = active[more], c[more]
+        for j in range(int(c.max()) if len(c) else 0):
+            step = active[c > j]
+            parts.append(item(rows[step]))
+            dest.append(step)
+        counts[active] += c
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if not dest:
+        return offsets, []
+    # items came out step by step (item j of each row); put them in row order
+    owner = np.concatenate(dest)
+    order = np.argsort(owner, kind="stable")
+    columns = [pa.concat_arrays([p[k] for p in parts]).take(pa.array(order, pa.int64())) for k in range(len(parts[0]))]
+    return offsets, columns
+
+
+def _array(inner: Read, item_type: pa.DataType) -> Read:
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        offsets, cols = _blocks(st, rows, lambda r: [inner(st, r)])
+        values = cols[0] if cols else pa.array([], item_type)
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), values,
+                                        type=pa.list_(item_type))
+    return read
+
+
+def _map(inner: Read, value_type: pa.DataType) -> Read:
+    key = _varlen(pa.string())
+
+    def read(st: _State, rows: np.ndarray) -> pa.Array:
+        offsets, cols = _blocks(st, rows, lambda r: [key(st, r), inner(st, r)])
+        keys = cols[0] if cols else pa.array([], pa.string())
+        values = cols[1] if cols else pa.array([], value_type)
+        return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), keys, values,
+                                       type=pa.map_(pa.string(), value_type))
+    return read
+
+
+_TS_UNITS = {"millis": "ms", "micros": "us", "nanos": "ns"}
+
+
+class _Compiler:
+    def __init__(self) -> None:
+        self.named: dict[str, tuple[dict, str | None]] = {}
+        self.active: set[str] = set()
+
+    def full(self, name: str, ns: str | None) -> str:
+        return name if "." in name or not ns else f"{ns}.{name}"
+
+    def compile(self, s: Any, ns: str | None) -> tuple[Read, pa.DataType]:
+        if isinstance(s, str):
+            prim = _PRIMITIVES.get(s)
+            if prim is not None:
+                return prim
+            for cand in (self.full(s, ns), s):
+                if cand in self.named:
+                    d, dns = self.named[cand]
+                    return self.named_type(d, dns)
+            raise _Unsupported(f"unknown type {s}")
+        if isinstance(s, list):
+            branches: list[tuple[bool, Read | None]] = []
+            types = []
+            for b in s:
+                if b == "null" or (isinstance(b, dict) and b.get("type") == "null"):
+                    branches.append((True, None))
+                else:
+                    r, t = self.compile(b, ns)
+                    branches.append((False, r))
+                    types.append(t)
+            if not types:
+                return _null, pa.null()
+            if len(types) == 1:
+                typ = types[0]
+            else:
+                typ = pa.struct([pa.field(f"member{i}", t) for i, t in enumerate(types)])
+            return _union(branches, typ), typ
+        if not isinstance(s, dict):
+            raise _Unsupported("not a schema")
+        t = s.get("type")
+        lt = s.get("logicalType")
+        if lt is not None:
+            got = self.logical(s, t, lt)
+            if got is not None:
+                return got
+        if t in _PRIMITIVES:
+            return _PRIMITIVES[t]
+        if t in ("record", "error", "enum", "fixed"):
+            name = s["name"]
+            nns = name.rpartition(".")[0] if "." in name else s.get("namespace", ns)
+            full = self.full(name, nns)
+            self.named[full] = (s, nns)
+            return self.named_type(s, nns)
+        if t == "array":
+            r, it = self.compile(s.get("items"), ns)
+            if it == pa.null():
+                raise _Unsupported("an array of nulls")
+            return _array(r, it), pa.list_(it)
+        if t == "map":
+            r, vt = self.compile(s.get("values"), ns)
+            return _map(r, vt), pa.map_(pa.string(), vt)
+        return self.compile(t, ns)
+
+    def named_type(self, s: dict, ns: str | None) -> tuple[Read, pa.DataType]:
+        t = s.get("type")
+        if t == "enum":
+            return _enum(list(s.get("symbols") or [])), pa.string()
+        if t == "fixed":
+            if s.get("logicalType") in ("decimal", "uuid", "duration"):
+                raise _Unsupported(f"fixed with logical type {s.get('logicalType')}")
+            return _fixed(int(s["size"])), pa.binary()
+        full = self.full(s["name"], ns)
+        if full in self.active:
+            raise _Unsupported("a recursive type")
+        self.active.add(full)
+        try:
+            fields = []
+            for f in s.get("fields") or []:
+                r, ft = self.compile(f["type"], ns)
+                fields.append((f["name"], r, ft))
+        finally:
+            self.active.discard(full)
+        typ = pa.struct([pa.field(name, ft) for name, _, ft in fields])
+        return _record([(name, r) for name, r, _ in fields], typ), typ
+
+    def logical(self, s: dict, base: Any, lt: str) -> tuple[Read, pa.DataType] | None:
+        if lt == "date" and base == "int":
+            return _long_as(pa.date32(), check32=True), pa.date32()
+        if lt == "time-millis" and base == "int":
+            return _long_as(pa.time64("us"), scale=1000), pa.time64("us")
+        if lt == "time-micros" and base == "long":
+            return _long_as(pa.time64("us")), pa.time64("us")
+        if base == "long" and lt.rpartition("-")[0] in ("timestamp", "local-timestamp") and \
+                lt.rpartition("-")[2] in _TS_UNITS:
+            typ = pa.timestamp(_TS_UNITS[lt.rpartition("-")[2]], None if lt.startswith("local") else "UTC")
+            return _long_as(typ), typ
+        if lt == "uuid" and base == "string":
+            return _varlen(pa.string()), pa.string()
+        if lt == "decimal":
+            raise _Unsupported("decimal")
+        return None
+
+
+_PRIMITIVES: dict[str, tuple[Read, pa.DataType]] = {
+    "null": (_null, pa.null()), "boolean": (_boolean, pa.bool_()), "int": (_long_as(pa.int32(), True), pa.int32()),
+    "long": (_long_as(pa.int64()), pa.int64()), "float": (_float(4), pa.float32()), "double": (_float(8), pa.float64()),
+    "bytes": (_varlen(pa.binary()), pa.binary()), "string": (_varlen(pa.string()), pa.string()),
+}
+
+
+class ColumnReader:
+    """One writer schema compiled for columnar reading."""
+
+    def __init__(self, read: Read, typ: pa.DataType) -> None:
+        self._read = read
+        self.type = typ
+
+    def read(self, payloads: list[Any]) -> pa.Array | None:
+        """The payloads (unframed, one writer schema) as one Arrow array, or None: read them one by one."""
+        n = len(payloads)
+        if n == 0:
+            return None
+        lengths = np.fromiter(map(len, payloads), np.int64, n)
+        end = np.cumsum(lengths)
+        start = end - lengths
+        data = b"".join(payloads) + bytes(_PAD)
+        st = _State(np.frombuffer(data, np.uint8), start.copy(), end)
+        try:
+            with np.errstate(over="ignore"):
+                arr = self._read(st, np.arange(n))
+        except (_Bad, pa.ArrowInvalid, IndexError, ValueError, OverflowError):
+            return None
+        if not np.array_equal(st.pos, end):  # bytes left over in some payload
+            return None
+        return arr
+
+
+def compile_schema(schema: Any, expected: pa.DataType | None = None) -> ColumnReader | None:
+    """A columnar reader of an Avro schema (JSON data), or None when it has what this reader does not do.
+    ``expected``: the Arrow type the caller maps the schema to (the readers must agree, else None)."""
+    c = _Compiler()
+    try:
+        read, typ = c.compile(schema, None)
+    except (_Unsupported, KeyError, TypeError, ValueError):
+        return None
+    if expected is not None and typ != expected:
+        return None
+    return ColumnReader(read, typ)

@@ -1,4 +1,5 @@
-"""Hatchling build hook: compiles the optional C record decoder (service/protocol/_crecords.c).
+"""Hatchling build hook: compiles the optional C extensions (service/protocol/_crecords.c, the record
+decoder, and service/schemas/_cavro.c, the Avro -> JSON renderer of issue 23).
 
 The extension is built in place next to its source, so editable installs (``pip install -e .``)
 import it straight from the tree; standard wheels get it force-included and a platform tag.
@@ -21,6 +22,10 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SOURCE = Path("service") / "protocol" / "_crecords.c"
 MODULE = "_crecords"
+# issue 23: the Avro -> JSON renderer of the avro consume path (service/schemas/avro_fast.py falls back to Python)
+AVRO_SOURCE = Path("service") / "schemas" / "_cavro.c"
+AVRO_MODULE = "_cavro"
+EXTENSIONS = ((SOURCE, MODULE), (AVRO_SOURCE, AVRO_MODULE))
 
 
 def _compiler() -> list[str] | None:
@@ -34,19 +39,19 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def build_extension(root: Path) -> tuple[Path | None, str]:
+def build_extension(root: Path, source: Path = SOURCE, module: str = MODULE) -> tuple[Path | None, str]:
     """Compile the extension in place. Returns (path of the built module or None, message)."""
-    src = root / SOURCE
+    src = root / source
     if not src.is_file():
         return None, f"{src} not found"
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found"
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = src.with_name(MODULE + suffix)
+    target = src.with_name(module + suffix)
     include = sysconfig.get_paths()["include"]
     # Compile to a temporary name, then rename: a running process may have the old module mapped.
-    fd, tmp = tempfile.mkstemp(prefix=f".{MODULE}-", suffix=suffix, dir=src.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{module}-", suffix=suffix, dir=src.parent)
     os.close(fd)
     cmd = [*cc, "-O2", "-shared", "-fPIC", "-Wall", "-fvisibility=hidden", f"-I{include}", str(src),
            "-o", tmp]
@@ -75,16 +80,17 @@ class CustomBuildHook(BuildHookInterface):
             self.app.display_warning("KCG_NO_CEXT set: not building the C record decoder")
             return
         root = Path(self.root)
-        built, message = build_extension(root)
-        if built is None:
-            self.app.display_warning(
-                f"C record decoder not built, the pure-Python decoder will be used: {message}")
-            return
-        if message:
-            self.app.display_info(message)
-        self.app.display_info(f"built {built.relative_to(root)}")
-        if version == "editable":
-            return  # imported in place from the source tree
-        build_data["pure_python"] = False
-        build_data["infer_tag"] = True
-        build_data["force_include"][str(built)] = str(built.relative_to(root))
+        for source, module in EXTENSIONS:
+            built, message = build_extension(root, source, module)
+            if built is None:
+                self.app.display_warning(
+                    f"C extension {module} not built, the pure-Python code will be used: {message}")
+                continue
+            if message:
+                self.app.display_info(message)
+            self.app.display_info(f"built {built.relative_to(root)}")
+            if version == "editable":
+                continue  # imported in place from the source tree
+            build_data["pure_python"] = False
+            build_data["infer_tag"] = True
+            build_data["force_include"][str(built)] = str(built.relative_to(root))

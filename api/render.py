@@ -201,3 +201,108 @@ def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> 
             count += len(recs)
             payload += n
     return Rendered(parts, count, payload)
+
+
+# -- avro through the C renderer (service.schemas._cavro; issue 23) --------------------------------------------
+# The avro hot path: every key and value a compiled program covers is rendered in C straight from its bytes
+# to the JSON that render_decoded_chunk writes for it; each other one (not framed, unknown id, a payload the C
+# code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field.
+from service.schemas import avro_fast as _avro_fast  # noqa: E402
+
+_cavro = _avro_fast._cavro
+AvroFallback = Callable[[bytes, bytes], bytes]
+
+
+def use_c_avro(enabled: bool) -> None:
+    """Switch render_schema_chunks between the C avro renderer and the Python path (tests, benches)."""
+    global _cavro
+    if enabled and _avro_fast._cavro is None:
+        raise ImportError(f"service.schemas._cavro is not available: {_avro_fast.C_IMPORT_ERROR}")
+    _cavro = _avro_fast._cavro if enabled else None
+
+
+def chunk_schema_ids(chunks: Chunks) -> set[int]:
+    """The schema ids of the framed keys and values of the chunks (what ``resolver.prepare`` needs)."""
+    ids: set[int] = set()
+    if _avro_fast._cavro is not None:
+        for _, recs in chunks:
+            if recs:
+                ids |= _avro_fast._cavro.schema_ids(recs)
+        return ids
+    for _, recs in chunks:
+        for r in recs:
+            for p in (r.key, r.value):
+                if p is not None and len(p) >= 5 and p[0] == 0:
+                    ids.add(int.from_bytes(p[1:5], "big"))
+    return ids
+
+
+def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: AvroFallback) -> Rendered:
+    """Avro chunks rendered by the C renderer: ``programs`` maps schema ids to compiled programs."""
+    assert _cavro is not None
+    parts: list[bytes] = []
+    count = payload = 0
+    for tp, recs in chunks:
+        if recs:
+            body, n = _cavro.render_chunk(recs, _head(tp), sep, programs, fallback)
+            parts.append(body)
+            count += len(recs)
+            payload += n
+    return Rendered(parts, count, payload)
+
+
+def _field_fallback(resolver: Any, fmt: str, rendering: str | None, errors: list[int]) -> AvroFallback:
+    def fallback(field: bytes, raw: bytes) -> bytes:
+        (v,) = resolver.decode(fmt, [raw], rendering=rendering)
+        if isinstance(v, DecodeError):
+            errors[0] += 1
+        return _decoded_field(v, raw, field)
+    return fallback
+
+
+def _avro_programs(resolver: Any, rendering: str | None, ids: set[int]) -> dict[int, Any] | None:
+    """Schema id -> program for every resolved Avro id; None if one of them has a codec but no program."""
+    programs: dict[int, Any] = {}
+    for sid in ids:
+        resolved = resolver.cached(sid)
+        if resolved is None or resolved.schema_type != "AVRO" or isinstance(resolved.codec, Exception):
+            continue  # its records become per-record errors: the fallback renders them
+        try:
+            program = resolver.avro_program(sid, rendering)
+        except Exception:  # a rendering that does not compile: the Python path reports it per record
+            return None
+        if program is None:
+            return None
+        programs[sid] = program
+    return programs
+
+
+def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks: Chunks,
+                         sep: bytes = ARRAY_SEP, on_errors: Callable[[int], None] | None = None) -> Rendered:
+    """Chunks of a schema'd format rendered after ``await resolver.prepare(chunk_schema_ids(chunks))``: avro
+    by the C renderer when it is available and covers every schema id, else (and for protobuf, jsonschema)
+    by ``resolver.decode`` + :func:`render_decoded`. The same bytes either way. ``on_errors(n)`` is called
+    with the number of keys and values that did not decode (per-record errors), when there are any."""
+    if fmt == "avro" and _cavro is not None:
+        programs = _avro_programs(resolver, rendering, chunk_schema_ids(chunks))
+        if programs is not None:
+            errors = [0]
+            out = render_avro(chunks, sep, programs, _field_fallback(resolver, fmt, rendering, errors))
+            if errors[0] and on_errors is not None:
+                on_errors(errors[0])
+            return out
+    keys = [r.key for _, recs in chunks for r in recs]
+    values = [r.value for _, recs in chunks for r in recs]
+    dk = resolver.decode(fmt, keys, rendering=rendering)
+    dv = resolver.decode(fmt, values, rendering=rendering)
+    if on_errors is not None:
+        n = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
+        if n:
+            on_errors(n)
+    decoded: Decoded = []
+    i = 0
+    for _, recs in chunks:
+        n = len(recs)
+        decoded.append((dk[i:i + n], dv[i:i + n]))
+        i += n
+    return render_decoded(chunks, decoded, sep)

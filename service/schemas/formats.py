@@ -88,6 +88,7 @@ class SchemaResolver:
         self.avro_rendering = self.codecs.avro_rendering
         self._resolved: LRUCache[int, ResolvedSchema] = LRUCache(cache_size)
         self._other_renderings: LRUCache[tuple[int, str], Any] = LRUCache(cache_size)
+        self._programs: LRUCache[tuple[int, str], Any] = LRUCache(cache_size)  # avro_program (C renderer)
         self._unknown: dict[int, float] = {}  # id -> monotonic deadline of the negative entry
 
     async def close(self) -> None:
@@ -199,6 +200,21 @@ class SchemaResolver:
             codec = AvroCodec(resolved.source, rendering=rendering, strict_unions=self.codecs.avro_strict_unions)
             self._other_renderings.put(key, codec)
         return codec
+
+    def avro_program(self, schema_id: int, rendering: str | None = None) -> Any:
+        """The C renderer's program (:mod:`service.schemas.avro_fast`) of a resolved Avro schema id in a
+        rendering (the resolver's default when None), or None: not resolved, not Avro, does not compile, or
+        a schema the C renderer leaves to the Python path. Cached per (id, rendering)."""
+        resolved = self._resolved.get(schema_id)
+        if resolved is None or resolved.schema_type != "AVRO" or isinstance(resolved.codec, SchemaError):
+            return None
+        key = (schema_id, rendering or self.avro_rendering)
+        program = self._programs.get(key)
+        if program is None:
+            from service.schemas.avro_fast import compile_program
+            program = compile_program(self._codec(resolved, key[1])) or False  # False: cached "no program"
+            self._programs.put(key, program)
+        return program or None
 
     def decode(self, fmt: str, payloads: Sequence[bytes | memoryview | None], *,
                rendering: str | None = None) -> list[Any]:

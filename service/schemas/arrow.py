@@ -45,9 +45,10 @@ else (other unions, ``allOf``, objects without properties, recursion, a schema t
 string holding the value as JSON text. A value that does not fit its column (``"x"`` where an integer is
 expected) makes the row an error row.
 
-Speed: the records of a set written with the reader schema itself are read column-wise
-(:mod:`service.schemas.avro_columns`, numpy); other writer schemas, decimals and recursive types go through
-fastavro (all records of one writer in one call, as the Avro encoding of an array of them), then pyarrow.
+Speed: Avro records are read column-wise (:mod:`service.schemas.avro_columns`, numpy), those of another
+writer schema too where their resolution into the reader's is plain on columns; the rest (decimals,
+recursive types, aliases, ...) goes through fastavro (all records of one writer in one call, as the Avro
+encoding of an array of them), then pyarrow.
 
 Schema evolution: a set of records written with several writer schemas is read with ONE reader schema, so
 it has one Arrow type: the caller picks it (by default the latest writer schema id seen; see
@@ -73,6 +74,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from fastavro import parse_schema, schemaless_reader
@@ -611,6 +613,8 @@ class Reader:
         self._lock = threading.Lock()
         self._writers: dict[int, Any] = {}
         self.columns: Any = None
+        self._writer_columns: dict[int, Any] = {}  # writer id -> (its columnar reader or None, its schema data)
+        self._schema_data: Any = None
         self._array_schemas: dict[int, Any] = {}  # id(parsed writer) -> array-of-writer, array-of-reader
         if fmt == "avro":
             data = load_schema(resolved.schema.schema)
@@ -618,6 +622,7 @@ class Reader:
             from service.schemas.avro_columns import compile_schema
 
             self.columns = compile_schema(data, self.mapped.type)  # vectorised reader of its own records
+            self._schema_data = data
             self._reader_data = strip_logical(data)
             self._tags = _needs_tags(data)  # unions of several named types: fastavro names the branch read
             try:
@@ -640,6 +645,38 @@ class Reader:
     @property
     def type(self) -> pa.DataType:
         return self.mapped.type
+
+    def read_columns(self, payloads: list[Any], resolved: Any) -> pa.Array | None:
+        """Avro payloads of one writer schema read column-wise (:mod:`service.schemas.avro_columns`) into
+        :attr:`type`, resolved from the writer's schema on the columns where that is plain; None when the
+        schema or a payload needs the record-by-record path."""
+        if self.format != "avro" or len(payloads) < _ARRAY_MIN:
+            return None
+        from service.schemas.avro_columns import CannotResolve, compile_schema, resolve
+
+        sid = resolved.schema_id
+        if sid == self.schema_id:
+            return self.columns.read(payloads) if self.columns is not None else None
+        with self._lock:
+            hit = self._writer_columns.get(sid)
+        if hit is None:
+            try:
+                data = load_schema(resolved.schema.schema)
+                hit = (compile_schema(data, avro_mapping(data).type), data)
+            except Exception:  # a writer schema that does not even map: the fallback names the problem
+                hit = (None, None)
+            with self._lock:
+                self._writer_columns[sid] = hit
+        columns, data = hit
+        if columns is None:
+            return None
+        arr = columns.read(payloads)
+        if arr is None:
+            return None
+        try:
+            return resolve(data, self._schema_data, arr, self.type)
+        except CannotResolve:
+            return None
 
     def _avro_writer(self, resolved: Any) -> Any:
         """The parsed writer schema of ``resolved`` (None: the reader's own id)."""
@@ -867,7 +904,7 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
                 except WireFormatError:
                     continue
     reader = cache.get(fmt, reader_resolved, message_indexes)
-    values: list[Any] = [None] * n
+    pieces: list[tuple[Sequence[int], pa.Array]] = []
     want = SCHEMA_TYPE_OF[fmt]
     usable = {sid for sid in set(ids) if sid is not None and (r := lookup(sid)) is not None
               and r.schema_type == want}
@@ -902,24 +939,35 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
                 indexes.append(fr.message_indexes)
                 kept.append(i)
             rows = kept
-        if rows is None and sid == reader_id and reader.columns is not None:
-            arr = reader.columns.read(bodies)  # every row of the reader's own schema: read column-wise
-            if arr is not None:
-                return TypedColumn(arr, ids, errors, reader_id)
-        decoded = reader.decode(bodies, indexes, lookup(sid))
-        if rows is None:
-            values = decoded
-            where: Any = range(n)
-        else:
-            where = rows
-            for i, v in zip(rows, decoded, strict=True):
-                values[i] = v
-        if any(type(v) is RowError for v in decoded):
-            for i, v in zip(where, decoded, strict=True):
-                if type(v) is RowError:
-                    errors[i] = str(v)
-                    values[i] = None
-    return TypedColumn(_to_array(values, reader.type, errors), ids, errors, reader_id)
+        where: Sequence[int] = range(n) if rows is None else rows
+        arr = reader.read_columns(bodies, lookup(sid)) if not protobuf else None
+        if arr is None:
+            decoded = reader.decode(bodies, indexes, lookup(sid))
+            group_errors: list[str | None] = [None] * len(decoded)
+            if any(type(v) is RowError for v in decoded):
+                for k, v in enumerate(decoded):
+                    if type(v) is RowError:
+                        group_errors[k] = str(v)
+                        decoded[k] = None
+            arr = _to_array(decoded, reader.type, group_errors)
+            for i, e in zip(where, group_errors, strict=True):
+                if e is not None:
+                    errors[i] = e
+        if rows is None:  # one writer schema, every row: the array is the column
+            return TypedColumn(arr, ids, errors, reader_id)
+        pieces.append((where, arr))
+    return TypedColumn(_assemble(pieces, n, reader.type), ids, errors, reader_id)
+
+
+def _assemble(pieces: list[tuple[Sequence[int], pa.Array]], n: int, typ: pa.DataType) -> pa.Array:
+    """The groups' arrays put back in row order (rows in no group are null)."""
+    perm = np.full(n, -1, np.int64)
+    offset = 0
+    for where, arr in pieces:
+        perm[np.asarray(where, np.int64)] = np.arange(offset, offset + len(arr))
+        offset += len(arr)
+    perm[perm < 0] = offset
+    return pa.concat_arrays([a for _, a in pieces] + [pa.nulls(1, typ)]).take(pa.array(perm, pa.int64()))
 
 
 _AFTER_HEADER = operator.itemgetter(slice(5, None))

@@ -8,12 +8,15 @@ Arrow arrays directly. Avro's binary encoding is a plain sequence of its fields,
 record needs only the positions left by field k-1.
 
 :func:`compile_schema` returns ``None`` for what this reader does not do (the caller then uses fastavro):
-recursive types, decimals, arrays or maps of nulls, unions of more than one non-null branch inside arrays
-or maps are all handled; decimals and recursion are not. It reads with the writer's schema only (no schema
-resolution). Any sign that a payload is not what its schema says -- a read past its end, bytes left over,
-a bad union branch or enum index, a length out of range, invalid UTF-8 -- makes :meth:`ColumnReader.read`
-return ``None`` for the whole set, and the caller reads it record by record with fastavro, which names
-each bad record. Output types are those of :mod:`service.schemas.arrow`.
+decimals, recursive types, arrays of nulls, fixed with a logical type. Every other shape is read: records,
+arrays and maps (blocked ones too), unions (nullable ones and several-branch ones), enums, fixed, the
+date / time / timestamp / uuid logical types. It reads with the writer's schema; :func:`resolve` then
+resolves the columns into a reader schema where that is plain (fields by name, defaults, promotions).
+
+Any sign that a payload is not what its schema says -- a read past its end, bytes left over, a bad union
+branch or enum index, a length out of range, invalid UTF-8 -- makes :meth:`ColumnReader.read` return
+``None`` for the whole set, and the caller reads it record by record with fastavro, which names each bad
+record. Output types are those of :mod:`service.schemas.arrow`.
 """
 
 from __future__ import annotations
@@ -404,3 +407,115 @@ def compile_schema(schema: Any, expected: pa.DataType | None = None) -> ColumnRe
     if expected is not None and typ != expected:
         return None
     return ColumnReader(read, typ)
+
+
+# ------------------------------------------------------------------------------- schema resolution on columns
+class CannotResolve(Exception):
+    """The writer -> reader resolution has a case :func:`resolve` does not do (fastavro then does it)."""
+
+
+_PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"), ("long", "double"),
+               ("float", "double")}
+
+
+def _branches(node: Any) -> list[Any]:
+    return [b for b in node.items if b.kind != "null"] if node.kind == "union" else [node]
+
+
+def _resolve(w: Any, r: Any, arr: pa.Array, rtype: pa.DataType) -> pa.Array:
+    if w.kind == "union" or r.kind == "union":
+        wb, rb = _branches(w), _branches(r)
+        if len(wb) != 1 or len(rb) != 1:
+            if arr.type == rtype and _same(w, r):
+                return arr
+            raise CannotResolve("a union of several types changed")
+        if r.kind != "union" and arr.null_count:
+            raise CannotResolve("nulls where the reader has no null branch")
+        return _resolve(wb[0], rb[0], arr, rtype)
+    if w.kind != r.kind:
+        if (w.kind, r.kind) in _PROMOTIONS and arr.type in (pa.int32(), pa.int64(), pa.float32()):
+            return arr.cast(rtype)
+        raise CannotResolve(f"{w.kind} read as {r.kind}")
+    kind = w.kind
+    if kind == "record":
+        if w.fullname.rpartition(".")[2] != r.fullname.rpartition(".")[2]:
+            raise CannotResolve("record names differ")
+        wfields = {name: node for name, node, _, _ in w.fields}
+        children = []
+        for i, (name, node, has_default, default) in enumerate(r.fields):
+            ftype = rtype.field(i).type
+            if name in wfields:
+                children.append(_resolve(wfields[name], node, arr.field(name), ftype))
+            elif has_default and (default is None or isinstance(default, (bool, int, float, str))) and \
+                    not pa.types.is_binary(ftype):
+                try:
+                    children.append(pa.array([default] * len(arr), ftype))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+                    raise CannotResolve(f"default of {name}: {exc}") from None
+            else:
+                raise CannotResolve(f"field {name}: no such writer field and no simple default")
+        return pa.StructArray.from_arrays(children, fields=list(rtype), mask=arr.is_null())
+    if kind == "array":
+        values = _resolve(w.items[0], r.items[0], arr.values, rtype.value_type)
+        return pa.ListArray.from_arrays(arr.offsets, values, type=rtype, mask=arr.is_null())
+    if kind == "map":
+        items = _resolve(w.items[0], r.items[0], arr.items, rtype.item_type)
+        return pa.MapArray.from_arrays(arr.offsets, arr.keys, items, type=rtype)
+    if kind == "enum":
+        if not set(w.symbols) <= set(r.symbols):
+            raise CannotResolve("writer enum symbols the reader does not have")
+        return arr
+    if kind == "fixed" and w.size != r.size:
+        raise CannotResolve("fixed sizes differ")
+    if arr.type != rtype:
+        raise CannotResolve(f"{arr.type} read as {rtype}")
+    return arr
+
+
+def _same(w: Any, r: Any) -> bool:
+    """Two schema nodes of the same shape (names, fields, branches), as far as the values go."""
+    if w.kind != r.kind:
+        return False
+    if w.kind in ("record",):
+        return [n for n, _, _, _ in w.fields] == [n for n, _, _, _ in r.fields] and all(
+            _same(a, b) for (_, a, _, _), (_, b, _, _) in zip(w.fields, r.fields, strict=True))
+    if w.kind == "enum":
+        return w.symbols == r.symbols
+    if w.kind == "fixed":
+        return w.size == r.size
+    if w.kind in ("array", "map", "union"):
+        return len(w.items) == len(r.items) and all(_same(a, b) for a, b in zip(w.items, r.items, strict=True))
+    return True
+
+
+def resolve(writer: Any, reader: Any, arr: pa.Array, reader_type: pa.DataType) -> pa.Array:
+    """``arr`` (records read with the writer schema, as Arrow) resolved into the reader schema's Arrow type
+    by Avro's rules where they are plain on columns: fields by name (a reader field the writer lacks takes
+    its default when that is null or a scalar), dropped writer fields, numeric promotions, enum symbols the
+    reader has, nullable wrappers. Raises :class:`CannotResolve` for anything else (aliases, unions whose
+    branches changed, string <-> bytes, complex defaults): the caller reads with fastavro, which also names
+    the records that cannot be resolved at all. ``writer`` / ``reader``: schema data (JSON)."""
+    from service.schemas.avro import _Parser
+
+    try:
+        w = _Parser().parse(writer, None)
+        r = _Parser().parse(reader, None)
+    except Exception as exc:  # any schema the Avro codec's parser refuses
+        raise CannotResolve(str(exc)) from None
+    if _has_aliases(writer) or _has_aliases(reader):
+        raise CannotResolve("aliases")
+    try:
+        return _resolve(w, r, arr, reader_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, IndexError) as exc:
+        raise CannotResolve(str(exc)) from None
+
+
+def _has_aliases(schema: Any) -> bool:
+    if isinstance(schema, list):
+        return any(_has_aliases(b) for b in schema)
+    if isinstance(schema, dict):
+        if "aliases" in schema:
+            return True
+        return any(_has_aliases(schema.get(k)) for k in ("type", "items", "values")) or any(
+            isinstance(f, dict) and ("aliases" in f or _has_aliases(f.get("type"))) for f in schema.get("fields") or [])
+    return False

@@ -361,3 +361,54 @@ def test_columnar_reader_reads_blocked_arrays_and_hands_odd_payloads_to_fastavro
     assert col.array.to_pylist()[:3] == [{"tags": ["x"], "n": 5}, {"tags": ["a", "b", "c"], "n": 1},
                                          {"tags": [], "n": 1}]
     assert col.errors[:3] == [None, None, None] and "not Avro" in col.errors[3]  # type: ignore[operator]
+
+
+EV_W = {"type": "record", "name": "Ev", "namespace": "w", "fields": [
+    {"name": "id", "type": "int"}, {"name": "gone", "type": "string"},
+    {"name": "color", "type": {"type": "enum", "name": "C", "symbols": ["R", "G"]}},
+    {"name": "opt", "type": ["null", "int"]},
+    {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "It", "fields": [
+        {"name": "q", "type": "float"}]}}},
+    {"name": "m", "type": {"type": "map", "values": "int"}},
+    {"name": "inner", "type": {"type": "record", "name": "In", "fields": [{"name": "a", "type": "long"}]}}]}
+EV_R = {"type": "record", "name": "Ev", "namespace": "r", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "color", "type": {"type": "enum", "name": "C", "symbols": ["R", "G", "B"]}},
+    {"name": "opt", "type": ["null", "long"], "default": None},
+    {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "It", "fields": [
+        {"name": "q", "type": "double"}, {"name": "unit", "type": "string", "default": "kg"}]}}},
+    {"name": "m", "type": {"type": "map", "values": "double"}},
+    {"name": "inner", "type": {"type": "record", "name": "In", "fields": [
+        {"name": "a", "type": "long"}, {"name": "b", "type": ["null", "string"], "default": None}]}},
+    {"name": "added", "type": "int", "default": 7}]}
+
+
+def test_columnar_resolution_matches_fastavro(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.schemas import arrow
+
+    schemas = {1: resolved(1, "avro", EV_W), 2: resolved(2, "avro", EV_R)}
+    payloads: list[bytes | None] = [avro_bytes(EV_W, 1, {
+        "id": i, "gone": "x", "color": "RG"[i % 2], "opt": None if i % 3 else i,
+        "items": [{"q": j / 2} for j in range(i % 3)], "m": {"k": i}, "inner": {"a": i}}) for i in range(20)]
+    payloads[5] = None  # a tombstone among them
+    bodies = [p[5:] for p in payloads if p is not None]
+    assert ReaderCache().get("avro", schemas[2]).read_columns(bodies, schemas[1]) is not None  # column-wise
+    fast = decode_column("avro", payloads, schemas.get, reader_id=2)
+    monkeypatch.setattr(arrow.Reader, "read_columns", lambda self, p, r: None)
+    slow = decode_column("avro", payloads, schemas.get, reader_id=2, cache=ReaderCache())
+    assert fast.array.type == slow.array.type == avro_mapping(EV_R).type
+    assert fast.array.to_pylist() == slow.array.to_pylist()
+    assert fast.errors == slow.errors == [None] * 20
+    assert fast.array.to_pylist()[1]["items"] == [{"q": 0.0, "unit": "kg"}] and fast.array.to_pylist()[0]["added"] == 7
+
+
+def test_mixed_writers_keep_row_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    payloads: list[bytes | None] = []
+    for i in range(30):  # v1 and v2 records interleaved, with a bad one and a tombstone
+        payloads.append(avro_bytes(V1, 1, {"name": f"a{i}", "age": i}) if i % 2 else
+                        avro_bytes(V2, 2, {"name": f"b{i}", "age": i, "email": None}))
+    payloads[7], payloads[8] = b"junk", None
+    col = decode_column("avro", payloads, SCHEMAS.get, reader_id=2)
+    names = [r["name"] if r else None for r in col.array.to_pylist()]
+    assert names == [None if i in (7, 8) else (f"a{i}" if i % 2 else f"b{i}") for i in range(30)]
+    assert col.errors[7] is not None and [e for i, e in enumerate(col.errors) if i != 7] == [None] * 29

@@ -121,6 +121,8 @@ def _long_as(typ: pa.DataType, check32: bool = False, scale: int = 1) -> Read:
                 return pa.array(v.astype(np.int32), pa.int32()).view(typ)
         if scale != 1:
             v = v * scale
+        if pa.types.is_time(typ) and len(v) and (v.min() < 0 or v.max() >= 86_400_000_000):
+            raise _Bad("a time of day out of range")
         return pa.array(v, pa.int64()).view(typ) if typ != pa.int64() else pa.array(v, pa.int64())
     return read
 

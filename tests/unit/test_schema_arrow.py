@@ -412,3 +412,17 @@ def test_mixed_writers_keep_row_order(monkeypatch: pytest.MonkeyPatch) -> None:
     names = [r["name"] if r else None for r in col.array.to_pylist()]
     assert names == [None if i in (7, 8) else (f"a{i}" if i % 2 else f"b{i}") for i in range(30)]
     assert col.errors[7] is not None and [e for i, e in enumerate(col.errors) if i != 7] == [None] * 29
+
+
+def test_columnar_reader_refuses_what_arrow_would_hold_invalid() -> None:
+    from service.schemas.avro_columns import compile_schema
+
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "tm", "type": {"type": "int", "logicalType": "time-millis"}}, {"name": "ok", "type": "boolean"}]}
+    reader = compile_schema(schema)
+    assert reader is not None
+    good = [avro_bytes(schema, 1, {"tm": 1000, "ok": True})[5:]] * 9
+    assert reader.read(good) is not None
+    assert reader.read([*good, b"\x01\x01"]) is None  # a negative time of day
+    assert reader.read([*good, b"\x02\x02"]) is None  # a boolean byte of 2
+    assert compile_schema({"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 1}) is None

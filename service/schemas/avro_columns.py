@@ -28,8 +28,6 @@ import numpy as np
 import pyarrow as pa
 
 _PAD = 16  # zero bytes after the data: a varint read near the end never indexes past the buffer
-_SHIFTS = (np.arange(10, dtype=np.uint64) * np.uint64(7))
-_TEN = np.arange(10)
 
 
 class _Bad(Exception):
@@ -47,18 +45,25 @@ class _State:
         self.buf, self.pos, self.end = buf, pos, end
 
     def long(self, rows: np.ndarray) -> np.ndarray:
-        """A zigzag varint at the position of each row in ``rows``; positions advance."""
+        """A zigzag varint at the position of each row in ``rows``; positions advance. Byte k is read only
+        for the rows whose varint is still going (most are one or two bytes long)."""
         p = self.pos[rows]
         if len(p) == 0:
             return np.zeros(0, np.int64)
-        b = self.buf[p[:, None] + _TEN]
-        stop = (b & 0x80) == 0
-        if not stop.any(axis=1).all():
-            raise _Bad("varint longer than 10 bytes")
-        length = stop.argmax(axis=1) + 1
-        w = (b & 0x7F).astype(np.uint64) << _SHIFTS
-        w[_TEN[None, :] >= length[:, None]] = 0
-        v = np.bitwise_or.reduce(w, axis=1)
+        buf = self.buf
+        b = buf[p]
+        v = (b & 0x7F).astype(np.uint64)
+        length = np.ones(len(p), np.int64)
+        going = np.flatnonzero(b & 0x80)
+        shift = np.uint64(7)
+        while len(going):
+            if shift > 63:
+                raise _Bad("varint longer than 10 bytes")
+            b = buf[p[going] + length[going]]
+            v[going] |= (b & 0x7F).astype(np.uint64) << shift
+            length[going] += 1
+            going = going[(b & 0x80) != 0]
+            shift += np.uint64(7)
         value = (v >> np.uint64(1)).astype(np.int64) ^ -(v & np.uint64(1)).astype(np.int64)
         newp = p + length
         if (newp > self.end[rows]).any():

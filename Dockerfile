@@ -64,7 +64,7 @@ COPY --from=build /opt/venv /opt/venv
 
 # Fail the build, not the first start, when the accelerator or the production server stack is missing
 # or cannot load on the slim base (-P: import the installed packages, not a source tree in the cwd).
-RUN python -P -c "import api.app, service.main, service.protocol._crecords, uvloop, httptools"
+RUN python -P -c "import api.app, service.main, service.protocol._crecords, service.schemas._cavro, uvloop, httptools"
 
 USER 10001:10001
 WORKDIR /tmp

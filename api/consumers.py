@@ -33,7 +33,15 @@ from api.consumer_config import (
 from api.errors import documented_errors
 from api.hosts import parse_host
 from api.kafka_texts import client_text
-from api.render import NDJSON_SEP, Decoded, render_binary, render_decoded, render_json
+from api.render import (
+    ARRAY_SEP,
+    NDJSON_SEP,
+    Rendered,
+    chunk_schema_ids,
+    render_binary,
+    render_json,
+    render_schema_chunks,
+)
 from api.responses import OrjsonResponse
 from service.client.errors import KafkaError
 from service.gateway import (
@@ -51,7 +59,6 @@ from service.group.coordinator import OffsetAndMetadata
 from service.logs import bind
 from service.protocol.records import InflatedSizeError
 from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
-from service.schemas.codecs import DecodeError
 from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
 from service.schemas.registry import RegistryUnavailable
 from service.subscription import (
@@ -758,7 +765,7 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
     max_bytes = max_bytes or inst.options.max_bytes
     render = render_binary if inst.options.format == "binary" else render_json
     resolver = schema_resolver(request, inst, tenant)  # schema'd formats: 422/42211 or 503 before polling
-    decoded: Decoded | None = None
+    out: Rendered | None = None
     metrics = request.app.state.metrics
     inst.active_requests += 1
     started = time.monotonic()
@@ -769,13 +776,14 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
             # with fetch.min.bytes set, once more than that many bytes are buffered (Confluent's rule)
             chunks = await gw.poll(inst, limit, max_bytes, wait, min_bytes=inst.options.fetch_min_bytes)
             if resolver is not None:
-                decoded = await decode_chunks(inst, resolver, chunks, metrics)
+                out = await render_schema(inst, resolver, chunks, ARRAY_SEP, metrics)
     finally:
         inst.active_requests -= 1
         inst.touch()
     waited = time.monotonic() - started
     metrics.poll_wait.labels(tenant.id).observe(waited)
-    out = render(chunks) if decoded is None else render_decoded(chunks, decoded)
+    if out is None:
+        out = render(chunks)
     if out.count:
         metrics.records.labels(tenant.id).inc(out.count)
         metrics.bytes.labels(tenant.id).inc(out.payload)
@@ -795,36 +803,23 @@ def schema_resolver(request: Request, inst: ConsumerInstance, tenant: Tenant) ->
     return schema_service(request).resolver(tenant.schema_registry, fmt)
 
 
-async def decode_chunks(inst: ConsumerInstance, resolver: SchemaResolver,
-                        chunks: list[tuple[TopicPartition, list[Any]]], metrics: Any = None) -> Decoded:
-    """Every key and value of a poll decoded (per record: a JSON value, None or a DecodeError). Call it under
-    the instance's lock. A registry that cannot answer gives the records back (the instance is sought back to
-    each chunk's first offset: nothing is lost or skipped) and raises RegistryUnavailable (503/50307)."""
+async def render_schema(inst: ConsumerInstance, resolver: SchemaResolver,
+                        chunks: list[tuple[TopicPartition, list[Any]]], sep: bytes, metrics: Any) -> Rendered:
+    """A poll's records decoded and rendered (avro by the C renderer when it can). Call it under the
+    instance's lock: nothing awaits between fetching the schemas and rendering. A registry that cannot answer
+    gives the records back (the instance is sought back to each chunk's first offset: nothing is lost or
+    skipped) and raises RegistryUnavailable (503/50307)."""
     fmt = inst.options.format
-    keys = [r.key for _, recs in chunks for r in recs]
-    values = [r.value for _, recs in chunks for r in recs]
     try:
-        await resolver.prepare(resolver.schema_ids(keys) | resolver.schema_ids(values))
+        await resolver.prepare(chunk_schema_ids(chunks))
     except RegistryUnavailable:
         for tp, recs in chunks:
             if recs:
                 inst.consumer.seek(tp, recs[0].offset)
-        if metrics is not None:
-            metrics.schema_registry_unavailable.labels(inst.tenant).inc()
+        metrics.schema_registry_unavailable.labels(inst.tenant).inc()
         raise
-    rendering = inst.options.avro_rendering
-    dk, dv = resolver.decode(fmt, keys, rendering=rendering), resolver.decode(fmt, values, rendering=rendering)
-    if metrics is not None:
-        errors = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
-        if errors:
-            metrics.schema_decode_errors.labels(inst.tenant, fmt).inc(errors)
-    out: Decoded = []
-    i = 0
-    for _, recs in chunks:
-        n = len(recs)
-        out.append((dk[i:i + n], dv[i:i + n]))
-        i += n
-    return out
+    return render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, sep,
+                                on_errors=lambda n: metrics.schema_decode_errors.labels(inst.tenant, fmt).inc(n))
 
 
 class _SlotStreamingResponse(StreamingResponse):
@@ -980,7 +975,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                 chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
                 chunks = [c for c in chunks if c[1]]
                 # schema'd: a registry outage gives the records back and ends the stream in-band (50307)
-                decoded = await decode_chunks(inst, resolver, chunks, metrics) if resolver is not None and chunks else None
+                out = await render_schema(inst, resolver, chunks, NDJSON_SEP, metrics) \
+                    if resolver is not None and chunks else None
                 # positions read with the records, before another request of the instance can move them
                 prefix = _token_prefix(codec, binding, inst, chunks) if chunks else None
             inst.touch()
@@ -989,7 +985,8 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     yield b": keep-alive\n\n"
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
-            out = render(chunks, NDJSON_SEP) if decoded is None else render_decoded(chunks, decoded, NDJSON_SEP)
+            if out is None:
+                out = render(chunks, NDJSON_SEP)
             if media == SSE:
                 data = _sse_with_ids(out, chunks, prefix)
             else:

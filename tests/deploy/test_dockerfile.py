@@ -217,7 +217,7 @@ def test_the_c_accelerator_is_built_and_checked() -> None:
     everything = DOCKERFILE.read_text()
     assert "KCG_NO_CEXT" not in everything
     runtime_runs = " ".join(i.args for i in FINAL.all("RUN"))
-    assert "service.protocol._crecords" in runtime_runs
+    assert "service.protocol._crecords" in runtime_runs and "service.schemas._cavro" in runtime_runs
     hook = PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]["path"]
     sources = {src for s in STAGES for i in s.all("COPY") if "from" not in i.flags for src in shlex.split(i.args)[:-1]}
     assert hook in sources and "service/" in sources
@@ -249,7 +249,7 @@ def test_the_build_context_has_what_the_wheel_needs() -> None:
               PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]["path"],
               *PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
     assert needed <= copied, f"not copied: {needed - copied}"
-    assert in_build_context("service/protocol/_crecords.c")
+    assert in_build_context("service/protocol/_crecords.c") and in_build_context("service/schemas/_cavro.c")
     assert in_build_context("service/main.py")
 
 

@@ -19,7 +19,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, message_factory
+from google.protobuf.descriptor_pool import DescriptorPool
 
 from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
@@ -27,6 +30,7 @@ from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 ARROW = "application/vnd.apache.arrow.stream"
+F = descriptor_pb2.FieldDescriptorProto
 
 ORDER_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "long"},
@@ -160,6 +164,56 @@ async def test_jsonschema_typed_range(http: httpx.AsyncClient, tansu: EmbeddedBr
     assert vt.field("n").type == pa.int64() and vt.field("who").type == pa.struct([("name", pa.string())])
     assert vt.field("any").type == pa.string()  # an unconstrained schema: JSON text
     assert t.column("value").to_pylist() == [{"n": i, "who": {"name": f"w{i}"}, "any": f"[{i}]"} for i in range(3)]
+
+
+def _proto_files(p: str, with_note: bool) -> tuple[descriptor_pb2.FileDescriptorProto, descriptor_pb2.FileDescriptorProto]:
+    """``{p}/money.proto`` (Money) imported by ``{p}/order.proto`` (Ping, Order); ``with_note``: Order v2."""
+    dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
+    money = dep.message_type.add(name="Money")
+    money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
+    money.field.add(name="currency", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    main = descriptor_pb2.FileDescriptorProto(name=f"{p}/order.proto", package=p, syntax="proto3",
+                                              dependency=[f"{p}/money.proto"])
+    main.message_type.add(name="Ping").field.add(name="n", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+    order = main.message_type.add(name="Order")
+    order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
+                    label=F.LABEL_OPTIONAL)
+    if with_note:
+        order.field.add(name="note", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    return dep, main
+
+
+async def test_protobuf_typed_range_with_a_reference_and_evolution(
+        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str) -> None:
+    topic = new_topic(tansu.bootstrap)
+    client = SchemaRegistryClient({"url": schema_registry})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    values = []
+    p = f"p{uuid.uuid4().hex[:6]}"  # the same file and message names in both versions
+    for version, with_note in enumerate((False, True)):
+        pool = DescriptorPool()
+        for fdp in _proto_files(p, with_note):
+            pool.Add(fdp)
+        cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))
+        ser = ProtobufSerializer(cls, client, {"use.deprecated.format": False})
+        for i in range(2):
+            msg = cls(order_id=f"o{version}{i}")
+            msg.total.units, msg.total.currency = 10 * version + i, "EUR"
+            if with_note:
+                msg.note = f"n{i}"
+            values.append(ser(msg, ctx))
+    produce(tansu.bootstrap, topic, values)
+    t, _ = await typed_page(http, topic, format="protobuf")
+    vt = t.schema.field("value").type
+    assert [f.name for f in vt] == ["order_id", "total", "note"]  # the latest writer's Order (indexes [1])
+    assert vt.field("total").type == pa.struct([("units", pa.int64()), ("currency", pa.string())])
+    assert t.column("value").to_pylist() == [
+        {"order_id": "o00", "total": {"units": 0, "currency": "EUR"}, "note": ""},  # v1 rows: proto3 default
+        {"order_id": "o01", "total": {"units": 1, "currency": "EUR"}, "note": ""},
+        {"order_id": "o10", "total": {"units": 10, "currency": "EUR"}, "note": "n0"},
+        {"order_id": "o11", "total": {"units": 11, "currency": "EUR"}, "note": "n1"}]
+    assert len(set(t.column("value_schema_id").to_pylist())) == 2 and set(t.column("error").to_pylist()) == {None}
 
 
 async def test_typed_range_request_errors(http: httpx.AsyncClient, tansu: EmbeddedBroker) -> None:

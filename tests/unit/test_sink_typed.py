@@ -117,3 +117,19 @@ def test_delta_writer_merges_schema_only_when_typed(monkeypatch: pytest.MonkeyPa
     assert delta.append_batch("/tmp/none", pa.table({"a": [1]}), "app", 0, merge_schema=True)
     assert delta.append_batch("/tmp/none", pa.table({"a": [1]}), "app", 1)
     assert calls[0]["schema_mode"] == "merge" and "schema_mode" not in calls[1]
+
+
+def test_typed_keys_get_their_own_columns() -> None:
+    recs = [Record(0, 1, _payload(1), _payload(2), ()), Record(1, 2, b"plain key", _payload(3), ()),
+            Record(2, 3, None, None, ())]
+    page = RangePage("t", 0, 0, recs, next_offset=3, end_offset=3)
+    table = typed_table(page, _Resolver(), "avro", 3, _Resolver(), "avro", None)
+    assert table.column_names == ["topic", "partition", "offset", "timestamp", "key", "value", "headers",
+                                  "key_schema_id", "value_schema_id", "error", "value_raw", "key_raw"]
+    assert table.schema.metadata[b"key_schema_id"] == b"3" and table.schema.metadata[b"key_format"] == b"avro"
+    rows = table.to_pylist()
+    assert rows[0]["key"]["n"] == 1 and rows[0]["value"]["n"] == 2 and rows[0]["error"] is None
+    assert rows[1]["key"] is None and rows[1]["key_raw"] == b"plain key" and rows[1]["value"]["n"] == 3
+    assert rows[1]["error"].startswith("key: ") and "magic byte" in rows[1]["error"]
+    assert rows[2]["key"] is None and rows[2]["value"] is None and rows[2]["error"] is None
+    assert [r["key_schema_id"] for r in rows] == [3, None, None]

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 _PAD = 16  # zero bytes after the data: a varint read near the end never indexes past the buffer
+_GATHER = 1 << 20  # string bytes gathered per step (the int32 index of a step is 4x that)
 
 
 class _Bad(Exception):
@@ -92,11 +93,16 @@ class _State:
         total = int(offsets[-1])
         if total >= 2**31:
             raise _Bad("more than 2 GiB of strings in one column")
-        if total:
-            idx = np.repeat(p - offsets[:-1], n) + np.arange(total)
-            data = self.buf[idx]
-        else:
-            data = np.zeros(0, np.uint8)
+        data = np.empty(total, np.uint8)
+        # gathered through an index per byte, in chunks of about _GATHER bytes so the index stays small
+        shift = (p - offsets[:-1]).astype(np.int32)
+        lo = 0
+        while lo < len(n):
+            hi = max(lo + 1, int(np.searchsorted(offsets, offsets[lo] + _GATHER, side="right")) - 1)
+            a, b = int(offsets[lo]), int(offsets[hi])
+            if b > a:
+                data[a:b] = self.buf[np.repeat(shift[lo:hi], n[lo:hi]) + np.arange(a, b, dtype=np.int32)]
+            lo = hi
         return offsets.astype(np.int32), data
 
 

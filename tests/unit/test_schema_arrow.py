@@ -426,3 +426,15 @@ def test_columnar_reader_refuses_what_arrow_would_hold_invalid() -> None:
     assert reader.read([*good, b"\x01\x01"]) is None  # a negative time of day
     assert reader.read([*good, b"\x02\x02"]) is None  # a boolean byte of 2
     assert compile_schema({"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 1}) is None
+
+
+def test_columnar_strings_larger_than_a_gather_step() -> None:
+    from service.schemas.avro_columns import compile_schema
+
+    schema = {"type": "record", "name": "S", "fields": [{"name": "s", "type": "string"}, {"name": "b", "type": "bytes"}]}
+    reader = compile_schema(schema)
+    assert reader is not None
+    values = [{"s": "x" * (3 << 20) if i == 4 else f"s{i}" * (i * 1000), "b": bytes([i]) * (i * 50_000)}
+              for i in range(40)]
+    arr = reader.read([avro_bytes(schema, 1, v)[5:] for v in values])
+    assert arr is not None and arr.to_pylist() == values

@@ -40,6 +40,9 @@ V2 = "application/vnd.kafka.v2+json"
 JSON = "application/json"
 BINARY = "application/vnd.kafka.binary.v2+json"
 JSONFMT = "application/vnd.kafka.json.v2+json"
+AVRO = "application/vnd.kafka.avro.v2+json"
+PROTOBUF = "application/vnd.kafka.protobuf.v2+json"
+JSONSCHEMA = "application/vnd.kafka.jsonschema.v2+json"
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain"
@@ -207,9 +210,12 @@ _RECORD = {
     "title": "ConsumerRecord",
     "description": "A consumed record, in the instance's `format` (the response's Content-Type names it). "
                    "A `binary` instance gives `key` and `value` as base64 strings; a `json` instance gives them "
-                   "as embedded JSON (any JSON value). Either way null is a null key or value. In a `json` "
-                   "instance a key or value that is not valid JSON is null, with `key_error`/`value_error` set "
-                   "and its raw bytes in `key_base64`/`value_base64` (these four fields appear only then).",
+                   "as embedded JSON (any JSON value); `avro`, `protobuf` and `jsonschema` instances give them "
+                   "decoded with the writer's schema from the schema registry, as JSON. Either way null is a "
+                   "null key or value. A key or value that does not decode in the instance's format (not JSON; "
+                   "no Confluent wire-format magic byte, an unknown schema id, a payload that does not fit its "
+                   "schema) is null, with `key_error`/`value_error` saying why and its raw bytes in "
+                   "`key_base64`/`value_base64` (these four fields appear only then): the record is delivered.",
     "required": ["topic", "partition", "offset", "timestamp", "key", "value", "headers"],
     "properties": {
         "topic": {"type": "string"},
@@ -221,10 +227,14 @@ _RECORD = {
                                "null for a null key"},
         "value": {"description": "binary: the value in base64; json: the value as embedded JSON (any JSON "
                                  "value); null for a null value"},
-        "key_error": {"type": "string", "enum": ["not valid JSON"], "description": "json instances only"},
-        "key_base64": {"type": "string", "contentEncoding": "base64", "description": "json instances only"},
-        "value_error": {"type": "string", "enum": ["not valid JSON"], "description": "json instances only"},
-        "value_base64": {"type": "string", "contentEncoding": "base64", "description": "json instances only"},
+        "key_error": {"type": "string", "description": "not binary instances: why the key did not decode "
+                                                       "(json: `not valid JSON`)"},
+        "key_base64": {"type": "string", "contentEncoding": "base64",
+                       "description": "with key_error: the key's bytes"},
+        "value_error": {"type": "string", "description": "not binary instances: why the value did not decode "
+                                                         "(json: `not valid JSON`)"},
+        "value_base64": {"type": "string", "contentEncoding": "base64",
+                         "description": "with value_error: the value's bytes"},
         "headers": {"type": "array", "items": {"$ref": "#/components/schemas/RecordHeader"},
                     "description": "Record headers in order (extension)"},
         "resume": {"type": "string", "description": "ndjson streams only, on the last record of each write: a "
@@ -367,12 +377,14 @@ def _records_200() -> dict[str, Any]:
         "description": "Records as one JSON array in the instance's format, or (Accept: application/x-ndjson "
                        "or text/event-stream) a stream of records. `Accept: application/json` (what generated "
                        "clients send), `*/*` or no Accept means the instance's format: the answer's "
-                       "Content-Type is then `application/vnd.kafka.binary.v2+json` or "
-                       "`application/vnd.kafka.json.v2+json`.",
+                       "Content-Type is then `application/vnd.kafka.{binary,json,avro,protobuf,jsonschema}.v2+json`.",
         "content": {
             JSON: {"schema": copy.deepcopy(array)},
             BINARY: {"schema": copy.deepcopy(array)},
             JSONFMT: {"schema": copy.deepcopy(array)},
+            AVRO: {"schema": copy.deepcopy(array)},
+            PROTOBUF: {"schema": copy.deepcopy(array)},
+            JSONSCHEMA: {"schema": copy.deepcopy(array)},
             NDJSON: {"schema": {"type": "string", "description": stream.format(unit="line") +
                                 " The last record of each write carries `resume`, a resume token."}},
             SSE: {"schema": {"type": "string", "description": stream.format(unit="`data:` event") +

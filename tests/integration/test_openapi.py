@@ -36,7 +36,8 @@ REGENERATE = ".venv/bin/python tools/export_openapi.py > openapi.yaml"
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 V2 = "application/vnd.kafka.v2+json"
 RECORD_TYPES = {"application/json", "application/vnd.kafka.binary.v2+json", "application/vnd.kafka.json.v2+json",
-                "application/x-ndjson", "text/event-stream"}
+                "application/vnd.kafka.avro.v2+json", "application/vnd.kafka.protobuf.v2+json",
+                "application/vnd.kafka.jsonschema.v2+json", "application/x-ndjson", "text/event-stream"}
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +253,7 @@ def test_records_media_types(committed: dict[str, Any]) -> None:
     assert set(content) == RECORD_TYPES
     # generated clients send the first JSON type as Accept: application/json, the instance's format
     assert next(iter(content)) == "application/json"
-    for media in ("application/json", "application/vnd.kafka.binary.v2+json", "application/vnd.kafka.json.v2+json"):
+    for media in RECORD_TYPES - {"application/x-ndjson", "text/event-stream"}:
         assert content[media]["schema"] == {"type": "array", "items": {"$ref": "#/components/schemas/ConsumerRecord"}}
     record = committed["components"]["schemas"]["ConsumerRecord"]
     assert set(record["required"]) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"}
@@ -267,7 +268,14 @@ def test_produce_bodies(committed: dict[str, Any]) -> None:
         content = committed["paths"][path]["post"]["requestBody"]["content"]
         assert content == {
             "application/vnd.kafka.binary.v2+json": {"schema": {"$ref": "#/components/schemas/BinaryProduceRequest"}},
-            "application/vnd.kafka.json.v2+json": {"schema": {"$ref": "#/components/schemas/JsonProduceRequest"}}}
+            "application/vnd.kafka.json.v2+json": {"schema": {"$ref": "#/components/schemas/JsonProduceRequest"}},
+            "application/vnd.kafka.avro.v2+json": {"schema": {"$ref": "#/components/schemas/AvroProduceRequest"}},
+            "application/vnd.kafka.protobuf.v2+json": {
+                "schema": {"$ref": "#/components/schemas/ProtobufProduceRequest"}},
+            "application/vnd.kafka.jsonschema.v2+json": {
+                "schema": {"$ref": "#/components/schemas/JsonSchemaProduceRequest"}}}
+    for name in ("AvroProduceRequest", "ProtobufProduceRequest", "JsonSchemaProduceRequest"):
+        assert {"key_schema", "value_schema", "key_schema_id", "value_schema_id"} <= set(schemas[name]["properties"])
     binary = schemas["BinaryProduceRecord"]["properties"]
     assert binary["value"] == {**binary["value"], "type": "string", "format": "byte", "nullable": True}
     assert "type" not in schemas["JsonProduceRecord"]["properties"]["value"]  # any JSON value

@@ -10,8 +10,8 @@ The HTTP layer (:mod:`api.produce`) calls, per request:
    of the configured :data:`STRATEGIES` entry (the registry answers the existing id when it is already there),
    then, like a schema given by id, resolved through the tenant's
    :class:`~service.schemas.formats.SchemaResolver` (``id -> ResolvedSchema -> codec``), so produce encodes
-   with the very codec the consume side decodes with (Protobuf: compiled from the registry's descriptor,
-   ``?format=serialized``, never from the posted ``.proto`` text);
+   with the very codec the consume side decodes with (Protobuf: compiled from the registry's copy of the schema
+   and its references, :mod:`service.schemas.proto_text`, never from the posted text as it was sent);
 3. :func:`encode_batch` -- every record encoded and framed (magic byte, schema id, for Protobuf the message
    indexes) *before* anything is sent. Any record that does not fit its schema fails the whole batch with a
    :class:`ProduceSchemaError` (42203) naming each bad record, the field and the path in it

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -522,17 +522,38 @@ def load_schema(schema: str | dict | list) -> Any:
         raise AvroSchemaError(f"schema is not JSON: {exc}") from None
 
 
+def _parse_references(parser: _Parser, pending: list[Any]) -> None:
+    """Parse the schemas a schema references (the registry's ``references``: named types of other subjects)
+    so that their names are known, in whatever order they come: one that names a type not parsed yet waits
+    for the next pass; a pass without progress raises the first error."""
+    while pending:
+        waiting: list[Any] = []
+        first: AvroSchemaError | None = None
+        for ref in pending:
+            before = dict(parser.named)
+            try:
+                parser.parse(ref, None)
+            except AvroSchemaError as exc:
+                parser.named = before  # nothing half-registered
+                waiting.append(ref)
+                first = first or exc
+        if len(waiting) == len(pending):
+            raise AvroSchemaError(f"schema reference: {first}")
+        pending = waiting
+
+
 class AvroCodec:
     """One writer schema compiled once: decode payloads to JSON values, encode JSON values to payloads."""
 
     format = "avro"
 
     def __init__(self, schema: str | dict | list, *, rendering: str = RENDER_CONFLUENT,
-                 strict_unions: bool = False) -> None:
+                 strict_unions: bool = False, references: Sequence[str | dict | list] = ()) -> None:
         if rendering not in RENDERINGS:
             raise ValueError(f"rendering must be one of {RENDERINGS}")
         parser = _Parser()
         try:
+            _parse_references(parser, [load_schema(r) for r in references])
             self._root = parser.parse(load_schema(schema), None)
         except (KeyError, TypeError, ValueError) as exc:
             raise AvroSchemaError(str(exc)) from None

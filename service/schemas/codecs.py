@@ -98,7 +98,8 @@ class Codecs:
     def _compile(self, fmt: str, schema: Any, references: Mapping[str, Any] | None) -> Any:
         try:
             if fmt == "avro":
-                return AvroCodec(schema, rendering=self.avro_rendering, strict_unions=self.avro_strict_unions)
+                return AvroCodec(schema, rendering=self.avro_rendering, strict_unions=self.avro_strict_unions,
+                                 references=list((references or {}).values()))
             if fmt == "jsonschema":
                 return JsonSchemaCodec(schema, references=references,
                                        validate_on_decode=self.validate_json_on_decode)

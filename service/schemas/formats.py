@@ -129,9 +129,6 @@ class SchemaResolver:
         codec: Any
         source, deps = schema.schema, references or None
         try:
-            if schema.schema_type == "AVRO" and references:
-                raise SchemaError("avro", "schema references (named types of other subjects) are not supported "
-                                          "for Avro yet")
             if schema.schema_type == "PROTOBUF" and proto_text.looks_like_text(schema.schema):
                 try:  # .proto text: compiled with protoc, off the event loop (a subprocess, once per id)
                     main, deps_ = await asyncio.to_thread(
@@ -197,7 +194,8 @@ class SchemaResolver:
         key = (resolved.schema_id, rendering)
         codec = self._other_renderings.get(key)
         if codec is None:
-            codec = AvroCodec(resolved.source, rendering=rendering, strict_unions=self.codecs.avro_strict_unions)
+            codec = AvroCodec(resolved.source, rendering=rendering, strict_unions=self.codecs.avro_strict_unions,
+                              references=list((resolved.deps or {}).values()))
             self._other_renderings.put(key, codec)
         return codec
 

@@ -172,6 +172,12 @@ def _range_media(request: Request) -> str:
                        f"and values), {JSONFMT} (embedded JSON) or {ARROW}", status=406, error_code=40601)
 
 
+def _accepts_anything(request: Request) -> bool:
+    """No Accept, or a wildcard first: the client did not name a JSON type."""
+    first = request.headers.get("accept", "").split(",", 1)[0].split(";", 1)[0].strip().lower()
+    return first in ("", "*/*", "application/*")
+
+
 async def typed_ipc(page: RangePage, schemas: Any, registry: Any, **typed: Any) -> tuple[bytes, dict[str, str]]:
     from service.fetch.typed import typed_ipc as build  # pyarrow and fastavro load on first use
 
@@ -190,7 +196,8 @@ def _typed_request(media: str, fmt: str | None, value_schema_id: str | None, key
                                    error_code=42206)
         return None
     if media != ARROW:
-        raise GatewayError(f"format={fmt} (typed columns) needs Accept: {ARROW}", status=406, error_code=40601)
+        raise GatewayError(f"format={fmt} (typed columns) is answered as {ARROW} only; the Accept header names "
+                           f"a JSON type", status=406, error_code=40601)
     if key_schema_id is not None and key_format is None:
         raise GatewayError("key_schema_id needs key_format", status=422, error_code=42206)
     return {"value_format": fmt, "value_schema": value_schema_id, "key_format": key_format,
@@ -254,6 +261,8 @@ async def read_partition_records(
         tenant: Tenant = Depends(current_tenant)) -> Response:
     tenant.require_topic(topic)
     media = _range_media(request)
+    if format is not None and media == BINARY and _accepts_anything(request):
+        media = ARROW  # typed columns are Arrow only: a client that accepts anything gets them
     typed = _typed_request(media, format, value_schema_id, key_format, key_schema_id)
     rt = runtime(request, tenant)
     await catalog(request, tenant).partition(topic, partition)  # 40401 / 40402 (cached metadata)

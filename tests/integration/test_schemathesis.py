@@ -37,11 +37,12 @@ from referencing.jsonschema import DRAFT202012
 from schemathesis import Case, CheckContext, Response
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
-from schemathesis.specs.openapi.checks import unsupported_method
+from schemathesis.specs.openapi.checks import positive_data_acceptance, unsupported_method
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
+from tests.registry.server import TestRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -87,13 +88,23 @@ CHECKS = [server_errors_are_documented]
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def registry() -> Iterator[TestRegistry]:
+    """A schema registry, so that the avro/protobuf/jsonschema formats are available as the contract says
+    (without one they answer 42211); the protocol-level test registry: no Karapace start for this module."""
+    with TestRegistry() as reg:
+        yield reg
+
+
+@pytest.fixture(scope="module")
+def gw(tansu: EmbeddedBroker, registry: TestRegistry,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("schemathesis")
     tenants = d / "tenants.yaml"
     tenants.write_text(yaml.safe_dump({"tenants": [
         {"id": "st", "api_keys": ["sha256:" + hashlib.sha256(API_KEY.encode()).hexdigest()]}]}))
     g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(tenants),
                                              "GATEWAY_MAX_POLL_TIMEOUT_MS": "300",
+                                             "GATEWAY_SCHEMA_REGISTRY_URL": registry.url,
                                              # schemathesis sends wrong credentials by the hundred: the
                                              # failure limiter (tests/security) would answer them 429
                                              "GATEWAY_AUTH_FAILURES_PER_MINUTE": "0"},
@@ -107,9 +118,27 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert "Traceback" not in log, f"the gateway logged an unexpected exception:\n{log[-4000:]}"
 
 
+RANGE_READ = "GET /topics/{topic}/partitions/{partition}/records"
+_DEPENDENT = re.compile(r"^(value_schema_id|key_format|key_schema_id) needs (format|key_format)")
+
+
+def typed_parameters_depend_on_each_other(ctx: CheckContext, response: Response, case: Case) -> bool | None:
+    """The range read's positive-data check, but for one rule OpenAPI cannot state for query parameters:
+    value_schema_id and key_format need format, key_schema_id needs key_format (422 / 42206 naming it)."""
+    if response.status_code == 422:
+        body = response.json()
+        if body.get("error_code") == 42206 and _DEPENDENT.match(body.get("message", "")):
+            return None
+    return positive_data_acceptance(ctx, response, case)
+
+
 @schema.parametrize()
 @SETTINGS
 def test_operation(case: Case, gw: GatewayProcess) -> None:
+    if case.operation.label == RANGE_READ:
+        case.call_and_validate(base_url=gw.url, excluded_checks=[*EXCLUDED, positive_data_acceptance],
+                               additional_checks=[*CHECKS, typed_parameters_depend_on_each_other])
+        return
     case.call_and_validate(base_url=gw.url, excluded_checks=EXCLUDED, additional_checks=CHECKS)
 
 

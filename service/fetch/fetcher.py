@@ -39,6 +39,7 @@ from service.fetch.read_committed import READ_COMMITTED, TxnTracker, filter_batc
 from service.fetch.session import FetchPartitionData, FetchSessionHandler, choose_version, to_fetch_request
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
+from service.protocol import records as _records_module
 from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
 from service.protocol.records import InflatedSizeError, Record, decode_records, max_inflated_bytes
 from service.subscription import (
@@ -62,6 +63,29 @@ DUE_MARGIN_S = 0.003
 # not fetched again at that offset for this long (a seek or a new assignment moves it on at once), so the
 # other partitions flow without repeated errors and the batch is not inflated again on every round.
 INFLATE_ERROR_RETRY_S = 30.0
+
+
+def _take_budget_py(recs: list[Record], i: int, j: int, budget: int, started: bool) -> tuple[int, int]:
+    """How far ``recs[i:j]`` go within ``budget`` key+value bytes: a record larger than what is left ends the
+    take, unless it is the very first one taken (``started`` false, ``k == i``): that one is taken whole,
+    leaving 0 (a poll never stalls); the take also ends when the budget reaches 0. Returns (k, budget left)."""
+    k = i
+    while k < j:
+        r = recs[k]
+        sz = (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+        if sz > budget and (started or k > i):
+            return k, 0
+        budget = budget - sz if sz <= budget else 0
+        k += 1
+        if budget == 0:
+            break
+    return k, budget
+
+
+_crecords = getattr(_records_module, "_crecords", None)
+#: the C twin of _take_budget_py (service/protocol/_crecords.c), when built
+_take_budget: Callable[[list[Record], int, int, int, bool], tuple[int, int]] = (
+    _crecords.take_budget if _crecords is not None and hasattr(_crecords, "take_budget") else _take_budget_py)
 
 
 class RecordTooLargeError(KafkaError):
@@ -267,18 +291,7 @@ class Fetcher:
                 i = cf.index
                 j = min(len(recs), i + left)
                 if budget > 0:
-                    k = i
-                    while k < j:
-                        r = recs[k]
-                        sz = (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
-                        if sz > budget and (out or k > i):
-                            budget = 0
-                            break
-                        budget = max(0, budget - sz) if sz <= budget else 0
-                        k += 1
-                        if budget == 0:
-                            break
-                    j = k
+                    j, budget = _take_budget(recs, i, j, budget, bool(out))
                 if j == i:
                     break
                 chunk = recs if (i == 0 and j == len(recs)) else recs[i:j]

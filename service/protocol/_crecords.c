@@ -803,7 +803,64 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(Nn)", out, payload);
 }
 
+/* take_budget(records, i, j, budget, started) -> (k, budget): how far records[i:j] go within a byte budget
+ * of key+value bytes (service/fetch/fetcher.py Fetcher.drain, whose pure-Python loop it replaces): a record
+ * larger than what is left ends the take unless it is the first one taken at all (started false, k == i),
+ * which is taken whole, leaving 0; the take also ends when the budget reaches 0. */
+static Py_ssize_t
+field_len(PyObject *v)
+{
+    if (v == Py_None)
+        return 0;
+    if (PyBytes_Check(v))
+        return PyBytes_GET_SIZE(v);
+    return PyObject_Length(v);
+}
+
+static PyObject *
+take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "take_budget(records: list, i, j, budget, started)");
+        return NULL;
+    }
+    PyObject *recs = args[0];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t j = PyLong_AsSsize_t(args[2]);
+    long long budget = PyLong_AsLongLong(args[3]);
+    int started = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || started < 0)
+        return NULL;
+    if (j > PyList_GET_SIZE(recs))
+        j = PyList_GET_SIZE(recs);
+    Py_ssize_t k = i;
+    while (k < j) {
+        PyObject *r = PyList_GET_ITEM(recs, k);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 4) {
+            PyErr_SetString(PyExc_TypeError, "take_budget: records must be Record tuples");
+            return NULL;
+        }
+        Py_ssize_t kl = field_len(PyTuple_GET_ITEM(r, 2));
+        Py_ssize_t vl = field_len(PyTuple_GET_ITEM(r, 3));
+        if (kl < 0 || vl < 0)
+            return NULL;
+        long long sz = (long long)kl + (long long)vl;
+        if (sz > budget && (started || k > i)) {
+            budget = 0;
+            break;
+        }
+        budget = sz <= budget ? budget - sz : 0;
+        k++;
+        if (budget == 0)
+            break;
+    }
+    return Py_BuildValue("(nL)", k, budget);
+}
+
 static PyMethodDef methods[] = {
+    {"take_budget", (PyCFunction)(void (*)(void))take_budget, METH_FASTCALL,
+     "take_budget(records, i, j, budget, started) -> (k, budget)\n\nHow far records[i:j] go within a "
+     "byte budget of key+value bytes (Fetcher.drain)."},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL,
      "decode_records(buf, start, end, count, base_offset, base_timestamp, append_timestamp, "
      "record_type) -> list\n\nDecode a magic-2 records section into record tuples."},

@@ -163,6 +163,30 @@ def read_nullable_bytes(b: bytes | memoryview, pos: int) -> tuple[bytes | None, 
     return bytes(b[pos:end]), end
 
 
+def read_nullable_records(b: bytes | memoryview, pos: int) -> tuple[memoryview | None, int]:
+    """A ``records`` field (non-flexible versions): a zero-copy view of the frame, not a copy (a Fetch
+    response's records are megabytes, decoded straight from the frame)."""
+    (n,) = INT32.unpack_from(b, pos)
+    pos += 4
+    if n < 0:
+        return None, pos
+    end = pos + n
+    if end > len(b):
+        raise ProtocolDecodeError("bytes run past the end of the buffer")
+    return memoryview(b)[pos:end], end
+
+
+def read_compact_nullable_records(b: bytes | memoryview, pos: int) -> tuple[memoryview | None, int]:
+    """A ``records`` field (flexible versions), as :func:`read_nullable_records`."""
+    n, pos = read_uvarint(b, pos)
+    if n == 0:
+        return None, pos
+    end = pos + n - 1
+    if end > len(b):
+        raise ProtocolDecodeError("bytes run past the end of the buffer")
+    return memoryview(b)[pos:end], end
+
+
 def read_compact_bytes(b: bytes | memoryview, pos: int) -> tuple[bytes, int]:
     v, pos = read_compact_nullable_bytes(b, pos)
     if v is None:

@@ -496,7 +496,10 @@ class _Generator:
             fn = ("P.read_compact_nullable_string" if nullable else "P.read_compact_string") if flex else (
                 "P.read_nullable_string" if nullable else "P.read_string")
             return [f"{target}, pos = {fn}(b, pos)"]
-        if t in ("bytes", "records"):
+        if t == "records":  # zero-copy: a view of the frame
+            fn = "P.read_compact_nullable_records" if flex else "P.read_nullable_records"
+            return [f"{target}, pos = {fn}(b, pos)"]
+        if t == "bytes":
             fn = "P.read_compact_nullable_bytes" if flex else "P.read_nullable_bytes"
             if not (nullable or t == "records"):
                 fn = "P.read_compact_bytes" if flex else "P.read_bytes"

@@ -73,6 +73,17 @@ def _lookup_handler(handlers: dict[Any, Any], exc: Exception) -> Any:
     return None
 
 
+async def _error_response(scope: Scope, request: Request, exc: Exception) -> Any:
+    """The app's own exception handler's answer to ``exc`` (re-raised when no handler takes it)."""
+    handler = _lookup_handler(scope["app"].exception_handlers, exc)
+    if handler is None:
+        raise exc
+    response = handler(request, exc)
+    if inspect.isawaitable(response):
+        response = await response
+    return response
+
+
 HEALTHZ_BODY = b'{"status":"ok"}'
 _HEALTHZ_START = {"type": "http.response.start", "status": 200,
                   "headers": [(b"content-length", b"%d" % len(HEALTHZ_BODY)), (b"content-type", b"application/json")]}
@@ -106,12 +117,7 @@ class RecordsFastPath:
             tenant = await current_tenant(request)
             response = await produce(request, tenant, match[1], partition)
         except Exception as exc:
-            handler = _lookup_handler(scope["app"].exception_handlers, exc)
-            if handler is None:
-                raise
-            response = handler(request, exc)
-            if inspect.isawaitable(response):
-                response = await response
+            response = await _error_response(scope, request, exc)
         await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -151,12 +157,7 @@ class RecordsFastPath:
             body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
                                       query.get("max_records"))
         except Exception as exc:
-            handler = _lookup_handler(scope["app"].exception_handlers, exc)
-            if handler is None:
-                raise
-            response = handler(request, exc)
-            if inspect.isawaitable(response):
-                response = await response
+            response = await _error_response(scope, request, exc)
             await response(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200,

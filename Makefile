@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Either target run again, or `make run` after `make test`, installs nothing.
 RUN_STAMP := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
-DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c service/schemas/_cavro.c)
+DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c service/schemas/_cavro.c service/producer/_cproduce.c)
 
 .PHONY: run test lint bench sink-demo clean system-deps
 

@@ -1,5 +1,6 @@
 """Hatchling build hook: compiles the optional C extensions (service/protocol/_crecords.c, the record
-decoder, and service/schemas/_cavro.c, the Avro -> JSON renderer of issue 23).
+decoder, service/schemas/_cavro.c, the Avro -> JSON renderer of issue 23, and service/producer/_cproduce.c,
+the producer's record encoder of issue 24).
 
 The extension is built in place next to its source, so editable installs (``pip install -e .``)
 import it straight from the tree; standard wheels get it force-included and a platform tag.
@@ -25,7 +26,10 @@ MODULE = "_crecords"
 # issue 23: the Avro -> JSON renderer of the avro consume path (service/schemas/avro_fast.py falls back to Python)
 AVRO_SOURCE = Path("service") / "schemas" / "_cavro.c"
 AVRO_MODULE = "_cavro"
-EXTENSIONS = ((SOURCE, MODULE), (AVRO_SOURCE, AVRO_MODULE))
+# issue 24: the producer's record encoder (service/producer/encoding.py falls back to Python)
+PRODUCE_SOURCE = Path("service") / "producer" / "_cproduce.c"
+PRODUCE_MODULE = "_cproduce"
+EXTENSIONS = ((SOURCE, MODULE), (AVRO_SOURCE, AVRO_MODULE), (PRODUCE_SOURCE, PRODUCE_MODULE))
 
 
 def _compiler() -> list[str] | None:

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from service.producer.encoding import encode_batch
+from service.producer.encoding import encode_run_batch
 from service.producer.errors import (
     NETWORK_EXCEPTION,
     REQUEST_TIMED_OUT,
@@ -127,17 +127,22 @@ class Delivery:
         return self.remaining == 0
 
 
-class Entry(NamedTuple):
-    """One queued record: the first four fields are what encode_batch reads."""
+class Run(NamedTuple):
+    """Consecutive queued records of one ``send_many`` call for one partition (the unit the queues, batches
+    and answers handle, so that nothing is done per record in Python on the hot path)."""
 
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
-    timestamp: int
+    records: list[tuple[Any, ...]]  # (key, value, headers, partition, timestamp | None), what the encoder reads
+    indices: Sequence[int]  # each record's position in ``delivery`` (a range when they are consecutive)
+    timestamp: int  # ms: the timestamp of records whose own is None
     delivery: Delivery
-    index: int
-    size: int
+    size: int  # the sum of the records' record_size
     enqueued: float
+
+    def cut(self, k: int, size: int) -> tuple[Run, Run]:
+        """The first ``k`` records (of ``size`` bytes) and the rest."""
+        return (Run(self.records[:k], self.indices[:k], self.timestamp, self.delivery, size, self.enqueued),
+                Run(self.records[k:], self.indices[k:], self.timestamp, self.delivery, self.size - size,
+                    self.enqueued))
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> int:
@@ -150,7 +155,8 @@ def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[
 @dataclass(eq=False)
 class ProducerBatch:
     tp: TP
-    entries: list[Entry]
+    runs: list[Run]
+    count: int  # records
     size: int
     created: float  # when its oldest record was queued (the delivery timeout counts from there)
     base_sequence: int = -1
@@ -163,14 +169,10 @@ class ProducerBatch:
     producer_id_resets: int = 0
     last_error: ProduceFailure | None = None
 
-    @property
-    def count(self) -> int:
-        return len(self.entries)
-
 
 @dataclass(eq=False)
 class PartitionState:
-    queue: deque[Entry] = field(default_factory=deque)
+    queue: deque[Run] = field(default_factory=deque)
     queued_bytes: int = 0
     in_flight: ProducerBatch | None = None
     retry: ProducerBatch | None = None
@@ -210,17 +212,18 @@ class Accumulator:
     def append(self, tp: TP, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]],
                timestamp: int, delivery: Delivery, index: int, now: float) -> None:
         size = record_size(key, value, headers)
-        self.extend(tp, [Entry(key, value, headers, timestamp, delivery, index, size, now)], size)
+        self.extend(tp, Run([(key, value, headers, tp[1], timestamp)], [index], timestamp, delivery, size, now))
 
-    def extend(self, tp: TP, entries: list[Entry], size: int) -> None:
-        """Queue ``entries`` (in order) for ``tp``; ``size`` is the sum of their sizes."""
+    def extend(self, tp: TP, run: Run) -> None:
+        """Queue ``run`` (after what is queued) for ``tp``."""
         st = self.parts.get(tp)
         if st is None:
             st = self.parts[tp] = PartitionState()
-        st.queue.extend(entries)
+        st.queue.append(run)
+        size = run.size
         st.queued_bytes += size
         self.queued_bytes += size
-        self.queued_records += len(entries)
+        self.queued_records += len(run.records)
         if st.in_flight is None:
             self._candidates.add(tp)
 
@@ -271,7 +274,7 @@ class Accumulator:
             if self.config.idempotent and b.base_sequence >= 0 and b.producer_id != self.producer_id:
                 # Sequenced under an older producer id (defensive: set_producer_id re-sequences retries).
                 if b.ambiguous:
-                    self._fail_entries(b.entries, ProduceFailure(
+                    self._fail_runs(b.runs, ProduceFailure(
                         NETWORK_EXCEPTION, "the producer id changed before these records could be sent again "
                         "after an attempt with an unknown outcome; they may have been written", True, tp[1]))
                     self._candidates.add(tp)
@@ -282,21 +285,39 @@ class Accumulator:
                 return None
             limit = self.config.max_batch_bytes if max_bytes is None else min(max_bytes, self.config.max_batch_bytes)
             cap = st.split_cap if st.split_left > 0 else -1
-            entries: list[Entry] = []
+            runs: list[Run] = []
             size = 0
+            count = 0
             q = st.queue
             while q:
-                e = q[0]
-                if entries and (size + e.size > limit or len(entries) == cap):
-                    break
-                entries.append(q.popleft())
-                size += e.size
+                run = q[0]
+                n = len(run.records)
+                if size + run.size <= limit and (cap < 0 or count + n <= cap):
+                    runs.append(q.popleft())
+                    size += run.size
+                    count += n
+                    continue
+                # the run does not fit whole: take the records that do (at least one per batch)
+                room = n if cap < 0 else cap - count
+                k = taken = 0
+                for rec in run.records[:room]:
+                    rs = record_size(rec[0], rec[1], rec[2])
+                    if (count or k) and size + taken + rs > limit:
+                        break
+                    taken += rs
+                    k += 1
+                if k:
+                    head, q[0] = run.cut(k, taken)
+                    runs.append(head)
+                    size += taken
+                    count += k
+                break
             if st.split_left > 0:
-                st.split_left = max(0, st.split_left - len(entries))
+                st.split_left = max(0, st.split_left - count)
             st.queued_bytes -= size
             self.queued_bytes -= size
-            self.queued_records -= len(entries)
-            b = ProducerBatch(tp, entries, size, entries[0].enqueued)
+            self.queued_records -= count
+            b = ProducerBatch(tp, runs, count, size, runs[0].enqueued)
         if self.config.idempotent and b.base_sequence < 0:
             b.base_sequence = st.next_sequence
             b.producer_id = self.producer_id
@@ -304,8 +325,9 @@ class Accumulator:
             st.next_sequence = increment_sequence(st.next_sequence, b.count)
             b.payload = None
         if b.payload is None:
-            b.payload = encode_batch(b.entries, producer_id=b.producer_id, producer_epoch=b.producer_epoch,
-                                     base_sequence=b.base_sequence, compression=self.config.compression)
+            b.payload = encode_run_batch([(r.records, r.timestamp) for r in b.runs], producer_id=b.producer_id,
+                                         producer_epoch=b.producer_epoch, base_sequence=b.base_sequence,
+                                         compression=self.config.compression)
         b.attempts += 1
         st.in_flight = b
         self.in_flight += 1
@@ -334,18 +356,30 @@ class Accumulator:
         if code == 0 or code == DUPLICATE_SEQUENCE_NUMBER:
             # the hot path: results written in place, callbacks once per completed delivery
             new = tuple.__new__
-            step = 1 if code == 0 and base_offset >= 0 else 0
-            off = base_offset if step else -1
+            known = code == 0 and base_offset >= 0
+            off = base_offset
+            dup = new(RecordMetadata, (p, -1))
             completed = []
-            for e in b.entries:
-                d = e[4]
-                idx = e[5]
-                if d.results[idx] is None:
-                    d.results[idx] = new(RecordMetadata, (p, off))
-                    d.remaining -= 1
-                    if d.remaining == 0:
-                        completed.append(d)
-                off += step
+            for run in b.runs:
+                d = run.delivery
+                res = d.results
+                idx = run.indices
+                n = len(idx)
+                if known:
+                    metas = [new(RecordMetadata, (p, o)) for o in range(off, off + n)]
+                    off += n
+                else:
+                    metas = [dup] * n
+                if type(idx) is range and idx.step == 1 and res[idx.start:idx.stop].count(None) == n:
+                    res[idx.start:idx.stop] = metas
+                    d.remaining -= n
+                else:  # scattered (keyed records) or, defensively, partly resolved already
+                    for i, m in zip(idx, metas, strict=True):
+                        if res[i] is None:
+                            res[i] = m
+                            d.remaining -= 1
+                if d.remaining == 0:
+                    completed.append(d)
             for d in completed:
                 if d.on_done is not None:
                     d.on_done()
@@ -411,7 +445,7 @@ class Accumulator:
                 if now - b.created >= timeout:
                     st.retry = None
                     err = b.last_error or failure(REQUEST_TIMED_OUT, "", tp[1])
-                    self._fail_entries(b.entries, self._timeout_failure(tp, b.count, err, b.ambiguous))
+                    self._fail_runs(b.runs, self._timeout_failure(tp, b.count, err, b.ambiguous))
                     if self._reset_if_ambiguous(b):
                         reset = True
                     else:
@@ -421,16 +455,17 @@ class Accumulator:
                     nxt = t if nxt is None or t < nxt else nxt
             q = st.queue
             if q:
-                expired: list[Entry] = []
+                expired: list[Run] = []
                 while q and now - q[0].enqueued >= timeout:
                     expired.append(q.popleft())
                 if expired:
-                    size = sum(e.size for e in expired)
+                    size = sum(r.size for r in expired)
+                    count = sum(len(r.records) for r in expired)
                     st.queued_bytes -= size
                     self.queued_bytes -= size
-                    self.queued_records -= len(expired)
-                    st.split_left = max(0, st.split_left - len(expired))
-                    self._fail_entries(expired, self._timeout_failure(tp, len(expired), None, False))
+                    self.queued_records -= count
+                    st.split_left = max(0, st.split_left - count)
+                    self._fail_runs(expired, self._timeout_failure(tp, count, None, False))
                 if q:
                     t = q[0].enqueued + timeout
                     nxt = t if nxt is None or t < nxt else nxt
@@ -466,7 +501,7 @@ class Accumulator:
                        "with an unknown outcome; they may have been written")
                 if b.last_error is not None:
                     msg += f" (last error: {b.last_error.message})"
-                self._fail_entries(b.entries, ProduceFailure(NETWORK_EXCEPTION, msg, True, tp[1]))
+                self._fail_runs(b.runs, ProduceFailure(NETWORK_EXCEPTION, msg, True, tp[1]))
             else:
                 b.base_sequence = -1
                 b.payload = None
@@ -500,7 +535,7 @@ class Accumulator:
     def _split(self, st: PartitionState, b: ProducerBatch) -> None:
         """Too large for the broker: put the records back in front, to go out in halves."""
         self._give_back(st, b)
-        st.queue.extendleft(reversed(b.entries))
+        st.queue.extendleft(reversed(b.runs))
         st.queued_bytes += b.size
         self.queued_bytes += b.size
         self.queued_records += b.count
@@ -516,31 +551,33 @@ class Accumulator:
     def _fail_batch(self, st: PartitionState, b: ProducerBatch, err: ProduceFailure, *, rejected: bool) -> None:
         if rejected and not b.ambiguous:
             self._give_back(st, b)
-        self._fail_entries(b.entries, err)
+        self._fail_runs(b.runs, err)
 
     @staticmethod
-    def _fail_entries(entries: Iterable[Entry], err: ProduceFailure) -> None:
-        for e in entries:
-            e.delivery.resolve(e.index, err)
+    def _fail_runs(runs: Iterable[Run], err: ProduceFailure) -> None:
+        for run in runs:
+            resolve = run.delivery.resolve
+            for i in run.indices:
+                resolve(i, err)
 
     def fail_all(self, err: ProduceFailure, *, in_flight: bool = False) -> int:
         """Fail everything queued or waiting for a retry (and, with ``in_flight``, what is in flight: for
         a shutdown that gives up on answers). Returns the number of records failed."""
         n = 0
         for tp, st in self.parts.items():
-            entries: list[Entry] = list(st.queue)
+            runs: list[Run] = list(st.queue)
             st.queue.clear()
             st.queued_bytes = 0
             st.split_left = 0
             if st.retry is not None:
-                entries += st.retry.entries
+                runs += st.retry.runs
                 st.retry = None
             if in_flight and st.in_flight is not None:
-                entries += st.in_flight.entries
+                runs += st.in_flight.runs
                 st.in_flight = None
                 self.in_flight -= 1
-            self._fail_entries(entries, err._replace(partition=tp[1]))
-            n += len(entries)
+            self._fail_runs(runs, err._replace(partition=tp[1]))
+            n += sum(len(r.records) for r in runs)
         self.queued_bytes = 0
         self.queued_records = 0
         self._candidates.clear()

@@ -13,7 +13,9 @@ Pure: no I/O; the random source is injectable for tests.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from bisect import bisect_left
+from collections.abc import Collection, Sequence
+from itertools import accumulate
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -80,6 +82,25 @@ class StickyPartitioner:
         p = self._choose(num_partitions, available, None if cur is None else cur[0])
         self._current[topic] = (p, size)
         return p
+
+    def runs(self, topic: str, sizes: Sequence[int], num_partitions: int,
+             available: Collection[int] = ()) -> list[tuple[int, int, int, int]]:
+        """What :meth:`partition` would choose for records of ``sizes`` in turn, as runs
+        ``(partition, start, end, bytes)`` of consecutive records (same state changes, same random draws)."""
+        out: list[tuple[int, int, int, int]] = []
+        n = len(sizes)
+        cum = list(accumulate(sizes))
+        i = 0
+        while i < n:
+            p = self.partition(topic, sizes[i], num_partitions, available)
+            used = self._current[topic][1]
+            # record j > i stays on p while the bytes before it, used + cum[j-1] - cum[i], are below sticky_bytes
+            end = min(bisect_left(cum, self.sticky_bytes - used + cum[i], i) + 1, n)
+            run_bytes = cum[end - 1] - (cum[i - 1] if i else 0)
+            self._current[topic] = (p, used + cum[end - 1] - cum[i])
+            out.append((p, i, end, run_bytes))
+            i = end
+        return out
 
     def _choose(self, num_partitions: int, available: Collection[int], previous: int | None) -> int:
         pool = sorted(available) if available else list(range(num_partitions))

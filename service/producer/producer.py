@@ -29,9 +29,9 @@ from service.producer.accumulator import (
     RECORD_OVERHEAD,
     Accumulator,
     Delivery,
-    Entry,
     ProducerBatch,
     ProducerConfig,
+    Run,
     record_size,
 )
 from service.producer.errors import (
@@ -165,12 +165,37 @@ class Producer:
         delivery = Delivery(n, done)
         now = loop.time()
         now_ms = int(time.time() * 1000)
+        acc = self.acc
+        if not all(isinstance(r, tuple) for r in records):
+            records = [tuple(r) for r in records]
+        elif type(records) is not list:
+            records = list(records)
+        if all(r[0] is None and r[3] is None and not r[2] for r in records):
+            # the common case, no key, partition or headers: sticky partitions, one run per partition switch
+            sizes = [RECORD_OVERHEAD + (len(v) if v is not None else 0) for v in [r[1] for r in records]]
+            available = {p for p, pi in parts.items() if pi.leader >= 0}
+            for p, a, b, size in self.sticky.runs(topic, sizes, num, available):
+                acc.extend((topic, p), Run(records[a:b], range(a, b), now_ms, delivery, size, now))
+        else:
+            self._queue_records(topic, records, num, parts, delivery, now, now_ms)
+        if not delivery.done:
+            self._ensure_running()
+            self._wake.set()
+            await asyncio.shield(fut)
+        results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
+        failed = sum(1 for r in results if isinstance(r, ProduceFailure))
+        self.records_failed += failed
+        self.records_acked += n - failed
+        return results
+
+    def _queue_records(self, topic: str, records: list[Any], num: int, parts: dict[int, Any], delivery: Delivery,
+                       now: float, now_ms: int) -> None:
+        """Queue records with keys, partitions or headers: one run per partition (in the records' order)."""
         available: set[int] | None = None
-        groups: dict[int, list[Entry]] = {}
+        groups: dict[int, tuple[list[Any], list[int]]] = {}
         sizes: dict[int, int] = {}
-        new = tuple.__new__
         for i, rec in enumerate(records):
-            key, value, headers, partition, ts = rec
+            key, value, headers, partition, _ts = rec
             size = RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
             if headers:
                 size = record_size(key, value, headers)
@@ -186,25 +211,16 @@ class Producer:
                                             f"partition {partition} of topic {topic!r} does not exist",
                                             partition, retriable=False))
                 continue
-            entry = new(Entry, (key, value, headers or (), now_ms if ts is None else ts, delivery, i, size, now))
             group = groups.get(partition)
             if group is None:
-                groups[partition] = [entry]
+                groups[partition] = ([rec], [i])
                 sizes[partition] = size
             else:
-                group.append(entry)
+                group[0].append(rec)
+                group[1].append(i)
                 sizes[partition] += size
-        for partition, group in groups.items():
-            self.acc.extend((topic, partition), group, sizes[partition])
-        if not delivery.done:
-            self._ensure_running()
-            self._wake.set()
-            await asyncio.shield(fut)
-        results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
-        failed = sum(1 for r in results if isinstance(r, ProduceFailure))
-        self.records_failed += failed
-        self.records_acked += n - failed
-        return results
+        for partition, (recs, indices) in groups.items():
+            self.acc.extend((topic, partition), Run(recs, indices, now_ms, delivery, sizes[partition], now))
 
     async def close(self, timeout: float | None = None) -> None:
         """Stop taking records, send what is queued (waiting at most ``timeout`` seconds, default the

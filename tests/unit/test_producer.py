@@ -198,7 +198,7 @@ def test_retriable_error_resends_the_same_bytes_after_backoff() -> None:
     acc.on_response(b3, 0, 50, T0 + 0.3)
     assert d.results == [RecordMetadata(0, 50), RecordMetadata(0, 51)]
     b4 = acc.next_batch(TP0, T0 + 0.3)
-    assert b4 is not None and b4.base_sequence == 2 and b4.entries[0].value.startswith(b"later")  # type: ignore[union-attr]
+    assert b4 is not None and b4.base_sequence == 2 and b4.runs[0].records[0][1].startswith(b"later")  # type: ignore[union-attr]
 
 
 def test_duplicate_sequence_is_success_with_unknown_offset() -> None:

@@ -1,0 +1,277 @@
+/* The producer's record encoder in C (issue 24): the records section of one magic-2 batch, written from
+ * the accumulator's runs of queued records in one pass, without a Python object per record.
+ *
+ * encode_runs(runs) -> (section: bytes, count, base_timestamp, max_timestamp)
+ *   runs: a list of (records, default_timestamp); records: a list of tuples
+ *   (key, value, headers, partition, timestamp) where key/value are bytes-like or None, headers a sequence
+ *   of (str, bytes-like | None) pairs, timestamp an int (ms) or None (then the run's default_timestamp).
+ *   Offset deltas count from 0 across all runs; timestamp deltas from the first record's timestamp.
+ *
+ * Byte-for-byte what service/producer/encoding.py's pure-Python encoder writes (differential unit test).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} out_t;
+
+static int out_reserve(out_t *o, Py_ssize_t extra) {
+    if (o->len + extra <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 4096;
+    while (cap < o->len + extra) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *nb = PyMem_Realloc(o->buf, (size_t)cap);
+    if (nb == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->buf = nb;
+    o->cap = cap;
+    return 0;
+}
+
+static inline int varint_size(int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int n = 1;
+    while (z >= 0x80) {
+        z >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline void put_varint(out_t *o, int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    char *p = o->buf + o->len;
+    while (z >= 0x80) {
+        *p++ = (char)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    *p++ = (char)z;
+    o->len = p - o->buf;
+}
+
+static inline void put_bytes(out_t *o, const void *data, Py_ssize_t n) {
+    if (n) memcpy(o->buf + o->len, data, (size_t)n);
+    o->len += n;
+}
+
+/* A bytes-like field: (pointer, length) or length -1 for None. Keeps a buffer view when needed. */
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+    Py_buffer view;
+    int has_view;
+} field_t;
+
+static int field_get(PyObject *obj, field_t *f, const char *what) {
+    f->has_view = 0;
+    if (obj == Py_None) {
+        f->p = NULL;
+        f->n = -1;
+        return 0;
+    }
+    if (PyBytes_CheckExact(obj)) {
+        f->p = PyBytes_AS_STRING(obj);
+        f->n = PyBytes_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &f->view, PyBUF_CONTIG_RO) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "a record's %s must be bytes-like or None, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    f->has_view = 1;
+    f->p = f->view.buf;
+    f->n = f->view.len;
+    return 0;
+}
+
+static void field_release(field_t *f) {
+    if (f->has_view) {
+        PyBuffer_Release(&f->view);
+        f->has_view = 0;
+    }
+}
+
+static inline Py_ssize_t field_wire_size(const field_t *f) {
+    return f->n < 0 ? 1 : varint_size(f->n) + f->n;
+}
+
+static inline void field_put(out_t *o, const field_t *f) {
+    if (f->n < 0) {
+        put_varint(o, -1);
+    } else {
+        put_varint(o, f->n);
+        put_bytes(o, f->p, f->n);
+    }
+}
+
+/* Headers: returns the wire size of the headers section, or -1 on error. Writes when `o` is not NULL. */
+static Py_ssize_t headers_section(PyObject *headers, out_t *o) {
+    if (headers == Py_None)
+        return 1; /* count 0 */
+    PyObject *seq = PySequence_Fast(headers, "a record's headers must be a sequence of (key, value) pairs");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t total = varint_size(count);
+    if (o != NULL)
+        put_varint(o, count);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *h = items[i];
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a record header must be a (key, value) pair");
+            Py_DECREF(seq);
+            return -1;
+        }
+        PyObject *hk = PyTuple_GET_ITEM(h, 0);
+        if (!PyUnicode_Check(hk)) {
+            PyErr_SetString(PyExc_TypeError, "a record header's key must be a str");
+            Py_DECREF(seq);
+            return -1;
+        }
+        Py_ssize_t kn;
+        const char *k = PyUnicode_AsUTF8AndSize(hk, &kn);
+        if (k == NULL) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        field_t v;
+        if (field_get(PyTuple_GET_ITEM(h, 1), &v, "header value") < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        total += varint_size(kn) + kn + field_wire_size(&v);
+        if (o != NULL) {
+            put_varint(o, kn);
+            put_bytes(o, k, kn);
+            field_put(o, &v);
+        }
+        field_release(&v);
+    }
+    Py_DECREF(seq);
+    return total;
+}
+
+static int get_ts(PyObject *obj, int64_t dflt, int64_t *out) {
+    if (obj == Py_None) {
+        *out = dflt;
+        return 0;
+    }
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static PyObject *encode_runs(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "encode_runs expects a list of (records, default_timestamp)");
+        return NULL;
+    }
+    out_t o = {NULL, 0, 0};
+    int64_t base_ts = 0, max_ts = 0;
+    Py_ssize_t count = 0;
+    Py_ssize_t nruns = PyList_GET_SIZE(arg);
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *run = PyList_GET_ITEM(arg, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 2 || !PyList_Check(PyTuple_GET_ITEM(run, 0))) {
+            PyErr_SetString(PyExc_TypeError, "a run must be a (list of records, default_timestamp) tuple");
+            goto fail;
+        }
+        PyObject *records = PyTuple_GET_ITEM(run, 0);
+        long long dflt_ll = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 1));
+        if (dflt_ll == -1 && PyErr_Occurred())
+            goto fail;
+        int64_t dflt = (int64_t)dflt_ll;
+        Py_ssize_t n = PyList_GET_SIZE(records);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *rec = PyList_GET_ITEM(records, i);
+            if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 5) {
+                PyErr_SetString(PyExc_TypeError,
+                                "a record must be a (key, value, headers, partition, timestamp) tuple");
+                goto fail;
+            }
+            int64_t ts;
+            if (get_ts(PyTuple_GET_ITEM(rec, 4), dflt, &ts) < 0)
+                goto fail;
+            if (count == 0) {
+                base_ts = max_ts = ts;
+            } else if (ts > max_ts) {
+                max_ts = ts;
+            }
+            field_t k, v;
+            if (field_get(PyTuple_GET_ITEM(rec, 0), &k, "key") < 0)
+                goto fail;
+            if (field_get(PyTuple_GET_ITEM(rec, 1), &v, "value") < 0) {
+                field_release(&k);
+                goto fail;
+            }
+            PyObject *headers = PyTuple_GET_ITEM(rec, 2);
+            int no_headers = headers == Py_None || (PyTuple_Check(headers) && PyTuple_GET_SIZE(headers) == 0) ||
+                             (PyList_Check(headers) && PyList_GET_SIZE(headers) == 0);
+            Py_ssize_t hsize = no_headers ? 1 : headers_section(headers, NULL);
+            if (hsize < 0) {
+                field_release(&k);
+                field_release(&v);
+                goto fail;
+            }
+            int64_t delta = ts - base_ts;
+            Py_ssize_t body = 1 + varint_size(delta) + varint_size(count) + field_wire_size(&k) +
+                              field_wire_size(&v) + hsize;
+            if (out_reserve(&o, body + 10) < 0) {
+                field_release(&k);
+                field_release(&v);
+                goto fail;
+            }
+            put_varint(&o, body);
+            o.buf[o.len++] = 0; /* attributes */
+            put_varint(&o, delta);
+            put_varint(&o, count);
+            field_put(&o, &k);
+            field_put(&o, &v);
+            field_release(&k);
+            field_release(&v);
+            if (no_headers) {
+                o.buf[o.len++] = 0;
+            } else if (headers_section(headers, &o) < 0) {
+                goto fail;
+            }
+            count++;
+        }
+    }
+    PyObject *section = PyBytes_FromStringAndSize(o.buf ? o.buf : "", o.len);
+    PyMem_Free(o.buf);
+    if (section == NULL)
+        return NULL;
+    return Py_BuildValue("(NnLL)", section, count, (long long)base_ts, (long long)max_ts);
+fail:
+    PyMem_Free(o.buf);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_runs", encode_runs, METH_O,
+     "encode_runs(runs) -> (records section, count, base timestamp, max timestamp)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cproduce", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__cproduce(void) { return PyModule_Create(&module); }

@@ -1,0 +1,209 @@
+"""The producer's run-based hot path (issue 24): the C record encoder against its Python twin, the sticky
+partitioner's runs against record-by-record choices, and the accumulator cutting runs into batches and
+answering every record of a run exactly once."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from service.producer import encoding
+from service.producer.accumulator import Accumulator, Delivery, ProducerConfig, Run, record_size
+from service.producer.errors import ProduceFailure, RecordMetadata
+from service.producer.partitioner import StickyPartitioner
+from service.protocol.records import decode_records
+
+REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
+
+
+@pytest.fixture(params=["c", "python"])
+def encoder(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    if request.param == "c":
+        if encoding._cproduce is None:
+            if REQUIRE_CEXT:
+                pytest.fail(f"service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1): {encoding.C_IMPORT_ERROR}")
+            pytest.skip("C encoder not built")
+        yield encoding._cproduce.encode_runs
+    else:
+        yield encoding._encode_runs_py
+
+
+def _random_runs(rng: random.Random) -> list[tuple[list[tuple[object, ...]], int]]:
+    runs = []
+    for _ in range(rng.randrange(1, 5)):
+        recs: list[tuple[object, ...]] = []
+        for _ in range(rng.randrange(1, 30)):
+            kind = rng.randrange(4)
+            key: object = None if kind == 0 else bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20)))
+            if kind == 2:
+                key = bytearray(key)  # type: ignore[arg-type]
+            value: object = None if rng.random() < 0.1 else b"v" * rng.choice([0, 1, 63, 64, 127, 128, 8191, 20_000])
+            if kind == 3 and value is not None:
+                value = memoryview(value)  # type: ignore[arg-type]
+            nh = rng.choice([0, 0, 1, 3])
+            headers: object = [(f"h{j}é", None if j == 1 else b"x" * j) for j in range(nh)]
+            if nh == 0:
+                headers = rng.choice([(), [], None])
+            elif rng.random() < 0.5:
+                headers = tuple(headers)  # type: ignore[arg-type]
+            ts = rng.choice([None, None, 1_700_000_000_000 + rng.randrange(-10**6, 10**6), 0, 2**40])
+            recs.append((key, value, headers, None, ts))
+        runs.append((recs, 1_700_000_000_000 + rng.randrange(-1000, 1000)))
+    return runs
+
+
+def test_c_encoder_matches_python_and_decodes() -> None:
+    if encoding._cproduce is None:
+        if REQUIRE_CEXT:
+            pytest.fail(f"service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1): {encoding.C_IMPORT_ERROR}")
+        pytest.skip("C encoder not built")
+    rng = random.Random(24)
+    for _ in range(300):
+        runs = _random_runs(rng)
+        c = encoding._cproduce.encode_runs(runs)
+        py = encoding._encode_runs_py(runs)
+        assert c == py
+
+
+def test_run_batch_decodes_to_the_records(encoder) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(7)
+    runs = _random_runs(rng)
+    saved = encoding.encode_runs
+    encoding.encode_runs = encoder
+    try:
+        batch = encoding.encode_run_batch(runs, producer_id=9, producer_epoch=1, base_sequence=5)
+    finally:
+        encoding.encode_runs = saved
+    rs = decode_records(batch)
+    (b,) = rs.batches
+    assert (b.producer_id, b.producer_epoch, b.base_sequence) == (9, 1, 5)
+    want = []
+    for recs, default_ts in runs:
+        for k, v, h, _, ts in recs:
+            want.append((None if k is None else bytes(k), None if v is None else bytes(v),  # type: ignore[arg-type]
+                         [(hk, hv) for hk, hv in (h or ())], default_ts if ts is None else ts))  # type: ignore[union-attr]
+    got = [(r.key, r.value, list(r.headers), r.timestamp) for r in rs.records()]
+    assert got == want
+    assert [r.offset for r in rs.records()] == list(range(len(want)))
+
+
+def test_c_encoder_rejects_bad_fields_with_type_errors() -> None:
+    if encoding._cproduce is None:
+        pytest.skip("C encoder not built")
+    enc = encoding._cproduce.encode_runs
+    with pytest.raises(TypeError):
+        enc([([(None, "text", (), None, None)], 0)])
+    with pytest.raises(TypeError):
+        enc([([(None, b"v", [("k", b"v", b"extra")], None, None)], 0)])
+    with pytest.raises(TypeError):
+        enc([([(None, b"v", [(b"bytes-key", b"v")], None, None)], 0)])
+    with pytest.raises(TypeError):
+        enc([([(None, b"v", ())], 0)])  # too short
+    with pytest.raises(TypeError):
+        enc([([(None, b"v", (), None, "soon")], 0)])
+    assert enc([]) == (b"", 0, 0, 0)
+
+
+# -- sticky runs ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(20))
+def test_sticky_runs_are_what_partition_chooses_record_by_record(seed: int) -> None:
+    rng = random.Random(seed)
+    sticky = rng.choice([1, 100, 1000, 16384])
+    a = StickyPartitioner(sticky, rng=random.Random(seed))
+    b = StickyPartitioner(sticky, rng=random.Random(seed))
+    for _ in range(10):
+        num = rng.choice([1, 3, 8])
+        available = rng.choice([set(), {0}, set(range(num)), {p for p in range(num) if p % 2 == 0}])
+        sizes = [rng.choice([1, 24, 124, 5000, 30_000]) for _ in range(rng.randrange(1, 200))]
+        one_by_one = [a.partition("t", s, num, available) for s in sizes]
+        runs = b.runs("t", sizes, num, available)
+        flat = [p for p, start, end, _ in runs for _ in range(start, end)]
+        assert flat == one_by_one
+        assert [r[1] for r in runs] == [0] + [r[2] for r in runs[:-1]] and runs[-1][2] == len(sizes)
+        assert [r[3] for r in runs] == [sum(sizes[s:e]) for _, s, e, _ in runs]
+        assert a._current == b._current
+
+
+# -- accumulator with runs ----------------------------------------------------------------------------------------
+T0 = 1000.0
+TP = ("t", 0)
+
+
+def _run(n: int, value_size: int, delivery: Delivery, start: int = 0, now: float = T0) -> Run:
+    recs = [(None, b"%05d" % i + b"x" * (value_size - 5), (), None, None) for i in range(start, start + n)]
+    return Run(recs, range(start, start + n), 1, delivery, sum(record_size(None, r[1], ()) for r in recs), now)
+
+
+def _acc(**kw: object) -> Accumulator:
+    acc = Accumulator(ProducerConfig(**kw))  # type: ignore[arg-type]
+    acc.set_producer_id(5, 0)
+    return acc
+
+
+def test_a_run_larger_than_a_batch_goes_out_in_order_with_every_offset() -> None:
+    acc = _acc(max_batch_bytes=1000)
+    d = Delivery(100)
+    acc.extend(TP, _run(100, 100, d))  # 12.4 KB: 13 batches of 8 records (124 bytes each)
+    offset = 0
+    seq = 0
+    seen = 0
+    while True:
+        b = acc.next_batch(TP, T0)
+        if b is None:
+            break
+        assert b.size <= 1000 and b.base_sequence == seq and b.count == sum(len(r.records) for r in b.runs)
+        recs = list(decode_records(b.payload).records())  # type: ignore[arg-type]
+        assert [r.value[:5] for r in recs] == [b"%05d" % i for i in range(seen, seen + b.count)]  # type: ignore[index]
+        acc.on_response(b, 0, 500 + offset, T0)
+        offset += b.count
+        seq += b.count
+        seen += b.count
+    assert seen == 100 and d.done and acc.empty
+    assert d.results == [RecordMetadata(0, 500 + i) for i in range(100)]
+
+
+def test_runs_share_a_batch_and_split_caps_cut_runs() -> None:
+    acc = _acc()
+    d1, d2 = Delivery(3), Delivery(5)
+    acc.extend(TP, _run(3, 50, d1))
+    acc.extend(TP, _run(5, 50, d2))
+    b = acc.next_batch(TP, T0)
+    assert b is not None and b.count == 8 and len(b.runs) == 2
+    acc.on_response(b, 10, -1, T0)  # MESSAGE_TOO_LARGE: halves
+    sizes = []
+    while (b := acc.next_batch(TP, T0)) is not None:
+        sizes.append(b.count)
+        acc.on_response(b, 0, 100 + sum(sizes[:-1]), T0)
+    assert sizes == [4, 4]
+    assert d1.results == [RecordMetadata(0, 100 + i) for i in range(3)]
+    assert d2.results == [RecordMetadata(0, 103 + i) for i in range(5)]
+
+
+def test_scattered_indices_duplicates_and_failures_resolve_each_record_once() -> None:
+    acc = _acc()
+    d = Delivery(6)
+    recs = [(b"k", b"v%d" % i, (), 0, None) for i in range(3)]
+    acc.extend(TP, Run(recs, [0, 2, 4], 1, d, 3 * record_size(b"k", b"v0", ()), T0))
+    acc.extend(("t", 1), Run(recs, [1, 3, 5], 1, d, 3 * record_size(b"k", b"v0", ()), T0))
+    b0 = acc.next_batch(TP, T0)
+    b1 = acc.next_batch(("t", 1), T0)
+    assert b0 is not None and b1 is not None
+    acc.on_response(b0, 46, -1, T0)  # DUPLICATE_SEQUENCE_NUMBER: written, offset unknown
+    assert not d.done
+    acc.on_response(b1, 87, -1, T0, "bad")  # INVALID_RECORD: these fail
+    assert d.done
+    assert [type(r) for r in d.results] == [RecordMetadata, ProduceFailure] * 3
+    assert d.results[0] == RecordMetadata(0, -1)
+
+
+def test_expiry_and_fail_all_count_records_of_runs() -> None:
+    acc = _acc(delivery_timeout_ms=1000)
+    d = Delivery(10)
+    acc.extend(TP, _run(4, 20, d, 0, T0))
+    acc.extend(TP, _run(6, 20, d, 4, T0 + 0.5))
+    acc.expire(T0 + 1.2)
+    assert acc.queued_records == 6 and sum(isinstance(r, ProduceFailure) for r in d.results) == 4
+    assert acc.fail_all(ProduceFailure(13, "closed", True)) == 6
+    assert d.done and acc.queued_records == 0 and acc.queued_bytes == 0

@@ -6,7 +6,7 @@
 #   docker run --rm -p 8080:8080 -e GATEWAY_KAFKA_BOOTSTRAP=kafka:9092 kafka-consumer-gateway:0.1.0
 #
 # Two stages: `build` (the full Debian Python image, which has gcc and the Python headers) builds the
-# project's wheel, compiling the C record decoder (service/protocol/_crecords.c, see hatch_build.py), and
+# project's wheel, compiling the C extensions (record decoder, Avro renderer, producer encoder; see hatch_build.py), and
 # installs it with its runtime dependencies into a virtualenv; the runtime stage (slim) gets only that
 # virtualenv: no compiler, no sources, no test or Spark extras. Both stages use the same Python tag, so
 # the virtualenv's interpreter link (/usr/local/bin/python3.11) is valid in both.
@@ -64,7 +64,7 @@ COPY --from=build /opt/venv /opt/venv
 
 # Fail the build, not the first start, when the accelerator or the production server stack is missing
 # or cannot load on the slim base (-P: import the installed packages, not a source tree in the cwd).
-RUN python -P -c "import api.app, service.main, service.protocol._crecords, service.schemas._cavro, uvloop, httptools"
+RUN python -P -c "import api.app, service.main, service.protocol._crecords, service.schemas._cavro, service.producer._cproduce, uvloop, httptools"
 
 USER 10001:10001
 WORKDIR /tmp

@@ -16,7 +16,14 @@ Tansu broker (memory://), acks=all and idempotence on for every producer.
 
 Each scenario writes a fresh topic. Everything shares this machine's cores (broker, gateway, client).
 
+The HTTP row's time split (issue 24): the gateway process's CPU per record during the wrk run (from /proc),
+next to the engine's CPU per record in-process (same records, no HTTP) and the body's JSON + base64 parse
+(``_parse_body`` + ``parse_records`` timed in this process on the same body); the rest is HTTP handling
+(uvicorn, routing, rendering the answer). ``--profile DIR`` samples the gateway with py-spy during the HTTP
+rows and prints the top frames.
+
 Usage: .venv/bin/python bench/produce.py [--records N] [--batch B] [--connections C] [--rounds R]
+       [--profile DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ from confluent_kafka import KafkaError  # noqa: E402
 from confluent_kafka import Producer as CKProducer  # noqa: E402
 from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
 
+from api.produce import _parse_body, parse_records  # noqa: E402
+from bench.http_capacity import Profiler  # noqa: E402
+from bench.http_consume import cpu_seconds  # noqa: E402
 from service.client.client import KafkaClient  # noqa: E402
 from service.embedded import EmbeddedBroker  # noqa: E402
 from service.producer import ProduceFailure, Producer  # noqa: E402
@@ -156,6 +166,16 @@ def via_httpx(url: str, topic: str, n: int, batch: int, connections: int) -> tup
     return rate, ok, "httpx client (wrk not installed)"
 
 
+def parse_cost_us(batch: int) -> float:
+    """CPU µs per record of the gateway's body parsing (JSON, then base64 and checks per record)."""
+    payload = body(batch)
+    rounds = max(1, 200_000 // batch)
+    t0 = time.process_time()
+    for _ in range(rounds):
+        parse_records(_parse_body(payload, "binary"), "binary", None)
+    return (time.process_time() - t0) / (rounds * batch) * 1e6
+
+
 def engine(bootstrap: str, topic: str, n: int, batch: int, connections: int) -> tuple[float, int, str]:
     async def go() -> tuple[float, int]:
         client = KafkaClient(bootstrap)
@@ -173,13 +193,16 @@ def engine(bootstrap: str, topic: str, n: int, batch: int, connections: int) -> 
                     res = await p.send_many(topic, recs)
                     ok += sum(1 for r in res if not isinstance(r, ProduceFailure))
             t0 = time.perf_counter()
+            c0 = time.process_time()
             await asyncio.gather(*(worker() for _ in range(connections)))
+            cpu[0] = (time.process_time() - c0) / max(1, ok) * 1e6
             return ok / (time.perf_counter() - t0), ok + 1
         finally:
             await p.close()
             await client.close()
+    cpu = [0.0]
     rate, ok = asyncio.run(go())
-    return rate, ok, f"{connections} send_many calls of {batch} in flight"
+    return rate, ok, f"{connections} send_many calls of {batch} in flight; {cpu[0]:.2f} µs CPU per record"
 
 
 def direct(bootstrap: str, topic: str, n: int) -> tuple[float, int, str]:
@@ -216,7 +239,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of the wrk run (wrk runs for a time)")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--profile", type=Path, default=None, help="directory for py-spy profiles of the HTTP rows")
     a = ap.parse_args()
+    if a.profile is not None:
+        a.profile.mkdir(parents=True, exist_ok=True)
     n = a.records - a.records % (a.batch * min(2, a.connections))
     print(f"machine: {os.cpu_count()} cores shared by Tansu, the gateway process, the HTTP client and this process; "
           f"{n:,} x {len(VALUE)}-byte records, {PARTITIONS} partitions, batches of {a.batch}, "
@@ -228,18 +254,26 @@ def main() -> None:
                         base_env={"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}, cwd=ROOT)
     gw.start()
     rows: dict[str, list[tuple[float, str]]] = {}
+    split: dict[str, list[float]] = {}
     try:
         for rnd in range(a.rounds):
             for name in ("gateway over HTTP", "engine in-process", "direct confluent-kafka"):
                 topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
                 create_topic(broker.bootstrap, topic)
                 if name.startswith("gateway"):
-                    if shutil.which("wrk"):
-                        rate, ok, note = via_wrk(gw.url, topic, a.seconds, a.batch, a.connections, tmp)
-                    else:
-                        rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
+                    assert gw.proc is not None
+                    cpu0 = cpu_seconds(gw.proc.pid)
+                    with Profiler(a.profile, gw.proc.pid, f"produce round {rnd + 1}"):
+                        if shutil.which("wrk"):
+                            rate, ok, note = via_wrk(gw.url, topic, a.seconds, a.batch, a.connections, tmp)
+                        else:
+                            rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
+                    gw_us = (cpu_seconds(gw.proc.pid) - cpu0) / max(1, ok) * 1e6
+                    note += f"; gateway {gw_us:.2f} µs CPU per record"
+                    split.setdefault("gateway", []).append(gw_us)
                 elif name.startswith("engine"):
                     rate, ok, note = engine(broker.bootstrap, topic, n, a.batch, a.connections)
+                    split.setdefault("engine", []).append(float(note.rsplit("; ", 1)[1].split()[0]))
                 else:
                     rate, ok, note = direct(broker.bootstrap, topic, n)
                 stored = count_stored(broker.bootstrap, topic)
@@ -259,6 +293,9 @@ def main() -> None:
         med = statistics.median(r for r, _ in vals)
         each = ", ".join(f"{r / base:.2f}" for r, _ in vals)
         print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}{targets.get(name, ''):>8}  ({each})")
+    gw_us, eng_us, parse_us = statistics.median(split["gateway"]), statistics.median(split["engine"]), parse_cost_us(a.batch)
+    print(f"\nHTTP row, gateway CPU per record (median): {gw_us:.2f} µs = JSON + base64 parse {parse_us:.2f} µs "
+          f"+ engine {eng_us:.2f} µs (in-process row) + HTTP handling and the rest {gw_us - parse_us - eng_us:.2f} µs")
 
 
 if __name__ == "__main__":

@@ -266,12 +266,228 @@ fail:
     return NULL;
 }
 
+
+/* ---- HTTP produce helpers (api/produce.py): the body's records and the answer, without Python per record ---- */
+
+static signed char b64_value[256];
+
+static void b64_init(void) {
+    memset(b64_value, -1, sizeof b64_value);
+    const char *alpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; i++)
+        b64_value[(unsigned char)alpha[i]] = (signed char)i;
+}
+
+/* Decodes canonical-length base64 (length a multiple of 4, only the alphabet, one or two '=' at the very end).
+ * Anything else returns NULL without an exception: the caller falls back to binascii's strict mode, which
+ * decides (and names the field). What this accepts, binascii.a2b_base64(strict_mode=True) decodes the same. */
+static PyObject *b64_decode(PyObject *str) {
+    if (!PyUnicode_IS_ASCII(str))
+        return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(str);
+    const unsigned char *s = (const unsigned char *)PyUnicode_DATA(str);
+    if (n % 4)
+        return NULL;
+    Py_ssize_t pad = 0;
+    if (n && s[n - 1] == '=') {
+        pad = 1;
+        if (s[n - 2] == '=')
+            pad = 2;
+    }
+    Py_ssize_t outlen = n / 4 * 3 - pad;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, outlen);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t full = pad ? n - 4 : n;
+    Py_ssize_t i = 0;
+    for (; i < full; i += 4) {
+        int a = b64_value[s[i]], b = b64_value[s[i + 1]], c = b64_value[s[i + 2]], d = b64_value[s[i + 3]];
+        if ((a | b | c | d) < 0)
+            goto bad;
+        uint32_t v = ((uint32_t)a << 18) | ((uint32_t)b << 12) | ((uint32_t)c << 6) | (uint32_t)d;
+        *o++ = (unsigned char)(v >> 16);
+        *o++ = (unsigned char)(v >> 8);
+        *o++ = (unsigned char)v;
+    }
+    if (pad) {
+        int a = b64_value[s[i]], b = b64_value[s[i + 1]];
+        int c = pad == 1 ? b64_value[s[i + 2]] : 0;
+        if ((a | b | c) < 0)
+            goto bad;
+        uint32_t v = ((uint32_t)a << 18) | ((uint32_t)b << 12) | ((uint32_t)c << 6);
+        *o++ = (unsigned char)(v >> 16);
+        if (pad == 1)
+            *o++ = (unsigned char)(v >> 8);
+    }
+    return out;
+bad:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* parse_binary(records, partition) -> (list of (key, value, (), partition, None), sizes) or None.
+ * records: the body's "records" list; each must be a dict of at most "key" and "value", each a base64 string
+ * or null. None as soon as one record is anything else (the Python path then checks and names the error). */
+static PyObject *parse_binary(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *records, *partition;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &records, &partition))
+        return NULL;
+    static PyObject *k_key = NULL, *k_value = NULL, *empty = NULL;
+    if (k_key == NULL) {
+        k_key = PyUnicode_InternFromString("key");
+        k_value = PyUnicode_InternFromString("value");
+        empty = PyTuple_New(0);
+        if (k_key == NULL || k_value == NULL || empty == NULL)
+            return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *out = PyList_New(n);
+    PyObject *sizes = PyList_New(n);
+    if (out == NULL || sizes == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i);
+        if (!PyDict_CheckExact(r) || PyDict_GET_SIZE(r) > 2)
+            goto fallback;
+        PyObject *k = PyDict_GetItemWithError(r, k_key);
+        PyObject *v = PyDict_GetItemWithError(r, k_value);
+        if (PyErr_Occurred())
+            goto fail;
+        if (PyDict_GET_SIZE(r) != (k != NULL) + (v != NULL))
+            goto fallback; /* another field */
+        PyObject *kb = Py_None, *vb = Py_None;
+        Py_ssize_t size = 0;
+        if (k != NULL && k != Py_None) {
+            if (!PyUnicode_CheckExact(k) || (kb = b64_decode(k)) == NULL)
+                goto fallback_err;
+            size += PyBytes_GET_SIZE(kb);
+        } else {
+            Py_INCREF(kb);
+        }
+        if (v != NULL && v != Py_None) {
+            if (!PyUnicode_CheckExact(v) || (vb = b64_decode(v)) == NULL) {
+                Py_DECREF(kb);
+                goto fallback_err;
+            }
+            size += PyBytes_GET_SIZE(vb);
+        } else {
+            Py_INCREF(vb);
+        }
+        Py_INCREF(empty);
+        Py_INCREF(partition);
+        Py_INCREF(Py_None);
+        PyObject *t = PyTuple_New(5);
+        if (t == NULL) {
+            Py_DECREF(kb);
+            Py_DECREF(vb);
+            Py_DECREF(empty);
+            Py_DECREF(partition);
+            Py_DECREF(Py_None);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(t, 0, kb);
+        PyTuple_SET_ITEM(t, 1, vb);
+        PyTuple_SET_ITEM(t, 2, empty);
+        PyTuple_SET_ITEM(t, 3, partition);
+        PyTuple_SET_ITEM(t, 4, Py_None);
+        PyList_SET_ITEM(out, i, t);
+        PyObject *sz = PyLong_FromSsize_t(size);
+        if (sz == NULL)
+            goto fail;
+        PyList_SET_ITEM(sizes, i, sz);
+    }
+    return Py_BuildValue("(NN)", out, sizes);
+fallback_err:
+    if (PyErr_Occurred())
+        goto fail;
+fallback:
+    Py_XDECREF(out);
+    Py_XDECREF(sizes);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(sizes);
+    return NULL;
+}
+
+/* render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> the ProduceResponse body, or None
+ * when a result is not exactly a RecordMetadata (a failure: the Python renderer handles those). */
+static PyObject *render_offsets(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *results, *meta_type, *ksid, *vsid;
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyList_Type, &results, &meta_type, &ksid, &vsid))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(results);
+    out_t o = {NULL, 0, 0};
+    static const char head[] = "{\"offsets\":[";
+    static const char item1[] = "{\"partition\":";
+    static const char item2[] = ",\"offset\":";
+    static const char item3[] = ",\"error_code\":null,\"error\":null}";
+    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 96 + 128) < 0)
+        return NULL;
+    put_bytes(&o, head, (Py_ssize_t)sizeof head - 1);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(results, i);
+        if ((PyObject *)Py_TYPE(r) != meta_type || PyTuple_GET_SIZE(r) != 2)
+            goto none;
+        long long p = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
+        long long off = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1));
+        if (PyErr_Occurred()) {
+            PyMem_Free(o.buf);
+            return NULL;
+        }
+        if (out_reserve(&o, 96) < 0) {
+            PyMem_Free(o.buf);
+            return NULL;
+        }
+        if (i)
+            o.buf[o.len++] = ',';
+        o.len += snprintf(o.buf + o.len, 96, "%s%lld%s%lld%s", item1, p, item2, off, item3);
+    }
+    if (out_reserve(&o, 96) < 0) {
+        PyMem_Free(o.buf);
+        return NULL;
+    }
+    put_bytes(&o, "],\"key_schema_id\":", 18);
+    for (int j = 0; j < 2; j++) {
+        PyObject *id = j ? vsid : ksid;
+        if (id == Py_None) {
+            put_bytes(&o, "null", 4);
+        } else {
+            long long v = PyLong_AsLongLong(id);
+            if (v == -1 && PyErr_Occurred()) {
+                PyMem_Free(o.buf);
+                return NULL;
+            }
+            o.len += snprintf(o.buf + o.len, 32, "%lld", v);
+        }
+        if (!j)
+            put_bytes(&o, ",\"value_schema_id\":", 19);
+    }
+    o.buf[o.len++] = '}';
+    PyObject *body = PyBytes_FromStringAndSize(o.buf, o.len);
+    PyMem_Free(o.buf);
+    return body;
+none:
+    PyMem_Free(o.buf);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode_runs", encode_runs, METH_O,
      "encode_runs(runs) -> (records section, count, base timestamp, max timestamp)"},
+    {"parse_binary", parse_binary, METH_VARARGS,
+     "parse_binary(records, partition) -> (records, sizes) or None (not all plain base64 key/value records)"},
+    {"render_offsets", render_offsets, METH_VARARGS,
+     "render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> body or None"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cproduce", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__cproduce(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cproduce(void) {
+    b64_init();
+    return PyModule_Create(&module);
+}

@@ -108,6 +108,10 @@ except ImportError as _e:  # not built, or disabled
     C_IMPORT_ERROR = str(_e)
     encode_runs = _encode_runs_py
 
+# The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/produce.py), which
+# falls back to Python (and names errors) whenever they answer None.
+native: Any = _cproduce
+
 
 def use_c_extension(enabled: bool) -> None:
     """Select the record encoder (tests cover both). ``True`` raises ImportError when it is not built."""

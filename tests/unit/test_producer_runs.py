@@ -207,3 +207,77 @@ def test_expiry_and_fail_all_count_records_of_runs() -> None:
     assert acc.queued_records == 6 and sum(isinstance(r, ProduceFailure) for r in d.results) == 4
     assert acc.fail_all(ProduceFailure(13, "closed", True)) == 6
     assert d.done and acc.queued_records == 0 and acc.queued_bytes == 0
+
+
+# -- the HTTP produce route's C helpers (parse_binary, render_offsets) against the Python path ----------------
+def _both(fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) with the C helpers and without: (result or exception text) each."""
+    from api import produce as route
+
+    out = []
+    saved = encoding.native
+    for native in (saved, None):
+        encoding.native = native
+        try:
+            out.append(("ok", fn(*args)))
+        except Exception as exc:  # compared, not swallowed
+            out.append(("error", f"{type(exc).__name__}: {exc}"))
+        finally:
+            encoding.native = saved
+    assert route is not None
+    return out
+
+
+def test_parse_binary_in_c_is_the_python_parse() -> None:
+    if encoding.native is None:
+        if REQUIRE_CEXT:
+            pytest.fail("service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C helpers not built")
+    import base64
+
+    from api.produce import parse_records
+
+    rng = random.Random(5)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=- \n_é"
+    for _ in range(3000):
+        recs: list[object] = []
+        for _ in range(rng.randrange(1, 4)):
+            r: dict[str, object] = {}
+            for field in ("key", "value"):
+                roll = rng.random()
+                if roll < 0.5:
+                    r[field] = base64.b64encode(rng.randbytes(rng.randrange(0, 12))).decode()
+                elif roll < 0.7:
+                    r[field] = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 9)))
+                elif roll < 0.8:
+                    r[field] = None
+                elif roll < 0.85:
+                    r[field] = rng.choice([1, ["x"], {"a": 1}])
+            if rng.random() < 0.05:
+                r["partition"] = 1
+            if rng.random() < 0.03:
+                r["extra"] = "x"
+            recs.append(r if rng.random() > 0.02 else "not an object")
+        c, py = _both(parse_records, {"records": recs}, "binary", rng.choice([None, 2]))
+        assert c == py, recs
+
+
+def test_render_offsets_in_c_is_the_python_render() -> None:
+    if encoding.native is None:
+        pytest.skip("C helpers not built")
+    from api.produce import render
+
+    cases = [
+        ([RecordMetadata(0, 0)], None, None),
+        ([RecordMetadata(3, 2**40 + i) for i in range(50)], 7, None),
+        ([RecordMetadata(1, -1), RecordMetadata(2, 5)], None, 2**31 - 1),
+        ([RecordMetadata(1, 4), ProduceFailure(6, "NOT_LEADER", True, 1)], 1, 2),
+        ([], None, None),
+    ]
+    for results, ksid, vsid in cases:
+        c, py = _both(render, results, ksid, vsid)
+        assert c[0] == py[0] == "ok"
+        body_c, status_c, failed_c, oks_c = c[1]
+        body_py, status_py, failed_py, oks_py = py[1]
+        assert (body_c, status_c, failed_c) == (body_py, status_py, failed_py)
+        assert oks_c == oks_py or (oks_c is None and all(oks_py))  # None: every record succeeded

@@ -38,6 +38,7 @@ from api.render import (
     NDJSON_SEP,
     Rendered,
     chunk_schema_ids,
+    render_array,
     render_binary,
     render_json,
     render_schema_chunks,
@@ -763,7 +764,6 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
     wait = min(gw.max_poll_timeout, poll_timeout_ms(timeout, inst.options.request_timeout_ms) / 1000)
     limit = max_records or inst.options.max_poll_records or 500
     max_bytes = max_bytes or inst.options.max_bytes
-    render = render_binary if inst.options.format == "binary" else render_json
     resolver = schema_resolver(request, inst, tenant)  # schema'd formats: 422/42211 or 503 before polling
     out: Rendered | None = None
     metrics = request.app.state.metrics
@@ -782,12 +782,14 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
         inst.touch()
     waited = time.monotonic() - started
     metrics.poll_wait.labels(tenant.id).observe(waited)
-    if out is None:
-        out = render(chunks)
-    if out.count:
-        metrics.records.labels(tenant.id).inc(out.count)
-        metrics.bytes.labels(tenant.id).inc(out.payload)
-    return out.array()
+    if out is None:  # binary / json: the array rendered in one buffer (issue 24)
+        body, count, payload = render_array(chunks, inst.options.format != "binary")
+    else:
+        body, count, payload = out.array(), out.count, out.payload
+    if count:
+        metrics.records.labels(tenant.id).inc(count)
+        metrics.bytes.labels(tenant.id).inc(payload)
+    return body
 
 
 def schema_service(request: Request) -> SchemaService:

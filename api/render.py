@@ -159,6 +159,25 @@ def render_json(chunks: Chunks, sep: bytes = ARRAY_SEP) -> Rendered:
     return _render(chunks, sep, render_json_chunk)
 
 
+def render_array_py(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
+    out = render_json(chunks) if json else render_binary(chunks)
+    return out.array(), out.count, out.payload
+
+
+def _c_array(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
+    # issue 24: the whole JSON array in one C buffer (no per-chunk bytes, no join copy)
+    return _crecords.render_framed(  # type: ignore[union-attr,no-any-return]
+        [(recs, _head(tp)) for tp, recs in chunks if recs], ARRAY_SEP, json, b"[", b"]")
+
+
+def render_array(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
+    """A poll's binary (``json`` false) or json-format records as one JSON array: (body, records, key + value
+    bytes); the same bytes as ``render_binary(chunks).array()`` / ``render_json(chunks).array()``."""
+    if render_binary_chunk is _c_binary and _crecords is not None and hasattr(_crecords, "render_framed"):
+        return _c_array(chunks, json)
+    return render_array_py(chunks, json)
+
+
 use_c_renderer(_crecords is not None)
 
 

@@ -185,6 +185,8 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     const unsigned char *p = (const unsigned char *)view.buf;
     Py_ssize_t pos = start;
+    PyObject *last_ts = NULL;
+    long long last_ts_value = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         cursor c = {p, pos, end};
         int64_t length, ts_delta, off_delta, hcount;
@@ -228,7 +230,17 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         long long timestamp = log_append ? append_timestamp
                                          : (long long)((uint64_t)base_timestamp + (uint64_t)ts_delta);
         PyObject *o = PyLong_FromLongLong(offset);
-        PyObject *t = PyLong_FromLongLong(timestamp);
+        /* records of a batch mostly share their timestamp: one int object for a run of equal ones */
+        PyObject *t;
+        if (last_ts != NULL && timestamp == last_ts_value) {
+            t = Py_NewRef(last_ts);
+        } else {
+            t = PyLong_FromLongLong(timestamp);
+            if (t != NULL) {
+                last_ts = t; /* borrowed: the record made below (or the list) keeps it alive */
+                last_ts_value = timestamp;
+            }
+        }
         PyObject *rec = (o && t) ? (plain_tuple ? PyTuple_New(5) : rtype->tp_alloc(rtype, 5)) : NULL;
         if (rec == NULL) {
             Py_XDECREF(o);
@@ -266,6 +278,16 @@ done:
 /* ---- rendering: the gateway's binary-format JSON, one buffer for many records ---------------------- */
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static char b64_pairs[2 * 4096]; /* filled once by PyInit__crecords */
+
+static void
+init_b64_pairs(void)
+{
+    for (int v = 0; v < 4096; v++) {
+        b64_pairs[2 * v] = B64[v >> 6];
+        b64_pairs[2 * v + 1] = B64[v & 63];
+    }
+}
 
 static inline Py_ssize_t
 b64_len(Py_ssize_t n)
@@ -277,12 +299,11 @@ static inline char *
 put_b64(char *o, const unsigned char *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;
+    /* two output characters per lookup (b64_pairs: 12 input bits -> 2 characters) */
     for (; i + 3 <= n; i += 3) {
         uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
-        o[0] = B64[v >> 18];
-        o[1] = B64[(v >> 12) & 63];
-        o[2] = B64[(v >> 6) & 63];
-        o[3] = B64[v & 63];
+        memcpy(o, b64_pairs + 2 * (v >> 12), 2);
+        memcpy(o + 2, b64_pairs + 2 * (v & 0xFFF), 2);
         o += 4;
     }
     if (n - i == 1) {
@@ -389,6 +410,7 @@ check_bytes_or_none(PyObject *v, Py_ssize_t index, const char *what)
 typedef struct {
     const unsigned char *p;
     Py_ssize_t i, n;
+    int ws; /* whitespace outside strings was skipped (the text is not already compact) */
 } jcur;
 
 static inline void
@@ -398,6 +420,7 @@ j_ws(jcur *c)
         unsigned char ch = c->p[c->i];
         if (ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r')
             return;
+        c->ws = 1;
         c->i++;
     }
 }
@@ -609,13 +632,21 @@ j_value(jcur *c, int depth)
 
 /* 1 if p[0:n] is exactly one JSON text (RFC 8259, UTF-8, surrounding whitespace allowed), else 0. */
 static int
-json_valid(const unsigned char *p, Py_ssize_t n)
+json_valid_ws(const unsigned char *p, Py_ssize_t n, int *ws)
 {
-    jcur c = {p, 0, n};
+    jcur c = {p, 0, n, 0};
     if (!j_value(&c, 0))
         return 0;
     j_ws(&c);
+    *ws = c.ws;
     return c.i == n;
+}
+
+static int
+json_valid(const unsigned char *p, Py_ssize_t n)
+{
+    int ws;
+    return json_valid_ws(p, n, &ws);
 }
 
 /* Copy a valid JSON text without the whitespace outside its strings. */
@@ -653,8 +684,9 @@ put_json_field(char *o, const char *name, Py_ssize_t name_len, PyObject *v)
         return PUT_LIT(o, "null");
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(v);
     Py_ssize_t n = PyBytes_GET_SIZE(v);
-    if (json_valid(p, n))
-        return put_json_compact(o, p, n);
+    int ws;
+    if (json_valid_ws(p, n, &ws))
+        return ws ? put_json_compact(o, p, n) : put_raw(o, (const char *)p, n); /* compact already: copied */
     o = PUT_LIT(o, "null,\"");
     o = put_raw(o, name, name_len);
     o = PUT_LIT(o, "_error\":\"not valid JSON\",\"");
@@ -689,48 +721,34 @@ py_json_valid(PyObject *module, PyObject *arg)
  * JSON becomes null plus "<field>_error" and "<field>_base64". Header values are base64 either way.
  * payload is the sum of the key and value lengths (the bytes-delivered metric).
  */
-static PyObject *
-render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* pass 1 of render: validate one chunk's records and bound its rendered size (-1 with an error set) */
+static Py_ssize_t
+chunk_bound(PyObject *records, Py_ssize_t head_len, Py_ssize_t sep_len, int json, Py_ssize_t *payload)
 {
-    (void)module;
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "render() takes 4 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *records = args[0], *head = args[1], *sep = args[2];
-    if (!PyList_Check(records) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
-        PyErr_SetString(PyExc_TypeError, "render(list, bytes, bytes, bool)");
-        return NULL;
-    }
-    int json = PyObject_IsTrue(args[3]);
-    if (json < 0)
-        return NULL;
     Py_ssize_t count = PyList_GET_SIZE(records);
-    Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
-    /* pass 1: validate and bound the size */
-    Py_ssize_t total = 0, payload = 0;
+    Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *rec = PyList_GET_ITEM(records, i);
         if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 5) {
             PyErr_Format(PyExc_TypeError, "record %zd is not a 5-tuple", i);
-            return NULL;
+            return -1;
         }
         PyObject *key = PyTuple_GET_ITEM(rec, 2), *value = PyTuple_GET_ITEM(rec, 3);
         PyObject *headers = PyTuple_GET_ITEM(rec, 4);
         if (check_bytes_or_none(key, i, "key") < 0 || check_bytes_or_none(value, i, "value") < 0)
-            return NULL;
+            return -1;
         if (!PyTuple_Check(headers)) {
             PyErr_Format(PyExc_TypeError, "record %zd: headers must be a tuple", i);
-            return NULL;
+            return -1;
         }
         Py_ssize_t n = head_len + sep_len + 120; /* numbers, field names, punctuation */
         if (key != Py_None) {
             n += b64_len(PyBytes_GET_SIZE(key)) + (json ? PyBytes_GET_SIZE(key) + 80 : 0);
-            payload += PyBytes_GET_SIZE(key);
+            *payload += PyBytes_GET_SIZE(key);
         }
         if (value != Py_None) {
             n += b64_len(PyBytes_GET_SIZE(value)) + (json ? PyBytes_GET_SIZE(value) + 80 : 0);
-            payload += PyBytes_GET_SIZE(value);
+            *payload += PyBytes_GET_SIZE(value);
         }
         for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
             PyObject *pair = PyTuple_GET_ITEM(headers, h);
@@ -738,24 +756,29 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 || check_bytes_or_none(PyTuple_GET_ITEM(pair, 1), i, "header value") < 0) {
                 if (!PyErr_Occurred())
                     PyErr_Format(PyExc_TypeError, "record %zd: headers must be (str, bytes | None) pairs", i);
-                return NULL;
+                return -1;
             }
             Py_ssize_t klen;
             if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &klen) == NULL)
-                return NULL;
+                return -1;
             PyObject *hv = PyTuple_GET_ITEM(pair, 1);
             n += 32 + 6 * klen + (hv == Py_None ? 0 : b64_len(PyBytes_GET_SIZE(hv)));
         }
-        if (n > PY_SSIZE_T_MAX - total) {
+        if (n > PY_SSIZE_T_MAX / 2 - total) {
             PyErr_NoMemory();
-            return NULL;
+            return -1;
         }
         total += n;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        return NULL;
-    char *start = PyBytes_AS_STRING(out), *o = start;
+    return total;
+}
+
+/* pass 2 of render: one chunk's records written at o (checked by chunk_bound); NULL with an error set */
+static char *
+chunk_write(char *o, PyObject *records, PyObject *head, PyObject *sep, int json)
+{
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
     const char *hp = PyBytes_AS_STRING(head), *sp = PyBytes_AS_STRING(sep);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *rec = PyList_GET_ITEM(records, i);
@@ -764,10 +787,8 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         o = put_raw(o, hp, head_len);
         long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 0));
         long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
-        if ((offset == -1 || ts == -1) && PyErr_Occurred()) {
-            Py_DECREF(out);
+        if ((offset == -1 || ts == -1) && PyErr_Occurred())
             return NULL;
-        }
         o = put_i64(o, offset);
         o = PUT_LIT(o, ",\"timestamp\":");
         o = put_i64(o, ts);
@@ -798,9 +819,112 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         o = PUT_LIT(o, "]}");
     }
+    return o;
+}
+
+static PyObject *
+render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "render() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *records = args[0], *head = args[1], *sep = args[2];
+    if (!PyList_Check(records) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
+        PyErr_SetString(PyExc_TypeError, "render(list, bytes, bytes, bool)");
+        return NULL;
+    }
+    int json = PyObject_IsTrue(args[3]);
+    if (json < 0)
+        return NULL;
+    Py_ssize_t payload = 0;
+    Py_ssize_t total = chunk_bound(records, PyBytes_GET_SIZE(head), PyBytes_GET_SIZE(sep), json, &payload);
+    if (total < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    char *start = PyBytes_AS_STRING(out);
+    char *o = chunk_write(start, records, head, sep, json);
+    if (o == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
     if (_PyBytes_Resize(&out, o - start) < 0)
         return NULL;
     return Py_BuildValue("(Nn)", out, payload);
+}
+
+/*
+ * render_framed(chunks, sep, json, lead, trail) -> (bytes, count, payload)
+ *   chunks  list of (records, head) pairs, as render takes them one at a time
+ * The records of every chunk rendered as render renders them, all joined by sep, with lead before the
+ * first and trail after the last, in one buffer: the same bytes as
+ * lead + sep.join(render(records, head, sep, json)[0] for each non-empty chunk) + trail,
+ * without the per-chunk buffers and the join's copy (a poll's whole response body in one allocation).
+ */
+static PyObject *
+render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "render_framed() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *chunks = args[0], *sep = args[1], *lead = args[3], *trail = args[4];
+    if (!PyList_Check(chunks) || !PyBytes_Check(sep) || !PyBytes_Check(lead) || !PyBytes_Check(trail)) {
+        PyErr_SetString(PyExc_TypeError, "render_framed(list, bytes, bool, bytes, bytes)");
+        return NULL;
+    }
+    int json = PyObject_IsTrue(args[2]);
+    if (json < 0)
+        return NULL;
+    Py_ssize_t n_chunks = PyList_GET_SIZE(chunks), sep_len = PyBytes_GET_SIZE(sep);
+    Py_ssize_t payload = 0, count = 0;
+    Py_ssize_t total = PyBytes_GET_SIZE(lead) + PyBytes_GET_SIZE(trail);
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+        PyObject *pair = PyList_GET_ITEM(chunks, c);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyList_Check(PyTuple_GET_ITEM(pair, 0))
+            || !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_Format(PyExc_TypeError, "chunk %zd is not a (list, bytes) pair", c);
+            return NULL;
+        }
+        PyObject *records = PyTuple_GET_ITEM(pair, 0);
+        Py_ssize_t n = chunk_bound(records, PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1)), sep_len, json, &payload);
+        if (n < 0)
+            return NULL;
+        if (n > PY_SSIZE_T_MAX / 2 - total - sep_len) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        total += n + sep_len;
+        count += PyList_GET_SIZE(records);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    char *start = PyBytes_AS_STRING(out);
+    char *o = put_raw(start, PyBytes_AS_STRING(lead), PyBytes_GET_SIZE(lead));
+    int first = 1;
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+        PyObject *pair = PyList_GET_ITEM(chunks, c);
+        PyObject *records = PyTuple_GET_ITEM(pair, 0);
+        if (PyList_GET_SIZE(records) == 0)
+            continue;
+        if (!first)
+            o = put_raw(o, PyBytes_AS_STRING(sep), sep_len);
+        first = 0;
+        o = chunk_write(o, records, PyTuple_GET_ITEM(pair, 1), sep, json);
+        if (o == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    o = put_raw(o, PyBytes_AS_STRING(trail), PyBytes_GET_SIZE(trail));
+    if (_PyBytes_Resize(&out, o - start) < 0)
+        return NULL;
+    return Py_BuildValue("(Nnn)", out, count, payload);
 }
 
 /* take_budget(records, i, j, budget, started) -> (k, budget): how far records[i:j] go within a byte budget
@@ -867,6 +991,9 @@ static PyMethodDef methods[] = {
     {"render", (PyCFunction)(void (*)(void))render, METH_FASTCALL,
      "render(records, head, sep, json) -> (bytes, payload)\n\nThe gateway's JSON objects of records "
      "(binary or json format), joined by sep, and the records' key+value bytes."},
+    {"render_framed", (PyCFunction)(void (*)(void))render_framed, METH_FASTCALL,
+     "render_framed(chunks, sep, json, lead, trail) -> (bytes, count, payload)\n\nEvery (records, head) chunk "
+     "rendered as render does, joined by sep, between lead and trail, in one buffer."},
     {"json_valid", (PyCFunction)py_json_valid, METH_O,
      "json_valid(buf) -> bool\n\nWhether buf is exactly one JSON text (RFC 8259, UTF-8)."},
     {NULL, NULL, 0, NULL},
@@ -880,5 +1007,6 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__crecords(void)
 {
+    init_b64_pairs();
     return PyModule_Create(&moduledef);
 }

@@ -475,11 +475,61 @@ none:
     Py_RETURN_NONE;
 }
 
+/* plain_sizes(records, overhead) -> [overhead + len(value), ...] when every record is a tuple of at least five
+ * fields with no key, no partition and no headers (the sticky-partition fast path of send_many), else None. */
+static PyObject *plain_sizes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *records;
+    Py_ssize_t overhead;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &records, &overhead))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5 || PyTuple_GET_ITEM(r, 0) != Py_None ||
+            PyTuple_GET_ITEM(r, 3) != Py_None)
+            goto none;
+        PyObject *h = PyTuple_GET_ITEM(r, 2);
+        if (!(h == Py_None || (PyTuple_Check(h) && PyTuple_GET_SIZE(h) == 0) ||
+              (PyList_Check(h) && PyList_GET_SIZE(h) == 0)))
+            goto none;
+        PyObject *v = PyTuple_GET_ITEM(r, 1);
+        Py_ssize_t size = overhead;
+        if (v != Py_None) {
+            if (PyBytes_CheckExact(v)) {
+                size += PyBytes_GET_SIZE(v);
+            } else {
+                Py_ssize_t len = PyObject_Length(v);
+                if (len < 0) {
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                size += len;
+            }
+        }
+        PyObject *sz = PyLong_FromSsize_t(size);
+        if (sz == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, sz);
+    }
+    return out;
+none:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"encode_runs", encode_runs, METH_O,
      "encode_runs(runs) -> (records section, count, base timestamp, max timestamp)"},
     {"parse_binary", parse_binary, METH_VARARGS,
      "parse_binary(records, partition) -> (records, sizes) or None (not all plain base64 key/value records)"},
+    {"plain_sizes", plain_sizes, METH_VARARGS,
+     "plain_sizes(records, overhead) -> record sizes if no record has a key, partition or headers, else None"},
     {"render_offsets", render_offsets, METH_VARARGS,
      "render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> body or None"},
     {NULL, NULL, 0, NULL},

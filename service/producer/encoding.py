@@ -108,6 +108,18 @@ except ImportError as _e:  # not built, or disabled
     C_IMPORT_ERROR = str(_e)
     encode_runs = _encode_runs_py
 
+def _plain_sizes_py(records: list[Any], overhead: int) -> list[int] | None:
+    """Each record's size (``overhead`` + its value's length) if no record has a key, a partition or headers
+    (the producer's sticky fast path), else None. Records are tuples of at least five fields."""
+    if not all(type(r) is tuple or isinstance(r, tuple) for r in records):
+        return None
+    if not all(len(r) >= 5 and r[0] is None and r[3] is None and not r[2] for r in records):
+        return None
+    return [overhead + (len(v) if v is not None else 0) for v in [r[1] for r in records]]
+
+
+plain_sizes = _cproduce.plain_sizes if _cproduce is not None else _plain_sizes_py
+
 # The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/produce.py), which
 # falls back to Python (and names errors) whenever they answer None.
 native: Any = _cproduce
@@ -115,10 +127,11 @@ native: Any = _cproduce
 
 def use_c_extension(enabled: bool) -> None:
     """Select the record encoder (tests cover both). ``True`` raises ImportError when it is not built."""
-    global encode_runs
+    global encode_runs, plain_sizes
     if enabled and _cproduce is None:
         raise ImportError(f"service.producer._cproduce is not available: {C_IMPORT_ERROR}")
     encode_runs = _cproduce.encode_runs if enabled else _encode_runs_py
+    plain_sizes = _cproduce.plain_sizes if enabled else _plain_sizes_py
 
 
 def encode_run_batch(runs: list[tuple[list[Any], int]], *, producer_id: int = -1, producer_epoch: int = -1,

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.producer import encoding
 from service.producer.accumulator import (
     INT32_MAX,
     RECORD_OVERHEAD,
@@ -166,13 +167,14 @@ class Producer:
         now = loop.time()
         now_ms = int(time.time() * 1000)
         acc = self.acc
-        if not all(isinstance(r, tuple) for r in records):
-            records = [tuple(r) for r in records]
-        elif type(records) is not list:
+        if type(records) is not list:
             records = list(records)
-        if all(r[0] is None and r[3] is None and not r[2] for r in records):
+        sizes = encoding.plain_sizes(records, RECORD_OVERHEAD)
+        if sizes is None and not all(isinstance(r, tuple) for r in records):
+            records = [tuple(r) for r in records]
+            sizes = encoding.plain_sizes(records, RECORD_OVERHEAD)
+        if sizes is not None:
             # the common case, no key, partition or headers: sticky partitions, one run per partition switch
-            sizes = [RECORD_OVERHEAD + (len(v) if v is not None else 0) for v in [r[1] for r in records]]
             available = {p for p, pi in parts.items() if pi.leader >= 0}
             for p, a, b, size in self.sticky.runs(topic, sizes, num, available):
                 acc.extend((topic, p), Run(records[a:b], range(a, b), now_ms, delivery, size, now))

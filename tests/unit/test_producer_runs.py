@@ -281,3 +281,20 @@ def test_render_offsets_in_c_is_the_python_render() -> None:
         body_py, status_py, failed_py, oks_py = py[1]
         assert (body_c, status_c, failed_c) == (body_py, status_py, failed_py)
         assert oks_c == oks_py or (oks_c is None and all(oks_py))  # None: every record succeeded
+
+
+def test_plain_sizes_in_c_is_the_python_check() -> None:
+    if encoding._cproduce is None:
+        pytest.skip("C helpers not built")
+    rows = [
+        [(None, b"abc", (), None, None), (None, None, [], None, 5)],
+        [(None, bytearray(b"ab"), None, None, None)],
+        [(b"k", b"v", (), None, None)],
+        [(None, b"v", (), 1, None)],
+        [(None, b"v", [("h", b"x")], None, None)],
+        [(None, b"v", ())],
+        [[None, b"v", (), None, None]],
+        [],
+    ]
+    for recs in rows:
+        assert encoding._cproduce.plain_sizes(recs, 24) == encoding._plain_sizes_py(recs, 24), recs

@@ -90,22 +90,34 @@ def compile_pattern(pattern: str) -> Any:
         raise PatternError(detail) from None
 
 
+_MEMO_SIZE = 4096  # names remembered per pattern set (checked on every produce and poll: issue 24)
+
+
 class _Patterns:
     def __init__(self, patterns: Sequence[str] | None) -> None:
         self.patterns = None if patterns is None else tuple(patterns)
         self._compiled = None if patterns is None else [compile_pattern(p) for p in patterns]
+        self._memo: dict[str, str | None] = {}  # name -> first matching pattern (the patterns never change)
 
     def matches(self, name: str) -> bool:
-        if self._compiled is None:
-            return True
-        return any(rx.fullmatch(name) is not None for rx in self._compiled)
+        return self._compiled is None or self.first_match(name) is not None
 
     def first_match(self, name: str) -> str | None:
         """The first pattern matching ``name`` (``None``: none does, or there are no patterns)."""
+        memo = self._memo
+        try:
+            return memo[name]
+        except KeyError:
+            pass
+        found = None
         for pattern, rx in zip(self.patterns or (), self._compiled or (), strict=True):
             if rx.fullmatch(name) is not None:
-                return pattern
-        return None
+                found = pattern
+                break
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        memo[name] = found
+        return found
 
 
 class TopicDenyList:

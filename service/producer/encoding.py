@@ -9,13 +9,13 @@ conventions; the result is byte-for-byte what ``records.build_batch`` produces f
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import crc32c as _crc32c
 
+from service.native import load
 from service.protocol.primitives import write_varint
 from service.protocol.records import Compression, compress
 
@@ -96,30 +96,19 @@ def _encode_runs_py(runs: list[tuple[list[Any], int]]) -> tuple[bytes, int, int,
     return b"".join(parts), i, base_ts, max_ts
 
 
-try:
-    if os.environ.get("KCG_NO_CEXT", "") not in ("", "0"):
-        raise ImportError("disabled by KCG_NO_CEXT")
-    from service.producer import _cproduce  # type: ignore[attr-defined]
-
-    C_IMPORT_ERROR: str | None = None
-    encode_runs = _cproduce.encode_runs
-except ImportError as _e:  # not built, or disabled
-    _cproduce = None
-    C_IMPORT_ERROR = str(_e)
-    encode_runs = _encode_runs_py
-
 def _plain_sizes_py(records: list[Any], overhead: int) -> list[int] | None:
     """Each record's size (``overhead`` + its value's length) if no record has a key, a partition or headers
     (the producer's sticky fast path), else None. Records are tuples of at least five fields."""
-    if not all(type(r) is tuple or isinstance(r, tuple) for r in records):
+    if not all(isinstance(r, tuple) for r in records):
         return None
     if not all(len(r) >= 5 and r[0] is None and r[3] is None and not r[2] for r in records):
         return None
     return [overhead + (len(v) if v is not None else 0) for v in [r[1] for r in records]]
 
 
+_cproduce, C_IMPORT_ERROR = load("service.producer._cproduce")
+encode_runs = _cproduce.encode_runs if _cproduce is not None else _encode_runs_py
 plain_sizes = _cproduce.plain_sizes if _cproduce is not None else _plain_sizes_py
-
 # The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/produce.py), which
 # falls back to Python (and names errors) whenever they answer None.
 native: Any = _cproduce

@@ -15,24 +15,15 @@ the branch from the value there.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import orjson
 
+from service.native import load
 from service.schemas.avro import RENDER_CONFLUENT, AvroCodec, _Node, _type_tag
 
-try:
-    if os.environ.get("KCG_NO_CEXT", "") not in ("", "0"):
-        raise ImportError("disabled by KCG_NO_CEXT")
-    from service.schemas import _cavro  # type: ignore[attr-defined]
-
-    C_EXTENSION_AVAILABLE = True
-    C_IMPORT_ERROR: str | None = None
-except ImportError as _e:  # not built, or disabled
-    _cavro = None
-    C_EXTENSION_AVAILABLE = False
-    C_IMPORT_ERROR = str(_e)
+_cavro, C_IMPORT_ERROR = load("service.schemas._cavro")
+C_EXTENSION_AVAILABLE = _cavro is not None
 
 # node kinds: the K_* codes of _cavro.c
 K_NULL, K_BOOLEAN, K_LONG, K_FLOAT, K_DOUBLE, K_STRING = 0, 1, 2, 3, 4, 5

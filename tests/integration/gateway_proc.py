@@ -75,3 +75,28 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes (from /proc)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, arguments joined by spaces (empty once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        return ""

@@ -27,6 +27,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from service.embedded import free_port
 from service.embedded_registry import DEFAULT_LAUNCHER
+from tests.integration.gateway_proc import children, cmdline
 
 pytestmark = pytest.mark.integration
 
@@ -43,29 +44,6 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except FileNotFoundError:
-        return ""
 
 
 class MakeRun:
@@ -107,7 +85,7 @@ class MakeRun:
         return m
 
     def registry_pids(self) -> list[int]:
-        return [p for p in _children(self.proc.pid) if "registry/start" in _cmdline(p) or "karapace" in _cmdline(p)]
+        return [p for p in children(self.proc.pid) if "registry/start" in cmdline(p) or "karapace" in cmdline(p)]
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -21,24 +21,9 @@ from confluent_kafka import Producer as CKProducer
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker, free_port
 from service.gateway import HARD_CLOSE_GRACE_S
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.gateway_proc import GatewayProcess, children
 
 pytestmark = pytest.mark.integration
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            pass
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -79,7 +64,7 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
         assert ready.status_code == 200 and ready.json()["brokers"] == {"default": 1}
         m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
         assert m.status_code == 200 and "kcg_build_info" in m.text
-        kids = _children(proc.pid)
+        kids = children(proc.pid)
         assert kids, "the embedded broker should be a child process"
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=20)
@@ -103,7 +88,7 @@ def test_embedded_broker_dies_with_a_killed_gateway() -> None:
     try:
         assert proc.stdout is not None
         assert "bootstrap address" in proc.stdout.readline()
-        kids = _children(proc.pid)
+        kids = children(proc.pid)
         assert kids
         proc.kill()
         proc.wait()

@@ -23,12 +23,12 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, json_format, message_factory
-from google.protobuf.descriptor_pool import DescriptorPool
+from google.protobuf import descriptor_pb2, json_format
 
 from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.proto_orders import order_class
 from tests.registry.server import TestRegistry
 
 V2 = "application/vnd.kafka.v2+json"
@@ -140,30 +140,10 @@ async def test_avro_stream_ndjson(http: httpx.AsyncClient, tansu: EmbeddedBroker
     await http.delete(base, headers={"Content-Type": V2})
 
 
-def _proto_files(p: str) -> tuple[descriptor_pb2.FileDescriptorProto, descriptor_pb2.FileDescriptorProto]:
-    dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
-    money = dep.message_type.add(name="Money")
-    money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    money.field.add(name="currency", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    main = descriptor_pb2.FileDescriptorProto(name=f"{p}/order.proto", package=p, syntax="proto3",
-                                              dependency=[f"{p}/money.proto"])
-    ping = main.message_type.add(name="Ping")
-    ping.field.add(name="n", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
-    order = main.message_type.add(name="Order")
-    order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
-                    label=F.LABEL_OPTIONAL)
-    return dep, main
-
-
 async def test_protobuf_with_a_reference_and_message_indexes(
         http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str, topic_name: str) -> None:
     p = f"p{uuid.uuid4().hex[:8]}"
-    pool = DescriptorPool()
-    dep, main = _proto_files(p)
-    pool.Add(dep)
-    pool.Add(main)
-    order_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))
+    order_cls = order_class(p, ping_first=True)
     ser = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": schema_registry}),
                              {"use.deprecated.format": False})
     ctx = SerializationContext(topic_name, MessageField.VALUE)

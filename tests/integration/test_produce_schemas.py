@@ -34,6 +34,7 @@ from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker, free_port
 from service.schemas.wire import unframe
 from service.settings import Settings
+from tests.integration.proto_orders import order_class
 
 pytestmark = pytest.mark.integration
 V2 = "application/vnd.kafka.v2+json"
@@ -253,20 +254,7 @@ async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, kcli
     produced(await http.post(f"/topics/{topic_name}", headers=PROTOBUF, json={
         "value_schema_id": main_id, "records": [{"value": sent}]}), 1, value_id=main_id)
 
-    dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
-    money = dep.message_type.add(name="Money")
-    money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    money.field.add(name="currency", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    main = descriptor_pb2.FileDescriptorProto(name=f"{p}/order.proto", package=p, syntax="proto3",
-                                              dependency=[f"{p}/money.proto"])
-    order = main.message_type.add(name="Order")
-    order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
-                    label=F.LABEL_OPTIONAL)
-    pool = DescriptorPool()
-    pool.Add(dep)
-    pool.Add(main)
-    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))
+    cls = order_class(p)
     [m] = read_raw(tansu.bootstrap, topic_name, 1)
     assert unframe(m.value(), protobuf=True).message_indexes == (0,)
     msg = ProtobufDeserializer(cls, {"use.deprecated.format": False})(

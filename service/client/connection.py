@@ -140,50 +140,123 @@ class _Callback:
 TIMEOUT_SWEEP_S = 0.1
 
 
-class _KafkaProtocol(asyncio.Protocol):
+# issue 24: the read path without a copy per response. Small frames (heartbeats, metadata, offsets, ...) are read
+# into one reusable scratch buffer per connection and handed out as bytes; a frame that cannot fit in it (a Fetch
+# response of megabytes) gets a buffer of its own, which the socket fills directly (recv_into) and which is handed
+# out as is: the records decoded from it are views of it (no append to a growing buffer, no copy out of it).
+SCRATCH_BYTES = 32 * 1024
+
+
+def _frame_buffer_py(n: int) -> bytearray:
+    return bytearray(n)
+
+
+try:  # an uninitialised bytearray: the socket overwrites all of it before it is read
+    from service.protocol._crecords import frame_buffer as _frame_buffer  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - without the C extension
+    _frame_buffer = _frame_buffer_py
+
+
+class _KafkaProtocol(asyncio.BufferedProtocol):
     """Size-prefixed frames out of the byte stream, handed to the connection as they complete."""
 
     def __init__(self, conn: BrokerConnection) -> None:
         self.conn = conn
-        self.buf = bytearray()
+        self.scratch = bytearray(SCRATCH_BYTES)
+        self.view = memoryview(self.scratch)
+        self.start = 0  # unread bytes of the scratch buffer: [start, end)
+        self.end = 0
+        self.frame: bytearray | None = None  # a large frame being read into its own buffer
+        self.frame_view: memoryview | None = None
+        self.filled = 0
+        self.dead = False  # a broken stream (bad frame size): what still arrives is dropped
         self.paused = False
         self.drain_waiters: list[asyncio.Future[None]] = []
         self.closed = asyncio.get_running_loop().create_future()
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.dead:
+            return self.view
+        if self.frame_view is not None:
+            return self.frame_view[self.filled:]
+        return self.view[self.end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.dead:
+            return
+        frame = self.frame
+        if frame is not None:
+            self.filled += nbytes
+            if self.filled < len(frame):
+                return
+            assert self.frame_view is not None
+            self.frame_view.release()
+            self.frame = self.frame_view = None
+            self._deliver(frame)
+            return
+        self.end += nbytes
+        self._parse()
+
     def data_received(self, data: bytes) -> None:
+        """For a transport that does not use the buffered interface: the same path, copied in."""
+        mv = memoryview(data)
+        while mv:
+            buf = self.get_buffer(len(mv))
+            n = min(len(buf), len(mv))
+            buf[:n] = mv[:n]
+            self.buffer_updated(n)
+            mv = mv[n:]
+
+    def _deliver(self, payload: bytes | bytearray) -> None:
         conn = self.conn
-        buf = self.buf
-        src: bytes | bytearray = data
-        if buf:
-            buf += data
-            src = buf
-        n = len(src)
-        pos = 0
+        try:
+            conn._on_frame(payload, len(payload))  # type: ignore[arg-type]
+        except Exception as exc:  # pragma: no cover - defensive: never let a callback kill the loop
+            log.exception("unexpected error reading from %s", conn.address)
+            conn._fail(KafkaConnectionError(f"connection to {conn.address} failed: {exc!r}"))
+
+    def _parse(self) -> None:
+        conn = self.conn
+        buf, view = self.scratch, self.view
+        pos, end = self.start, self.end
         guard = conn.config.max_frame_bytes
         try:
-            while n - pos >= 4:
-                (size,) = _SIZE.unpack_from(src, pos)
+            while end - pos >= 4:
+                (size,) = _SIZE.unpack_from(buf, pos)
                 if size < 4 or size > guard:
                     raise FrameTooLargeError(
                         f"{conn.address} sent a frame of {size} bytes (guard {guard}); "
                         "is this a Kafka listener with the right security protocol?"
                     )
-                end = pos + 4 + size
-                if end > n:
-                    break
-                conn._on_frame(src[pos + 4:end] if src is data else bytes(memoryview(src)[pos + 4:end]), size)
-                pos = end
+                stop = pos + 4 + size
+                if stop <= end:
+                    conn._on_frame(bytes(view[pos + 4:stop]), size)
+                    pos = stop
+                    continue
+                if size + 4 > len(buf):  # never fits here: read the rest straight into its own buffer
+                    frame = _frame_buffer(size)
+                    got = end - pos - 4
+                    frame[:got] = view[pos + 4:end]
+                    self.frame, self.frame_view, self.filled = frame, memoryview(frame), got
+                    pos = end
+                break
         except KafkaError as exc:
+            self.dead = True
             conn._fail(exc)
             return
         except Exception as exc:  # pragma: no cover - defensive: never let a callback kill the loop
             log.exception("unexpected error reading from %s", conn.address)
+            self.dead = True
             conn._fail(KafkaConnectionError(f"connection to {conn.address} failed: {exc!r}"))
             return
-        if src is buf:
-            del buf[:pos]
-        elif pos < n:
-            buf += memoryview(data)[pos:]
+        if pos == end:
+            self.start = self.end = 0
+        elif pos:  # a partial frame: moved to the front, so the rest of it fits behind it
+            n = end - pos
+            view[:n] = view[pos:end]
+            self.start, self.end = 0, n
+        else:
+            self.start, self.end = pos, end
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows

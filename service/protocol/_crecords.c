@@ -981,6 +981,22 @@ take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(nL)", k, budget);
 }
 
+/* frame_buffer(n) -> bytearray of n bytes, not zeroed: the client's read buffer for one large response frame
+ * (service/client/connection.py), which the socket fills entirely before anything reads it. */
+static PyObject *
+frame_buffer(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative size");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}
+
 static PyMethodDef methods[] = {
     {"take_budget", (PyCFunction)(void (*)(void))take_budget, METH_FASTCALL,
      "take_budget(records, i, j, budget, started) -> (k, budget)\n\nHow far records[i:j] go within a "
@@ -994,6 +1010,8 @@ static PyMethodDef methods[] = {
     {"render_framed", (PyCFunction)(void (*)(void))render_framed, METH_FASTCALL,
      "render_framed(chunks, sep, json, lead, trail) -> (bytes, count, payload)\n\nEvery (records, head) chunk "
      "rendered as render does, joined by sep, between lead and trail, in one buffer."},
+    {"frame_buffer", (PyCFunction)frame_buffer, METH_O,
+     "frame_buffer(n) -> bytearray\n\nA bytearray of n bytes whose contents are not initialised."},
     {"json_valid", (PyCFunction)py_json_valid, METH_O,
      "json_valid(buf) -> bool\n\nWhether buf is exactly one JSON text (RFC 8259, UTF-8)."},
     {NULL, NULL, 0, NULL},

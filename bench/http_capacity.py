@@ -118,6 +118,8 @@ class Profiler:
         total = 0
         for line in self.out.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue  # a line py-spy cut short
             frames, k = stack.split(";"), int(count)
             total += k
             own[frames[-1]] = own.get(frames[-1], 0) + k

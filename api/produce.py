@@ -409,7 +409,11 @@ def _check_partitions(topic: str, partitions: set[int], records: list[tuple[Any,
             raise GatewayError(f"partition {path_partition} of topic {topic!r} not found", status=404,
                                error_code=40402)
         return
-    for i, rec in enumerate(records):
+    asked = {rec[3] for rec in records}
+    asked.discard(None)
+    if asked <= partitions:
+        return
+    for i, rec in enumerate(records):  # name the first record asking for a missing partition
         if rec[3] is not None and rec[3] not in partitions:
             raise GatewayError(f"records[{i}]: partition {rec[3]} of topic {topic!r} not found", status=404,
                                error_code=40402)

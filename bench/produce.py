@@ -52,7 +52,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
 
 from api.produce import _parse_body, parse_records  # noqa: E402
 from bench.http_capacity import Profiler  # noqa: E402
-from bench.http_consume import cpu_seconds  # noqa: E402
+from bench.http_consume import cpu_seconds, machine_busy_seconds  # noqa: E402
 from service.client.client import KafkaClient  # noqa: E402
 from service.embedded import EmbeddedBroker  # noqa: E402
 from service.producer import ProduceFailure, Producer  # noqa: E402
@@ -260,6 +260,8 @@ def main() -> None:
             for name in ("gateway over HTTP", "engine in-process", "direct confluent-kafka"):
                 topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
                 create_topic(broker.bootstrap, topic)
+                assert broker.proc is not None
+                tansu0, busy0, t0 = cpu_seconds(broker.proc.pid), machine_busy_seconds(), time.perf_counter()
                 if name.startswith("gateway"):
                     assert gw.proc is not None
                     cpu0 = cpu_seconds(gw.proc.pid)
@@ -276,6 +278,9 @@ def main() -> None:
                     split.setdefault("engine", []).append(float(note.rsplit("; ", 1)[1].split()[0]))
                 else:
                     rate, ok, note = direct(broker.bootstrap, topic, n)
+                tansu_us = (cpu_seconds(broker.proc.pid) - tansu0) / max(1, ok) * 1e6
+                busy = (machine_busy_seconds() - busy0) / (time.perf_counter() - t0) / (os.cpu_count() or 1)
+                note += f"; Tansu {tansu_us:.2f} µs CPU per record; machine {busy:.0%} busy"
                 stored = count_stored(broker.bootstrap, topic)
                 # wrk abandons the requests in flight when its time is up: their records may be stored
                 slack = a.batch * a.connections if name.startswith("gateway") else 0

@@ -71,7 +71,8 @@ class HeadScanner:
         buf = tail + data if tail else data
         # the head ends at an empty line: "\r\n\r\n" (or a bare "\n\n", which a lenient parser may accept)
         end = buf.find(b"\n\r\n")
-        lf = buf.find(b"\n\n")
+        # a bare "\n\n" counts only before that (never scan the body that follows the head in the same read)
+        lf = buf.find(b"\n\n", 0, end + 1) if end >= 0 else buf.find(b"\n\n")
         if lf >= 0 and (end < 0 or lf < end):
             end = lf - 1
         if end >= 0:

@@ -44,6 +44,13 @@ def test_a_new_head_starts_after_the_end_and_bare_lf_ends_a_head() -> None:
     assert scanner.feed(b"GET / HTTP/1.1\n\n") is None and scanner.ended and scanner.size == 16
     assert scanner.feed(b"GET /x HTTP/1.1\r\n") is None
     assert not scanner.ended and scanner.size == 17 and scanner.lines == 1
+    # the first end wins, whichever form it takes; the body after it is never part of the head
+    scanner = HeadScanner(LIMITS)
+    assert scanner.feed(b"POST / HTTP/1.1\nA: b\n\nbody\r\n\r\nmore") is None
+    assert scanner.ended and scanner.size == len(b"POST / HTTP/1.1\nA: b\n\n")
+    scanner = HeadScanner(LIMITS)
+    assert scanner.feed(b"POST / HTTP/1.1\r\nA: b\r\n\r\nbody\n\nmore") is None
+    assert scanner.ended and scanner.size == len(b"POST / HTTP/1.1\r\nA: b\r\n\r\n")
 
 
 def test_error_bytes_is_a_json_http_response() -> None:

@@ -523,11 +523,53 @@ none:
     Py_RETURN_NONE;
 }
 
+/* metas(cls, partition, base_offset, n) -> [cls(partition, base_offset), ..., cls(partition, base_offset + n - 1)]
+ * cls: a tuple subclass of two fields (RecordMetadata); what the accumulator answers for every record of a run. */
+static PyObject *metas(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cls, *partition;
+    long long base;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOLn", &cls, &partition, &base, &n))
+        return NULL;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "metas: cls must be a tuple subclass");
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "metas: n must be >= 0");
+        return NULL;
+    }
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *off = PyLong_FromLongLong(base + i);
+        if (off == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *m = tp->tp_alloc(tp, 2);
+        if (m == NULL) {
+            Py_DECREF(off);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_INCREF(partition);
+        PyTuple_SET_ITEM(m, 0, partition);
+        PyTuple_SET_ITEM(m, 1, off);
+        PyList_SET_ITEM(out, i, m);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_runs", encode_runs, METH_O,
      "encode_runs(runs) -> (records section, count, base timestamp, max timestamp)"},
     {"parse_binary", parse_binary, METH_VARARGS,
      "parse_binary(records, partition) -> (records, sizes) or None (not all plain base64 key/value records)"},
+    {"metas", metas, METH_VARARGS, "metas(cls, partition, base_offset, n) -> n cls instances, offsets counting up"},
     {"plain_sizes", plain_sizes, METH_VARARGS,
      "plain_sizes(records, overhead) -> record sizes if no record has a key, partition or headers, else None"},
     {"render_offsets", render_offsets, METH_VARARGS,

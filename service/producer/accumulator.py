@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from service.producer import encoding
 from service.producer.encoding import encode_run_batch
 from service.producer.errors import (
     NETWORK_EXCEPTION,
@@ -366,7 +367,7 @@ class Accumulator:
                 idx = run.indices
                 n = len(idx)
                 if known:
-                    metas = [new(RecordMetadata, (p, o)) for o in range(off, off + n)]
+                    metas = encoding.metas(RecordMetadata, p, off, n)
                     off += n
                 else:
                     metas = [dup] * n

@@ -106,9 +106,16 @@ def _plain_sizes_py(records: list[Any], overhead: int) -> list[int] | None:
     return [overhead + (len(v) if v is not None else 0) for v in [r[1] for r in records]]
 
 
+def _metas_py(cls: Any, partition: int, base_offset: int, n: int) -> list[Any]:
+    """``n`` instances of the 2-tuple class ``cls``: ``(partition, base_offset + i)``."""
+    new = tuple.__new__
+    return [new(cls, (partition, o)) for o in range(base_offset, base_offset + n)]
+
+
 _cproduce, C_IMPORT_ERROR = load("service.producer._cproduce")
 encode_runs = _cproduce.encode_runs if _cproduce is not None else _encode_runs_py
 plain_sizes = _cproduce.plain_sizes if _cproduce is not None else _plain_sizes_py
+metas = _cproduce.metas if _cproduce is not None else _metas_py
 # The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/produce.py), which
 # falls back to Python (and names errors) whenever they answer None.
 native: Any = _cproduce
@@ -116,11 +123,12 @@ native: Any = _cproduce
 
 def use_c_extension(enabled: bool) -> None:
     """Select the record encoder (tests cover both). ``True`` raises ImportError when it is not built."""
-    global encode_runs, plain_sizes
+    global encode_runs, plain_sizes, metas
     if enabled and _cproduce is None:
         raise ImportError(f"service.producer._cproduce is not available: {C_IMPORT_ERROR}")
     encode_runs = _cproduce.encode_runs if enabled else _encode_runs_py
     plain_sizes = _cproduce.plain_sizes if enabled else _plain_sizes_py
+    metas = _cproduce.metas if enabled else _metas_py
 
 
 def encode_run_batch(runs: list[tuple[list[Any], int]], *, producer_id: int = -1, producer_epoch: int = -1,

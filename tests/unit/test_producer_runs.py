@@ -298,3 +298,17 @@ def test_plain_sizes_in_c_is_the_python_check() -> None:
     ]
     for recs in rows:
         assert encoding._cproduce.plain_sizes(recs, 24) == encoding._plain_sizes_py(recs, 24), recs
+
+
+def test_metas_in_c_are_record_metadata_counting_up() -> None:
+    if encoding._cproduce is None:
+        pytest.skip("C helpers not built")
+    for p, base, n in ((0, 0, 0), (3, 2**40, 5), (1, -1, 1), (7, 2**62, 3)):
+        c = encoding._cproduce.metas(RecordMetadata, p, base, n)
+        py = encoding._metas_py(RecordMetadata, p, base, n)
+        assert c == py and all(type(m) is RecordMetadata for m in c)
+        assert [m.offset for m in c] == list(range(base, base + n)) and all(m.partition == p for m in c)
+    with pytest.raises(TypeError):
+        encoding._cproduce.metas(dict, 0, 0, 1)
+    with pytest.raises(ValueError):
+        encoding._cproduce.metas(RecordMetadata, 0, 0, -1)

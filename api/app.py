@@ -33,7 +33,7 @@ from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
-from service.metrics import GatewayCollector, GatewayMetrics
+from service.metrics import GatewayCollector, GatewayMetrics, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
 from service.schemas.formats import SchemaService
@@ -104,8 +104,8 @@ class ObserveMiddleware:
             observed = True
             route = scope.get("route")
             tenant = scope.get("state", {}).get("tenant")
-            self.metrics.http_seconds.labels(tenant.id if tenant is not None else "", getattr(route, "path", "unmatched"),
-                                             method, str(status)).observe(time.perf_counter() - started)
+            labelled(self.metrics.http_seconds, tenant.id if tenant is not None else "",
+                     getattr(route, "path", "unmatched"), method, str(status)).observe(time.perf_counter() - started)
 
         async def send_observed(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start" and not observed:

@@ -77,6 +77,7 @@ from api.produce_common import json_bytes as _json_bytes
 from api.produce_common import may_create_topic, partitions_or_create
 from api.topics import catalog
 from service.gateway import GatewayError
+from service.metrics import labelled
 from service.producer import (
     Producer,
     ProducerConfig,
@@ -493,8 +494,8 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
     metrics = request.app.state.metrics
     acked = len(results) - failed
     if acked:
-        metrics.produced_records.labels(tenant.id).inc(acked)
-        metrics.produced_bytes.labels(tenant.id).inc(
+        labelled(metrics.produced_records, tenant.id).inc(acked)
+        labelled(metrics.produced_bytes, tenant.id).inc(
             sum(sizes) if oks is None else sum(s for s, ok in zip(sizes, oks, strict=True) if ok))
     if failed:
         metrics.produce_failures.labels(tenant.id).inc(failed)

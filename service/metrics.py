@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import Info as PromInfo
@@ -39,6 +39,23 @@ READINESS_PROBE_TIMEOUT_S = 5.0
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+_CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
+_CHILDREN_MAX = 16_384
+
+
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, remembered: prometheus_client's ``labels`` costs a few µs (a lock, label
+    checks) and hot paths (every HTTP request, every produce) ask for the same few children again and again.
+    Label sets are never removed from these metrics, so a remembered child stays the live one."""
+    key = (metric, values)
+    child = _CHILDREN.get(key)
+    if child is None:
+        if len(_CHILDREN) >= _CHILDREN_MAX:
+            _CHILDREN.clear()
+        child = _CHILDREN[key] = metric.labels(*values)
+    return child
 
 
 class GatewayMetrics:

@@ -108,17 +108,20 @@ def parse_compression(name: str | int) -> int:
 class Delivery:
     """The results of one ``send_many`` call, filled as records are acknowledged or fail."""
 
-    __slots__ = ("on_done", "remaining", "results")
+    __slots__ = ("failed", "on_done", "remaining", "results")
 
     def __init__(self, n: int, on_done: Callable[[], None] | None = None) -> None:
         self.results: list[ProduceResult | None] = [None] * n
         self.remaining = n
+        self.failed = 0  # results that are ProduceFailure (successes are written in place, in bulk)
         self.on_done = on_done
 
     def resolve(self, index: int, result: ProduceResult) -> None:
         if self.results[index] is not None:
             return  # never twice (defensive: a record is resolved exactly once by construction)
         self.results[index] = result
+        if type(result) is not RecordMetadata:
+            self.failed += 1
         self.remaining -= 1
         if self.remaining == 0 and self.on_done is not None:
             self.on_done()

@@ -185,7 +185,7 @@ class Producer:
             self._wake.set()
             await asyncio.shield(fut)
         results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
-        failed = sum(1 for r in results if isinstance(r, ProduceFailure))
+        failed = delivery.failed
         self.records_failed += failed
         self.records_acked += n - failed
         return results

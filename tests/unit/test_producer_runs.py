@@ -312,3 +312,15 @@ def test_metas_in_c_are_record_metadata_counting_up() -> None:
         encoding._cproduce.metas(dict, 0, 0, 1)
     with pytest.raises(ValueError):
         encoding._cproduce.metas(RecordMetadata, 0, 0, -1)
+
+
+def test_a_delivery_counts_its_failures() -> None:
+    acc = _acc()
+    d = Delivery(4)
+    acc.extend(TP, _run(2, 20, d, 0))
+    acc.extend(("t", 1), _run(2, 20, d, 2))
+    b0, b1 = acc.next_batch(TP, T0), acc.next_batch(("t", 1), T0)
+    assert b0 is not None and b1 is not None
+    acc.on_response(b0, 0, 10, T0)
+    acc.on_response(b1, 87, -1, T0, "bad")
+    assert d.done and d.failed == 2 == sum(isinstance(r, ProduceFailure) for r in d.results)

@@ -472,7 +472,9 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
            "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": "3600",
            # idle means not polled: without this, members would leave their groups after the default
            # 5-minute max poll interval, long before a 10,000-instance build is over
-           "GATEWAY_CONSUMER_MAX_POLL_INTERVAL_MS": "3600000", **a.gateway_env}
+           "GATEWAY_CONSUMER_MAX_POLL_INTERVAL_MS": "3600000",
+           # every instance here belongs to the open mode's one tenant: its shipped cap of 1,000 instances off
+           "GATEWAY_DEFAULT_MAX_INSTANCES": "0", **a.gateway_env}
     gw = GatewayProc(broker.bootstrap, env, tmp / "gateway-idle.log")
     gw.start()
     try:
@@ -512,6 +514,8 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
         probes: dict[str, list[float]] = {"settle": [], "idle": []}
         lags: list[float] = []
         scrape: list[float] = []
+        scrape_cpu = 0.0  # gateway CPU seconds while a /metrics scrape of the idle window was being answered
+        stat: subprocess.Popen[bytes] | None = None
         with httpx.Client(base_url=gw.url, timeout=60) as http:
             for phase, seconds in (("settle", a.idle_settle), ("idle", a.idle_measure)):
                 if phase == "idle":
@@ -521,20 +525,35 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
                         subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw", *(["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]),
                                           "-d", str(int(seconds)), "-o", a.idle_profile],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    if a.idle_perf_stat:  # system calls and context switches of the gateway over the idle window
+                        stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches",
+                                                 "-p", str(gw.pid), "--", "sleep", str(int(seconds))],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                    if a.idle_perf:  # native + kernel samples of the gateway over the idle window (perf record)
+                        subprocess.Popen(["perf", "record", "-g", "-F", "499", "-p", str(gw.pid), "-o", a.idle_perf,
+                                          "--", "sleep", str(int(seconds))],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 until = time.monotonic() + seconds
                 while time.monotonic() < until:
                     s = time.perf_counter()
                     http.get("/healthz")
                     probes[phase].append(time.perf_counter() - s)
                     if phase == "idle" and len(probes[phase]) % a.idle_scrape_every == 0:
-                        s = time.perf_counter()
+                        s, c0 = time.perf_counter(), cpu_seconds(gw.pid)
                         text = http.get("/metrics").text
                         scrape.append(time.perf_counter() - s)
+                        scrape_cpu += cpu_seconds(gw.pid) - c0
                         lags += [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                                  if ln.startswith("kcg_event_loop_lag_seconds ")]
                     time.sleep(0.1)  # pacing the probe
         span = time.perf_counter() - t1
         idle_cpu, idle_broker_cpu = (cpu_seconds(gw.pid) - g1) / span, (cpu_seconds(broker_pid) - b1) / span
+        stat_line = ""
+        if stat is not None:
+            _, err = stat.communicate(timeout=60)
+            counts = {ln.split(",")[2]: float(ln.split(",")[0]) for ln in err.decode().splitlines()
+                      if ln.count(",") >= 2 and ln.split(",")[0].replace(".", "").isdigit()}
+            stat_line = ", ".join(f"{k} {v / int(a.idle_measure):,.0f}/s" for k, v in counts.items())
         machine = (machine_busy_seconds() - m1) / span
         rss_idle, fds_idle = rss(gw.pid), len(os.listdir(f"/proc/{gw.pid}/fd"))
         peak = proc_status(gw.pid, "VmHWM")
@@ -563,6 +582,10 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
               f" {pct(hz, 50) * 1000:.1f} ms, p99 {pct(hz, 99) * 1000:.1f} ms, max {max(hz) * 1000:.1f} ms"
               f" ({len(hz)} probes); kcg_event_loop_lag_seconds max {max(lags, default=float('nan')) * 1000:.1f} ms"
               f" over {len(lags)} scrapes (one /metrics scrape took p50 {pct(scrape, 50) * 1000:.0f} ms)")
+        print(f"  of the idle CPU, answering those {len(scrape)} /metrics scrapes took {scrape_cpu / span * 100:.1f}% of a"
+              f" core ({scrape_cpu / max(1, len(scrape)) * 1000:.0f} ms each); without them"
+              f" {(idle_cpu - scrape_cpu / span) * 100:.1f}% (heartbeats, /healthz probes, timers)"
+              + (f"; gateway {stat_line}" if stat_line else ""))
         print(f"  first {a.idle_settle:.0f} s after joining (fetchers still active): /healthz p50 {pct(hs, 50) * 1000:.1f} ms,"
               f" p99 {pct(hs, 99) * 1000:.1f} ms, max {max(hs) * 1000:.1f} ms ({len(hs)} probes)", flush=True)
         return n, rss_idle - rss0
@@ -599,6 +622,11 @@ def main() -> None:
                     " that a Prometheus scraping every 15-30 s does not; 150 = every ~15 s")
     ap.add_argument("--idle-profile", default=None, metavar="FILE",
                     help="py-spy collapsed stacks of the gateway over the idle window")
+    ap.add_argument("--idle-perf", default=None, metavar="FILE",
+                    help="perf record -g of the gateway over the idle window (native and kernel time: syscalls,"
+                    " the event loop's C code), to read with perf report -i FILE")
+    ap.add_argument("--idle-perf-stat", action="store_true",
+                    help="count the gateway's system calls and context switches over the idle window (perf stat)")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the gateway processes (repeatable)")
     ap.add_argument("--keep-logs", action="store_true")

@@ -19,10 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.aio import LightEvent, tick_timers
+from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, wait_event
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.group.heartbeats import heartbeat_wheel
 from service.group.member import Action, GroupMember, MemberState, Step
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
@@ -92,24 +93,7 @@ def _tps(tps: Sequence[TopicPartition]) -> str:
     return "{" + ", ".join(f"{t}{sorted(ps)}" for t, ps in sorted(by_topic.items())) + "}"
 
 
-HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.aio.TickTimers)
-
-
-class _HeartbeatDue:
-    """A member's next heartbeat as an entry of the shared heartbeat ticks (future-like for TickTimers):
-    when its tick fires it sends the heartbeat, unless the member's task took over since (``epoch``)."""
-
-    __slots__ = ("coord", "epoch")
-
-    def __init__(self, coord: GroupCoordinator, epoch: int) -> None:
-        self.coord = coord
-        self.epoch = epoch
-
-    def done(self) -> bool:
-        return self.epoch != self.coord._hb_epoch
-
-    def set_result(self, _value: object) -> None:
-        self.coord._heartbeat_due()
+HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.group.heartbeats.HeartbeatWheel)
 
 
 class GroupCoordinator:
@@ -164,6 +148,7 @@ class GroupCoordinator:
         # heartbeats from callbacks (_drive_heartbeats): the current drive's number, and what ended it
         self._hb_epoch = 0
         self._hb_result: Step | BaseException | None = None
+        self._hb_sent = 0.0  # loop time the last heartbeat from a callback was sent
         #: since when (monotonic) the member has been trying to (re)join without reaching a stable generation
         self._unstable_since: float | None = None
         #: since when (monotonic) the member has been subscribed while owning no partition (None: it owns some,
@@ -404,6 +389,7 @@ class GroupCoordinator:
         self.heartbeats += 1
         step: Step | None = m.on_heartbeat_response(resp)
         if step is not None and step.action is Action.OK:
+            await self._connect_heartbeats()
             step = await self._drive_heartbeats()
         if step is not None:
             await self._after_heartbeat(step)
@@ -457,18 +443,32 @@ class GroupCoordinator:
             raise result
         return result
 
+    async def _connect_heartbeats(self) -> None:
+        """Open the coordinator's heartbeat connection (KafkaClient.heartbeat_connection) if it is not: the next
+        heartbeats go there. Best effort: until it connects they go over the main connection."""
+        node = self.coordinator_id
+        if node is None:
+            return
+        try:
+            hb = self.client.heartbeat_connection(node)
+            if hb.current is None:
+                async with asyncio.timeout(max(0.1, self.heartbeat_interval / 2)):
+                    await hb.get()
+        except (KafkaError, TimeoutError) as exc:
+            log.debug("%s: no heartbeat connection (%s); heartbeats use the main one", self._describe(), exc)
+
     def _schedule_heartbeat(self, loop: asyncio.AbstractEventLoop) -> None:
         # up to 20% early, at random: members that joined together (a whole group, a gateway's worth of
         # groups) would otherwise heartbeat in lockstep, thousands within a few milliseconds. Due times end
-        # on the loop's shared heartbeat tick (no timer per member; the heartbeats of a tick leave together,
-        # in one write() per broker connection).
-        tick_timers(loop, HEARTBEAT_TICK_S).add(
-            _HeartbeatDue(self, self._hb_epoch),
-            loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()))
+        # on the loop's shared heartbeat tick (no timer per member); the heartbeats of a tick leave together,
+        # one batch per coordinator connection (service.group.heartbeats).
+        heartbeat_wheel(loop, HEARTBEAT_TICK_S).add(
+            self, loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()))
 
-    def _heartbeat_connection(self) -> BrokerConnection | None:
-        """The coordinator's connection if the next heartbeat can go from a callback: the member is
-        stable and polled recently enough, it has topics, and the coordinator is known and connected."""
+    def _heartbeat_connection(self) -> tuple[BrokerConnection, bool] | None:
+        """The connection for the next heartbeat if it can go from the heartbeat wheel: the member is stable
+        and polled recently enough, it has topics, and the coordinator is known and connected. The
+        coordinator's heartbeat connection (True: dedicated) when it is connected, else its main one."""
         m = self.member
         node = self.coordinator_id
         if (node is None or self._closing or m.state is not MemberState.STABLE or m.rejoin_needed
@@ -477,35 +477,37 @@ class GroupCoordinator:
                 or not self._topics()):
             return None
         try:
+            conn = self.client.heartbeat_connection(node).current
+            if isinstance(conn, BrokerConnection):
+                return conn, True
             conn = self.client.connection(node).current
         except KafkaError:
             return None
-        return conn if isinstance(conn, BrokerConnection) else None
+        return (conn, False) if isinstance(conn, BrokerConnection) else None
 
-    def _heartbeat_due(self) -> None:
-        conn = self._heartbeat_connection()
-        if conn is None:
-            self._wake.set()  # the task decides: rejoin, leave, rediscover, reconnect ...
-            return
-        epoch, started = self._hb_epoch, time.monotonic()
-
-        def answered(resp: Any, exc: BaseException | None) -> None:
-            self._on_heartbeat_answer(epoch, started, resp, exc)
-
-        conn.send_nowait(self.member.heartbeat_request(), conn.version_for(M.ApiKey.HEARTBEAT), answered)
+    def _on_heartbeat_ok(self, epoch: int) -> None:
+        """A heartbeat sent from the wheel was answered without error (the common case, kept short)."""
+        if epoch != self._hb_epoch:
+            return  # the task took over meanwhile; it heartbeats on its own
+        loop = self._loop or asyncio.get_running_loop()
+        self.heartbeat_latency = loop.time() - self._hb_sent
+        self.heartbeats += 1
+        self._schedule_heartbeat(loop)
 
     def _on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
+        """A heartbeat sent from the wheel at loop time ``started`` was answered (``resp``) or failed (``exc``)."""
         if epoch != self._hb_epoch:
             return  # the task took over meanwhile; it heartbeats on its own
         if exc is not None:
             self._hb_result = exc
             self._wake.set()
             return
-        self.heartbeat_latency = time.monotonic() - started
+        loop = self._loop or asyncio.get_running_loop()
+        self.heartbeat_latency = loop.time() - started
         self.heartbeats += 1
         step = self.member.on_heartbeat_response(resp)
         if step.action is Action.OK:
-            self._schedule_heartbeat(self._loop or asyncio.get_running_loop())
+            self._schedule_heartbeat(loop)
         else:
             self._hb_result = step
             self._wake.set()

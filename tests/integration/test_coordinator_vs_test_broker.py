@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from service.aio import tick_timers
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, ConnectionConfig
 from service.client.errors import KafkaError, RequestTimeoutError
@@ -27,8 +26,8 @@ from service.group.coordinator import (
     CommitFailedError,
     GroupFatalError,
     OffsetAndMetadata,
-    _HeartbeatDue,
 )
+from service.group.heartbeats import heartbeat_wheel
 from service.group.member import MemberState
 from service.group.protocol import (
     decode_assignment,
@@ -1158,6 +1157,5 @@ async def test_a_wake_up_takes_over_from_a_heartbeat_in_flight() -> None:
 
 def live_heartbeat_dues(coord: Any) -> int:
     """How many heartbeats of ``coord`` wait on the loop's shared heartbeat ticks."""
-    ticks = tick_timers(asyncio.get_running_loop(), HEARTBEAT_TICK_S)
-    return sum(1 for bucket in ticks._buckets.values() for due in bucket
-               if isinstance(due, _HeartbeatDue) and due.coord is coord and not due.done())
+    wheel = heartbeat_wheel(asyncio.get_running_loop(), HEARTBEAT_TICK_S)
+    return sum(1 for c, epoch in wheel.entries() if c is coord and epoch == coord._hb_epoch)

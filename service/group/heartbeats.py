@@ -1,0 +1,274 @@
+"""Heartbeats of stable members, batched per coordinator connection (issue 24: idle instances).
+
+Ten thousand idle members of a gateway each heartbeat every few seconds. One :class:`HeartbeatWheel` per
+event loop keeps every stable member's next heartbeat on a grid of ``tick`` seconds with one loop timer for
+all of them. When a tick fires, the heartbeats due in it are grouped by the coordinator connection they go
+to, and each group leaves as one batch of pipelined requests (:func:`send_frames_nowait`: no task, future
+or timer per heartbeat, one write per connection). The request bodies are encoded here by hand (only the
+generation changes between a member's heartbeats; checked against the generic encoder in the unit tests)
+and the answers are read straight from the raw frames: an error code of 0 just schedules the member's next
+heartbeat; anything else goes through the member's state machine and wakes its task.
+
+The coordinator (:mod:`service.group.coordinator`) decides whether a heartbeat may go from here at all
+(``_heartbeat_connection``) and handles what an answer other than OK asks for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import math
+import struct
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from service.client.client import pause_reading, resume_reading, send_frames_nowait
+from service.protocol import frames
+from service.protocol import messages as M
+from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError
+
+if TYPE_CHECKING:
+    from service.client.connection import BrokerConnection
+    from service.group.coordinator import GroupCoordinator
+
+HEARTBEAT = int(M.ApiKey.HEARTBEAT)
+_HB_SCHEMA = M.REQUESTS[HEARTBEAT].schema
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_NULL16 = b"\xff\xff"  # a null string (non-flexible versions)
+
+
+def _string(s: str, flexible: bool) -> bytes:
+    b = s.encode()
+    if flexible:
+        return _uvarint(len(b) + 1) + b
+    return _I16.pack(len(b)) + b
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def heartbeat_body(version: int, group: bytes, generation: int, member_id: str, instance_id: str | None) -> bytes:
+    """HeartbeatRequest ``version`` (0-4) without its header; ``group`` is :func:`encoded_group`'s bytes."""
+    flexible = version >= 4
+    body = group + _I32.pack(generation) + _string(member_id, flexible)
+    if version >= 3:
+        if instance_id is not None:
+            body += _string(instance_id, flexible)
+        else:
+            body += b"\x00" if flexible else _NULL16
+    if flexible:
+        body += b"\x00"  # no tagged fields
+    return body
+
+
+def encoded_group(version: int, group_id: str) -> bytes:
+    return _string(group_id, version >= 4)
+
+
+def heartbeat_error_code(version: int, payload: bytes) -> int:
+    """The error code of a raw HeartbeatResponse frame (correlation id first). Raises ProtocolDecodeError for
+    a frame too short to hold one, or a header with tagged fields (none are defined: left to the generic
+    decoder of the caller)."""
+    pos = 4
+    if version >= 4:
+        if len(payload) < 5 or payload[4] != 0:
+            raise ProtocolDecodeError("HeartbeatResponse header with tagged fields")
+        pos = 5
+    if version >= 1:
+        pos += 4  # throttle_time_ms
+    if len(payload) < pos + 2:
+        raise ProtocolDecodeError(f"HeartbeatResponse v{version} of {len(payload)} bytes")
+    return int(_I16.unpack_from(payload, pos)[0])
+
+
+class _Link:
+    """A dedicated heartbeat connection (KafkaClient.heartbeat_connection) as the wheel drives it: its reads
+    are paused as soon as answers were read, and resumed at the next tick, so that the answers to a tick's
+    batch, which a broker writes one by one as it handles them, are read together in one wake-up of the loop
+    (instead of one wake-up, read and context switch per answer: most of an idle heartbeat's cost)."""
+
+    __slots__ = ("conn", "on_done", "reading", "version")
+
+    def __init__(self, conn: BrokerConnection, version: int) -> None:
+        self.conn = conn
+        self.version = version
+        self.reading = True  # a new connection reads
+        self.on_done = _answered_v4 if version >= 4 else _answered_by_version[version]
+
+    def answered(self, entry: tuple[GroupCoordinator, int], payload: bytes | None,
+                 exc: BaseException | None) -> None:
+        if self.reading:
+            self.reading = False
+            pause_reading(self.conn)  # the rest of what was read is still handed out; nothing more is read
+        self.on_done(entry, payload, exc)
+
+
+class HeartbeatWheel:
+    """The heartbeats due of one loop's stable members, on a grid of ``tick`` seconds, sent in batches.
+
+    An entry is ``(coordinator, epoch)``: when its tick comes it is sent unless the coordinator's heartbeat
+    epoch moved on meanwhile (its task took over). A tick's entries are appended to one list; the loop has one
+    timer armed, for the earliest tick (or the next one while answers wait to be read)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick: float) -> None:
+        self.loop = loop
+        self.tick = tick
+        self._buckets: dict[int, list[tuple[GroupCoordinator, int]]] = {}
+        self._heap: list[int] = []
+        self._armed: int | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._groups: dict[tuple[int, str], bytes] = {}  # encoded group ids, shared by a group's members
+        self._links: dict[BrokerConnection, _Link] = {}  # the dedicated connections in use
+        self.fired = 0  # ticks so far
+        self.batches = 0  # batches sent (one per connection and tick)
+        self.sent = 0  # heartbeats sent
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())
+
+    def entries(self) -> list[tuple[GroupCoordinator, int]]:
+        return [e for b in self._buckets.values() for e in b]
+
+    def add(self, coord: GroupCoordinator, when: float) -> None:
+        k = math.ceil(when / self.tick - 1e-9)
+        bucket = self._buckets.get(k)
+        if bucket is None:
+            bucket = self._buckets[k] = []
+            heapq.heappush(self._heap, k)
+            if self._armed is None or k < self._armed:
+                self._arm(k)
+        bucket.append((coord, coord._hb_epoch))
+
+    def _arm(self, k: int) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed = k
+        self._handle = self.loop.call_at(k * self.tick, self._fire)
+
+    def _fire(self) -> None:
+        self.fired += 1
+        self._handle = None
+        due = max(self._armed if self._armed is not None else 0, math.floor(self.loop.time() / self.tick + 1e-9))
+        self._armed = None
+        # answers to earlier batches: read what arrived (in this loop iteration, before anything is sent)
+        links = self._links
+        for conn, link in list(links.items()):
+            if not conn.connected:
+                del links[conn]  # what was in flight was failed by the connection
+            elif not link.reading and conn.in_flight:
+                link.reading = True
+                resume_reading(conn)
+        heap = self._heap
+        batches: dict[BrokerConnection, list[tuple[GroupCoordinator, int]]] = {}
+        dedicated: dict[BrokerConnection, bool] = {}
+        while heap and heap[0] <= due:
+            for entry in self._buckets.pop(heapq.heappop(heap)):
+                coord = entry[0]
+                if coord._hb_epoch != entry[1]:
+                    continue  # the member's task took over since
+                found = coord._heartbeat_connection()
+                if found is None:
+                    coord._wake.set()  # the task decides: rejoin, leave, rediscover, reconnect ...
+                    continue
+                conn = found[0]
+                batch = batches.get(conn)
+                if batch is None:
+                    batches[conn] = [entry]
+                    dedicated[conn] = found[1]
+                else:
+                    batch.append(entry)
+        for conn, entries in batches.items():
+            self._send(conn, entries, dedicated[conn])
+        if any(conn.in_flight for conn in links):  # come back next tick to read the answers
+            self._arm(due + 1 if not heap else min(due + 1, heap[0]))
+        elif heap:
+            self._arm(heap[0])
+
+    def _send(self, conn: BrokerConnection, entries: list[tuple[GroupCoordinator, int]], dedicated: bool) -> None:
+        version = conn.version_for(HEARTBEAT)
+        groups = self._groups
+        now = self.loop.time()
+        bodies = []
+        for coord, _epoch in entries:
+            m = coord.member
+            key = (version, m.group_id)
+            group = groups.get(key)
+            if group is None:
+                if len(groups) >= 100_000:
+                    groups.clear()
+                group = groups[key] = encoded_group(version, m.group_id)
+            bodies.append(heartbeat_body(version, group, m.generation_id, m.member_id, m.group_instance_id))
+            coord._hb_sent = now
+        self.batches += 1
+        self.sent += len(entries)
+        if dedicated:
+            link = self._links.get(conn)
+            if link is None:
+                link = self._links[conn] = _Link(conn, version)
+            on_done: Any = link.answered
+        else:
+            on_done = _answered_v4 if version >= 4 else _answered_by_version[version]
+        send_frames_nowait(conn, HEARTBEAT, version, bodies, entries, on_done)
+
+
+def _answered(version: int, entry: tuple[GroupCoordinator, int], payload: bytes | None,
+              exc: BaseException | None) -> None:
+    coord, epoch = entry
+    if exc is not None or payload is None:
+        coord._on_heartbeat_answer(epoch, coord._hb_sent, None, exc)
+        return
+    try:
+        code = heartbeat_error_code(version, payload)
+    except ProtocolDecodeError:
+        code = -1  # left to the generic decoder below
+    if code == 0:
+        coord._on_heartbeat_ok(epoch)
+        return
+    try:
+        resp: Any = frames.decode_response(HEARTBEAT, version, payload)
+    except KafkaProtocolError as e:  # an undecodable answer fails the heartbeat, as from the connection
+        coord._on_heartbeat_answer(epoch, coord._hb_sent, None, e)
+        return
+    coord._on_heartbeat_answer(epoch, coord._hb_sent, resp, None)
+
+
+def _answered_v4(entry: tuple[GroupCoordinator, int], payload: bytes | None, exc: BaseException | None) -> None:
+    # the common case (Kafka 2.4+, Tansu) inlined: header tag byte 0, throttle, error code 0
+    if payload is not None and len(payload) >= 11 and payload[4] == 0 and payload[9] == 0 and payload[10] == 0:
+        coord, epoch = entry
+        coord._on_heartbeat_ok(epoch)
+        return
+    _answered(4, entry, payload, exc)
+
+
+_answered_by_version = [functools.partial(_answered, v) for v in range(_HB_SCHEMA.versions[1])]
+
+_WHEELS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, HeartbeatWheel]] = (
+    weakref.WeakKeyDictionary())
+
+
+_last: HeartbeatWheel | None = None  # the wheel asked for last (one lookup less per heartbeat)
+
+
+def heartbeat_wheel(loop: asyncio.AbstractEventLoop, tick: float) -> HeartbeatWheel:
+    """The loop's shared :class:`HeartbeatWheel` of ``tick`` seconds."""
+    global _last
+    w = _last
+    if w is not None and w.loop is loop and w.tick == tick:
+        return w
+    per_loop = _WHEELS.get(loop)
+    if per_loop is None:
+        per_loop = _WHEELS[loop] = {}
+    w = per_loop.get(tick)
+    if w is None:
+        w = per_loop[tick] = HeartbeatWheel(loop, tick)
+    _last = w
+    return w

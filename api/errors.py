@@ -185,6 +185,24 @@ def _all_routes(routes: Any) -> list[Any]:
     return out
 
 
+# Exceptions answered with a fixed status and error code and the exception's text as the message.
+_PLAIN_ERRORS: dict[type[Exception], tuple[int, int]] = {
+    NoOffsetForPartitionError: (409, 40903),
+    SchemaNotFound: (422, 42210),
+    RegistryRequestError: (422, 42212),
+    RegistryNotConfigured: (422, 42211),
+    InvalidPatternError: (422, 42206),
+    SubscriptionError: (409, 40903),  # Java's IllegalStateException, which Confluent's v2 consumer answers 40903
+}
+
+
+def _plain_handler(status: int, code: int) -> Any:
+    async def handle(request: Request, exc: Exception) -> OrjsonResponse:
+        return error_response(status, code, str(exc))
+
+    return handle
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError) -> OrjsonResponse:
@@ -198,9 +216,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _budget(request: Request, exc: BudgetExhausted) -> OrjsonResponse:
         return error_response(503, 50305, str(exc), {"Retry-After": str(exc.retry_after)})
 
-    @app.exception_handler(NoOffsetForPartitionError)
-    async def _no_offset(request: Request, exc: NoOffsetForPartitionError) -> OrjsonResponse:
-        return error_response(409, 40903, str(exc))
+    for exc_class, (status, code) in _PLAIN_ERRORS.items():
+        app.add_exception_handler(exc_class, _plain_handler(status, code))
 
     @app.exception_handler(InflatedSizeError)
     async def _inflated(request: Request, exc: InflatedSizeError) -> OrjsonResponse:
@@ -213,27 +230,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RegistryUnavailable)
     async def _registry_down(request: Request, exc: RegistryUnavailable) -> OrjsonResponse:
         return error_response(503, 50307, str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
-
-    @app.exception_handler(SchemaNotFound)
-    async def _schema_not_found(request: Request, exc: SchemaNotFound) -> OrjsonResponse:
-        return error_response(422, 42210, str(exc))
-
-    @app.exception_handler(RegistryRequestError)
-    async def _registry_refused(request: Request, exc: RegistryRequestError) -> OrjsonResponse:
-        return error_response(422, 42212, str(exc))
-
-    @app.exception_handler(RegistryNotConfigured)
-    async def _no_registry(request: Request, exc: RegistryNotConfigured) -> OrjsonResponse:
-        return error_response(422, 42211, str(exc))
-
-    @app.exception_handler(InvalidPatternError)
-    async def _pattern(request: Request, exc: InvalidPatternError) -> OrjsonResponse:
-        return error_response(422, 42206, str(exc))
-
-    @app.exception_handler(SubscriptionError)
-    async def _subscription(request: Request, exc: SubscriptionError) -> OrjsonResponse:
-        # Java's IllegalStateException, which Confluent's v2 consumer answers with 40903
-        return error_response(409, 40903, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> OrjsonResponse:

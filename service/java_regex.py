@@ -210,3 +210,20 @@ def java_to_re2(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def re2_refusal(exc: Exception, markers: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:
+    """What RE2's compile error ``exc`` refuses: ``(construct, detail)`` where ``construct`` names the
+    construct RE2 does not run by design (from ``markers``, ``(text in RE2's message, name)`` pairs, or
+    ``"backreferences"``), or None for any other error; ``detail`` is RE2's message as text."""
+    detail = exc.args[0] if exc.args else str(exc)
+    if isinstance(detail, bytes):
+        detail = detail.decode("utf-8", "replace")
+    detail = str(detail)
+    for marker, what in markers:
+        if detail.endswith(marker) or f": {marker}" in detail:
+            return what, detail
+    if "invalid escape sequence: \\" in detail and detail[-1:].isdigit():
+        return "backreferences", detail
+    return None, detail
+

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import re2
 
-from service.java_regex import JavaRegexError, java_to_re2
+from service.java_regex import JavaRegexError, java_to_re2, re2_refusal
 
 
 class TopicPartition(NamedTuple):
@@ -91,19 +91,12 @@ def compile_topic_pattern(pattern: str) -> Any:
     try:
         return re2.compile(translated, _RE2_OPTIONS)
     except re2.error as exc:
-        detail = exc.args[0] if exc.args else str(exc)
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        detail = str(detail)
-        for marker, what in _UNSUPPORTED:
-            if detail.endswith(marker) or f": {marker}" in detail:
-                raise InvalidPatternError(
-                    f"invalid topic pattern {pattern!r}: {what} is not supported (patterns run on RE2: no "
-                    f"backreferences, lookaround, atomic groups or possessive quantifiers)") from None
-        if "invalid escape sequence: \\" in detail and detail[-1:].isdigit():
+        what, detail = re2_refusal(exc, _UNSUPPORTED)
+        if what is not None:
+            verb = "are" if what == "backreferences" else "is"
             raise InvalidPatternError(
-                f"invalid topic pattern {pattern!r}: backreferences are not supported (patterns run on RE2: "
-                f"no backreferences, lookaround, atomic groups or possessive quantifiers)") from None
+                f"invalid topic pattern {pattern!r}: {what} {verb} not supported (patterns run on RE2: no "
+                f"backreferences, lookaround, atomic groups or possessive quantifiers)") from None
         raise InvalidPatternError(f"invalid topic pattern {pattern!r}: {detail}") from None
 
 

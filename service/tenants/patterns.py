@@ -10,6 +10,8 @@ from typing import Any
 
 import re2
 
+from service.java_regex import re2_refusal
+
 from .errors import FORBIDDEN, TenantError
 
 _REGEX_PREFIX = "re:"
@@ -75,18 +77,14 @@ def compile_pattern(pattern: str) -> Any:
     try:
         return re2.compile(regex, _RE2_OPTIONS)
     except re2.error as exc:
-        detail = exc.args[0] if exc.args else str(exc)
-        if isinstance(detail, bytes):
-            detail = detail.decode("utf-8", "replace")
-        detail = str(detail)
-        for marker, what in _UNSUPPORTED:
-            if detail.endswith(marker) or f": {marker}" in detail:
-                raise PatternError(f"{what} is not supported (patterns run on RE2, which matches in linear "
-                                   "time: no backreferences, lookaround, atomic groups or possessive "
-                                   "quantifiers)") from None
-        if "invalid escape sequence: \\" in detail and detail[-1:].isdigit():
+        what, detail = re2_refusal(exc, _UNSUPPORTED)
+        if what == "backreferences":
             raise PatternError("backreferences are not supported (patterns run on RE2, which matches in "
                                "linear time)") from None
+        if what is not None:
+            raise PatternError(f"{what} is not supported (patterns run on RE2, which matches in linear "
+                               "time: no backreferences, lookaround, atomic groups or possessive "
+                               "quantifiers)") from None
         raise PatternError(detail) from None
 
 

@@ -149,6 +149,22 @@ class Run(NamedTuple):
                     self.enqueued))
 
 
+def _pieces(run: Run, limit: int) -> list[Run]:
+    """``run`` cut into consecutive runs of at most ``limit`` bytes each (at least one record each)."""
+    out: list[Run] = []
+    records, indices = run.records, run.indices
+    start = size = 0
+    for i, rec in enumerate(records):
+        rs = record_size(rec[0], rec[1], rec[2])
+        if i > start and size + rs > limit:
+            out.append(Run(records[start:i], indices[start:i], run.timestamp, run.delivery, size, run.enqueued))
+            start, size = i, 0
+        size += rs
+    if start < len(records):
+        out.append(Run(records[start:], indices[start:], run.timestamp, run.delivery, size, run.enqueued))
+    return out
+
+
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> int:
     size = RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
     for hk, hv in headers:
@@ -311,10 +327,14 @@ class Accumulator:
                     taken += rs
                     k += 1
                 if k:
-                    head, q[0] = run.cut(k, taken)
+                    head, rest = run.cut(k, taken)
                     runs.append(head)
                     size += taken
                     count += k
+                    # the rest, cut once into batch-sized runs (cutting a long run batch by batch would copy
+                    # its tail every time)
+                    q.popleft()
+                    q.extendleft(reversed(_pieces(rest, self.config.max_batch_bytes)))
                 break
             if st.split_left > 0:
                 st.split_left = max(0, st.split_left - count)

@@ -324,3 +324,23 @@ def test_a_delivery_counts_its_failures() -> None:
     acc.on_response(b0, 0, 10, T0)
     acc.on_response(b1, 87, -1, T0, "bad")
     assert d.done and d.failed == 2 == sum(isinstance(r, ProduceFailure) for r in d.results)
+
+
+@pytest.mark.parametrize("n,max_batch", [(20_000, 16_384), (1000, 300), (50, 1_000_000)])
+def test_a_long_run_is_cut_once_and_every_record_goes_out_once_in_order(n: int, max_batch: int) -> None:
+    acc = _acc(max_batch_bytes=max_batch)
+    recs = [(None, b"%06d" % i, (), None, None) for i in range(n)]
+    d = Delivery(n)
+    acc.extend(TP, Run(recs, range(n), 1, d, sum(record_size(None, r[1], ()) for r in recs), T0))
+    sent = 0
+    batches = 0
+    while (b := acc.next_batch(TP, T0, max_bytes=max_batch * 3 // 4 if batches % 3 == 1 else None)) is not None:
+        assert b.size <= max_batch or b.count == 1
+        assert b.base_sequence == sent
+        assert [r.value for r in decode_records(b.payload).records()] == [  # type: ignore[arg-type]
+            b"%06d" % i for i in range(sent, sent + b.count)]
+        acc.on_response(b, 0, sent, T0)
+        sent += b.count
+        batches += 1
+    assert sent == n and d.done and d.results == [RecordMetadata(0, i) for i in range(n)]
+    assert acc.queued_records == 0 and acc.queued_bytes == 0 and acc.empty

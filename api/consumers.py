@@ -41,6 +41,7 @@ from api.render import (
     render_array,
     render_binary,
     render_json,
+    render_ndjson,
     render_schema_chunks,
 )
 from api.responses import OrjsonResponse
@@ -987,14 +988,19 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     yield b": keep-alive\n\n"
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
-            if out is None:
-                out = render(chunks, NDJSON_SEP)
-            if media == SSE:
-                data = _sse_with_ids(out, chunks, prefix)
+            if out is None and media != SSE:  # binary / json ndjson: one buffer, token spliced in (issue 24)
+                resume = prefix.token(len(chunks) - 1, chunks[-1][1][-1].offset + 1) if prefix is not None else None
+                data, count, payload = render_ndjson(chunks, inst.options.format != "binary", resume)
             else:
-                data = _ndjson_with_token(out, chunks, prefix)
-            metrics.records.labels(tenant.id).inc(out.count)
-            metrics.bytes.labels(tenant.id).inc(out.payload)
+                if out is None:
+                    out = render(chunks, NDJSON_SEP)
+                if media == SSE:
+                    data = _sse_with_ids(out, chunks, prefix)
+                else:
+                    data = _ndjson_with_token(out, chunks, prefix)
+                count, payload = out.count, out.payload
+            metrics.records.labels(tenant.id).inc(count)
+            metrics.bytes.labels(tenant.id).inc(payload)
             yield data
     except asyncio.CancelledError:
         raise

@@ -857,8 +857,10 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /*
- * render_framed(chunks, sep, json, lead, trail) -> (bytes, count, payload)
- *   chunks  list of (records, head) pairs, as render takes them one at a time
+ * render_framed(chunks, sep, json, lead, trail[, open_last]) -> (bytes, count, payload)
+ *   chunks     list of (records, head) pairs, as render takes them one at a time
+ *   open_last  leave the last record's closing brace out (when there is a record): trail then continues
+ *              that object, e.g. with a stream's resume token
  * The records of every chunk rendered as render renders them, all joined by sep, with lead before the
  * first and trail after the last, in one buffer: the same bytes as
  * lead + sep.join(render(records, head, sep, json)[0] for each non-empty chunk) + trail,
@@ -868,10 +870,13 @@ static PyObject *
 render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "render_framed() takes 5 arguments (%zd given)", nargs);
+    if (nargs != 5 && nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "render_framed() takes 5 or 6 arguments (%zd given)", nargs);
         return NULL;
     }
+    int open_last = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (open_last < 0)
+        return NULL;
     PyObject *chunks = args[0], *sep = args[1], *lead = args[3], *trail = args[4];
     if (!PyList_Check(chunks) || !PyBytes_Check(sep) || !PyBytes_Check(lead) || !PyBytes_Check(trail)) {
         PyErr_SetString(PyExc_TypeError, "render_framed(list, bytes, bool, bytes, bytes)");
@@ -921,6 +926,8 @@ render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
+    if (open_last && !first)
+        o--; /* the last record's closing brace (every record ends with "]}") */
     o = put_raw(o, PyBytes_AS_STRING(trail), PyBytes_GET_SIZE(trail));
     if (_PyBytes_Resize(&out, o - start) < 0)
         return NULL;
@@ -1008,8 +1015,8 @@ static PyMethodDef methods[] = {
      "render(records, head, sep, json) -> (bytes, payload)\n\nThe gateway's JSON objects of records "
      "(binary or json format), joined by sep, and the records' key+value bytes."},
     {"render_framed", (PyCFunction)(void (*)(void))render_framed, METH_FASTCALL,
-     "render_framed(chunks, sep, json, lead, trail) -> (bytes, count, payload)\n\nEvery (records, head) chunk "
-     "rendered as render does, joined by sep, between lead and trail, in one buffer."},
+     "render_framed(chunks, sep, json, lead, trail[, open_last]) -> (bytes, count, payload)\n\nEvery "
+     "(records, head) chunk rendered as render does, joined by sep, between lead and trail, in one buffer."},
     {"frame_buffer", (PyCFunction)frame_buffer, METH_O,
      "frame_buffer(n) -> bytearray\n\nA bytearray of n bytes whose contents are not initialised."},
     {"json_valid", (PyCFunction)py_json_valid, METH_O,

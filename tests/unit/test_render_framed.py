@@ -122,3 +122,32 @@ def test_decoded_timestamps_shared_or_not_keep_their_values() -> None:
     assert [r.timestamp for r in c_recs] == stamps + [1000] * 3
     assert c_recs == py_recs
     assert c_recs[0].timestamp is c_recs[1].timestamp  # one object for a run
+
+
+@settings(max_examples=150, deadline=None)
+@given(_chunks, st.one_of(st.none(), st.binary(min_size=1, max_size=20).map(base64.urlsafe_b64encode)),
+       st.booleans())
+def test_ndjson_with_resume_equals_python(chunks: list[tuple[TopicPartition, list[Record]]], resume: bytes | None,
+                                          json: bool) -> None:
+    _need_c()
+    before = (Rd.render_binary_chunk, Rd.render_json_chunk)
+    try:
+        Rd.use_c_renderer(True)
+        c = Rd.render_ndjson(chunks, json, resume)
+        py_on_c = Rd.render_ndjson_py(chunks, json, resume)  # the per-chunk C renderer, framed in Python
+        Rd.use_c_renderer(False)
+        py = Rd.render_ndjson(chunks, json, resume)
+    finally:
+        Rd.render_binary_chunk, Rd.render_json_chunk = before
+    assert c == py_on_c
+    if not json:
+        assert c == py
+    lines = c[0].split(b"\n")
+    n = sum(len(recs) for _, recs in chunks)
+    assert lines[-1] == b"" and len(lines) == max(1, n) + 1
+    if n:
+        objs = [orjson.loads(x) for x in lines[:-1]]
+        assert [o["offset"] for o in objs] == [r.offset for _, recs in chunks for r in recs]
+        if resume is not None:
+            assert objs[-1]["resume"] == resume.decode()
+            assert all("resume" not in o for o in objs[:-1])

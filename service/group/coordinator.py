@@ -1,8 +1,9 @@
 """The asyncio driver of group membership and offset storage for one consumer.
 
 A single background task per member joins the group, keeps it alive with heartbeats (while the member
-is stable they are sent from the loop's shared heartbeat tick and answered in the connection's read
-callback, the task asleep: see _drive_heartbeats), and rejoins when needed; it never depends on the owner
+is stable they are sent in batches from the loop's heartbeat wheel over the coordinator's heartbeat
+connection and answered in its read callback, the task asleep: see _drive_heartbeats and
+service.group.heartbeats), and rejoins when needed; it never depends on the owner
 polling (except for the max-poll-interval rule, which makes an idle owner leave so it cannot stall its
 group's rebalances). Commits and committed-offset lookups go to the same coordinator, rediscovered on
 NOT_COORDINATOR/COORDINATOR_NOT_AVAILABLE or a lost connection.
@@ -416,10 +417,11 @@ class GroupCoordinator:
     # -- heartbeats from callbacks -------------------------------------------------------------------
     # Ten thousand idle members each heartbeat every few seconds. Waking each member's task twice per
     # heartbeat (to send, then for the answer), through a chain of coroutines, costs several times what
-    # the heartbeat itself does. While a member is stable its heartbeats are therefore sent from the
-    # shared heartbeat tick's callback and their answers handled in the connection's read callback; the
-    # task sleeps until an answer is not OK, a heartbeat fails, the member stops being stable (poll
-    # timeout, rejoin, subscription, closing), the connection is gone, or someone calls wake().
+    # the heartbeat itself does. While a member is stable its heartbeats are therefore sent by the loop's
+    # heartbeat wheel (service.group.heartbeats: one batch per tick and coordinator connection) and their
+    # answers handled in the connection's read callback; the task sleeps until an answer is not OK, a
+    # heartbeat fails, the member stops being stable (poll timeout, rejoin, subscription, closing), the
+    # connection is gone, or someone calls wake().
 
     async def _drive_heartbeats(self) -> Step | None:
         """Heartbeat from callbacks until this task is needed. Returns the step of an answer other than OK,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -86,6 +87,59 @@ _crecords = getattr(_records_module, "_crecords", None)
 #: the C twin of _take_budget_py (service/protocol/_crecords.c), when built
 _take_budget: Callable[[list[Record], int, int, int, bool], tuple[int, int]] = (
     _crecords.take_budget if _crecords is not None and hasattr(_crecords, "take_budget") else _take_budget_py)
+
+
+# issue 24: a partition's records are decoded in pieces of about this many bytes of whole batches, with the
+# event loop let go between pieces: a multi-megabyte partition otherwise holds the loop for ~10 ms (HTTP
+# requests, heartbeats and polls wait behind it; the poll p99 under load).
+DECODE_PIECE_BYTES = 512 * 1024
+_BATCH_HEAD = 61  # a magic-2 batch header: base offset, length, epoch, magic, crc, attributes, ...
+
+
+@dataclass(slots=True)
+class _Piece:
+    """One piece of a partition's fetch response: its fields, with only some of its records (whole batches)."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted_transactions: Any
+    records: Any
+
+
+def split_records(part: Any, max_piece: int = DECODE_PIECE_BYTES) -> list[_Piece] | None:
+    """``part`` (a Fetch response partition) as pieces of about ``max_piece`` bytes of whole batches, in
+    order, the last one with whatever follows (a batch cut short by the response size), or None when it must
+    be decoded in one go: small, an error, aborted transactions listed (their filtering state spans the
+    partition's batches), or anything but uncompressed magic-2 batches (the inflated-size bound is per call)."""
+    raw = part.records
+    if raw is None or part.error_code or len(raw) <= max_piece or part.aborted_transactions:
+        return None
+    mv = memoryview(raw)
+    n = len(mv)
+    cuts: list[int] = []
+    start = pos = 0
+    while pos + _BATCH_HEAD <= n:
+        length = int.from_bytes(mv[pos + 8:pos + 12], "big", signed=True)
+        if mv[pos + 16] != 2 or mv[pos + 22] & 0x07 or length < _BATCH_HEAD - 12:
+            return None  # compressed or another format: one go
+        end = pos + 12 + length
+        if end > n:
+            break  # cut short: stays with the last piece
+        pos = end
+        if pos - start >= max_piece:
+            cuts.append(pos)
+            start = pos
+    if not cuts:
+        return None
+    if cuts[-1] == pos:
+        cuts.pop()  # no last piece without a whole batch (only a batch cut short, or nothing)
+    if not cuts:
+        return None
+    bounds = [0, *cuts, n]
+    return [_Piece(part.error_code, part.high_watermark, part.last_stable_offset, part.log_start_offset,
+                   part.aborted_transactions, mv[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 class RecordTooLargeError(KafkaError):
@@ -595,13 +649,32 @@ class Fetcher:
         parts = handler.response_partitions(resp, version)
         last = len(parts) - 1
         for i, (tp, part) in enumerate(parts.items()):
-            self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
+            pieces = split_records(part)
+            if pieces is None:
+                self._handle_partition(TopicPartition(*tp), part, positions.get(tp))
+            else:
+                await self._handle_pieces(TopicPartition(*tp), pieces, positions.get(tp))
             if i < last and part.records:
                 # Decoding a partition's records is CPU work (a few ms per MB): let other tasks (HTTP
                 # requests, heartbeats, a poll that has gathered enough) run before the next one.
                 # _handle_partition re-checks each partition's assignment and position, so what changed
                 # meanwhile is ignored safely.
                 await asyncio.sleep(0)
+
+    async def _handle_pieces(self, tp: TopicPartition, pieces: list[_Piece], fetch_offset: int | None) -> None:
+        """A large partition's pieces (split_records), one after the other with the loop let go in between.
+        Each piece continues where the previous one left the partition's fetch offset; when that moved
+        meanwhile (a seek, a revocation, a purge) or a piece failed, the rest is dropped (fetched again)."""
+        expected = fetch_offset
+        for k, piece in enumerate(pieces):
+            if k:
+                await asyncio.sleep(0)
+                if expected is None or self.fetch_offset(tp) != expected:
+                    return
+            self._handle_partition(tp, piece, expected)
+            if tp in self.errors:
+                return
+            expected = self.fetch_offset(tp)
 
     def _handle_partition(self, tp: TopicPartition, part: Any, fetch_offset: int | None) -> None:
         subs = self.subs

@@ -141,9 +141,11 @@ TIMEOUT_SWEEP_S = 0.1
 
 
 # issue 24: the read path without a copy per response. Small frames (heartbeats, metadata, offsets, ...) are read
-# into one reusable scratch buffer per connection and handed out as bytes; a frame that cannot fit in it (a Fetch
-# response of megabytes) gets a buffer of its own, which the socket fills directly (recv_into) and which is handed
-# out as is: the records decoded from it are views of it (no append to a growing buffer, no copy out of it).
+# into a scratch buffer and handed out as bytes; a frame that cannot fit in it (a Fetch response of megabytes)
+# gets a buffer of its own, which the socket fills directly (recv_into) and which is handed out as is: the records
+# decoded from it are views of it (no append to a growing buffer, no copy out of it). The scratch buffer exists
+# only while a read is in progress or a partial frame waits in it: an idle connection holds none (10,000 idle
+# instances must stay within ~25 KB each).
 SCRATCH_BYTES = 32 * 1024
 
 
@@ -162,8 +164,8 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, conn: BrokerConnection) -> None:
         self.conn = conn
-        self.scratch = bytearray(SCRATCH_BYTES)
-        self.view = memoryview(self.scratch)
+        self.scratch: bytearray | None = None  # allocated per read, dropped when it holds no partial frame
+        self.view: memoryview | None = None
         self.start = 0  # unread bytes of the scratch buffer: [start, end)
         self.end = 0
         self.frame: bytearray | None = None  # a large frame being read into its own buffer
@@ -175,11 +177,12 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
         self.closed = asyncio.get_running_loop().create_future()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.dead:
-            return self.view
-        if self.frame_view is not None:
+        if self.frame_view is not None and not self.dead:
             return self.frame_view[self.filled:]
-        return self.view[self.end:]
+        if self.view is None:
+            self.scratch = _frame_buffer(SCRATCH_BYTES)
+            self.view = memoryview(self.scratch)
+        return self.view if self.dead else self.view[self.end:]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.dead:
@@ -218,6 +221,7 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
     def _parse(self) -> None:
         conn = self.conn
         buf, view = self.scratch, self.view
+        assert buf is not None and view is not None  # buffer_updated follows a get_buffer of the scratch buffer
         pos, end = self.start, self.end
         guard = conn.config.max_frame_bytes
         try:
@@ -249,8 +253,10 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
             self.dead = True
             conn._fail(KafkaConnectionError(f"connection to {conn.address} failed: {exc!r}"))
             return
-        if pos == end:
+        if pos == end:  # nothing left over: no buffer held until the next read
             self.start = self.end = 0
+            view.release()
+            self.scratch = self.view = None
         elif pos:  # a partial frame: moved to the front, so the rest of it fits behind it
             n = end - pos
             view[:n] = view[pos:end]

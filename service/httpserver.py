@@ -101,6 +101,67 @@ def error_bytes(refusal: tuple[int, bytes, int, str], limits: HeadLimits) -> byt
                      b"connection: close\r\n\r\n", body))
 
 
+#: a write at most this long (a response's status line and headers) may wait for the next write of the same
+#: event-loop iteration (its body) so that both leave in one system call
+HOLD_MAX_BYTES = 8192
+
+
+class CoalescingTransport:
+    """The connection's transport for uvicorn (issue 24): uvicorn writes a response's head and its body with two
+    ``write`` calls, two system calls (strace); a short write is held until the next write of the same loop
+    iteration and both go out with one ``writelines``, or alone at the end of the iteration. Writes keep their
+    order; closing, EOF and aborts flush (or drop, for abort) what is held first. Everything else is the
+    transport's own."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            held.append(data)  # type: ignore[arg-type]  # written now: a buffer may be reused after return
+            self._transport.writelines(held)
+        elif len(data) <= HOLD_MAX_BYTES and data:
+            self._held = [bytes(data)]  # held past the return: never a view of a buffer the caller reuses
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.flush()
+        self._transport.writelines(list_of_data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held[0])
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        held = self._held
+        return self._transport.get_write_buffer_size() + (len(held[0]) if held else 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _HeadGuard:
     """The parser-independent part, mixed into both protocol classes (before uvicorn's class in the MRO)."""
 
@@ -121,6 +182,9 @@ class _HeadGuard:
         self._over_limit = False
 
     def _guard_connection_made(self) -> None:
+        # uvicorn took the transport in its connection_made (and handed it to its flow control, which only
+        # pauses and resumes reading); from here on every write goes through the coalescing wrapper
+        self.transport = CoalescingTransport(self.transport, self.loop)  # type: ignore[assignment]
         limit = self.head_limits.max_connections
         self._over_limit = bool(limit) and len(self.connections) > limit
         self._arm_head_timer()  # a connection that never sends a byte is closed too

@@ -59,3 +59,63 @@ def test_error_bytes_is_a_json_http_response() -> None:
     assert head.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
     assert b"connection: close" in head and b"content-length: %d" % len(body) in head
     assert orjson.loads(body) == {"error_code": 43101, "message": "request header section too large (over 100 bytes)"}
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", bytes(data)))
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        self.calls.append(("writelines", [bytes(c) for c in chunks]))
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+    def abort(self) -> None:
+        self.calls.append(("abort", None))
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_coalescing_transport_sends_head_and_body_in_one_call() -> None:
+    import asyncio
+
+    from service.httpserver import HOLD_MAX_BYTES, CoalescingTransport
+
+    rec = _Recorder()
+    t = CoalescingTransport(rec, asyncio.get_running_loop())  # type: ignore[arg-type]
+    t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert rec.calls == [] and t.get_write_buffer_size() == 19  # held until the body (or the end of the tick)
+    body = bytearray(b"body")
+    t.write(body)
+    body[:] = b"XXXX"  # the caller may reuse its buffer once write returned
+    assert rec.calls == [("writelines", [b"HTTP/1.1 200 OK\r\n\r\n", b"body"])]
+    await asyncio.sleep(0)  # the scheduled flush finds nothing held
+    assert len(rec.calls) == 1
+    # a lone short write leaves at the end of the loop iteration, unchanged even if its buffer changes
+    buf = bytearray(b"alone")
+    t.write(buf)
+    buf[:] = b"later"
+    await asyncio.sleep(0)
+    assert rec.calls[-1] == ("write", b"alone")
+    # a long write is never held; writelines, close and abort keep the order
+    big = b"x" * (HOLD_MAX_BYTES + 1)
+    t.write(big)
+    assert rec.calls[-1] == ("write", big)
+    t.write(b"a")
+    t.writelines([b"b", b"c"])
+    assert rec.calls[-2:] == [("write", b"a"), ("writelines", [b"b", b"c"])]
+    t.write(b"last words")
+    t.close()
+    assert rec.calls[-2:] == [("write", b"last words"), ("close", None)]
+    t.write(b"dropped")
+    t.abort()
+    assert rec.calls[-1] == ("abort", None) and ("write", b"dropped") not in rec.calls
+    assert t.is_closing() is False  # everything else is the transport's own

@@ -21,7 +21,7 @@ import math
 import ssl
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from service.client.versions import NegotiatedVersions, VersionRange
 from service.protocol import error_codes as EC
 from service.protocol import frames
 from service.protocol import messages as M
+from service.protocol import primitives as P
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError
 from service.protocol.schema import Struct
 
@@ -692,3 +693,124 @@ class ManagedConnection:
         self._closed = True
         if self._conn is not None:
             await self._conn.close()
+
+
+# -- batched sends (issue 24: idle heartbeats) -----------------------------------------------------------------
+# Frames built by the caller (bodies already encoded), numbered and queued on a connection in one go, their
+# answers handed over raw from the connection's read callback, with BrokerConnection's own request bookkeeping
+# (correlation ids, _pending, the timeout sweep, the write coalescing).
+
+_REQ_HDR = struct.Struct(">ihhi")  # size, api key, api version, correlation id
+
+#: ``on_done(item, payload, error)``: the raw answer (correlation id first, header tags included) or the error
+BatchCallback = Callable[[Any, "bytes | None", "BaseException | None"], None]
+
+
+class _BatchWaiter:
+    """The waiter shared by every request of one :func:`send_frames_nowait` batch: future-like (done,
+    set_result, set_exception) for the connection's read callback, timeout sweep and failure path. An answer
+    names its request by correlation id; a timeout or a broken connection fails every request of the batch
+    not answered yet at once (all of them share one deadline), after which the waiter is done and the
+    connection drops its remaining entries without calling it."""
+
+    __slots__ = ("_done", "first", "items", "left", "on_done", "seconds", "what")
+
+    def __init__(self, first: int, items: list[Any], on_done: BatchCallback, what: str, seconds: float) -> None:
+        self.first = first
+        self.items: list[Any] = items
+        self.left = len(items)
+        self.on_done = on_done
+        self.what = what
+        self.seconds = seconds
+        self._done = not items
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, payload: Any) -> None:
+        if payload is _TIMED_OUT:
+            self.set_exception(RequestTimeoutError(f"{self.what} timed out after {self.seconds:.1f}s"))
+            return
+        i = (int.from_bytes(payload[:4], "big") - self.first) & 0x7FFFFFFF
+        items = self.items
+        if i >= len(items) or items[i] is None:
+            return
+        item, items[i] = items[i], None
+        self.left -= 1
+        if not self.left:
+            self._done = True
+        try:
+            self.on_done(item, payload, None)
+        except Exception:  # it runs inside the transport's callbacks: never let it break the connection
+            log.exception("callback of %s failed", self.what)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._done:
+            return
+        self._done = True
+        items, self.items = self.items, []
+        for item in items:
+            if item is not None:
+                try:
+                    self.on_done(item, None, exc)
+                except Exception:
+                    log.exception("callback of %s failed", self.what)
+
+
+def send_frames_nowait(conn: BrokerConnection, api_key: int, version: int, bodies: Sequence[bytes],
+                       items: list[Any], on_done: BatchCallback, timeout: float | None = None) -> None:
+    """Send one request per encoded body (``api_key`` at ``version``) on ``conn``, all queued at once (they
+    leave in the connection's one write of this loop iteration), without a task or future per request:
+    ``on_done(items[i], raw answer, None)`` is called from the read callback when the answer to ``bodies[i]``
+    arrives, ``on_done(items[i], None, error)`` when it cannot be sent, the connection breaks or ``timeout``
+    (default: the request timeout) passes. ``items`` is taken over (entries are cleared as they are answered).
+    A raw answer starts with the correlation id; the response header's tagged fields (flexible versions)
+    follow it. ``on_done`` must not block: it runs inside the transport's callbacks."""
+    if not bodies:
+        return
+    if len(items) != len(bodies):
+        raise ValueError("one item per body")
+    if not conn.connected:
+        exc = conn._close_reason or KafkaConnectionError(f"connection to {conn.address} is closed")
+        for item in items:
+            on_done(item, None, exc)
+        return
+    loop = conn._loop or asyncio.get_running_loop()
+    seconds = timeout if timeout is not None else conn.config.request_timeout
+    deadline = loop.time() + seconds
+    cm = M.REQUESTS[api_key]
+    head = bytearray()
+    P.write_nullable_string(head, conn.config.client_id)
+    if cm.schema.is_flexible(version):
+        head.append(0)  # header tagged fields
+    tail = bytes(head)
+    first = corr = conn._next_corr
+    waiter = _BatchWaiter(first, items, on_done, f"{cm.schema.name} v{version} to {conn.address}", seconds)
+    pending = conn._pending
+    pack = _REQ_HDR.pack
+    fixed = 8 + len(tail)
+    parts: list[bytes] = []
+    for body in bodies:
+        pending[corr] = _Pending(api_key, version, waiter, True, deadline)
+        parts += (pack(fixed + len(body), api_key, version, corr), tail, body)
+        corr = (corr + 1) & 0x7FFFFFFF
+    conn._next_corr = corr
+    if conn._sweep_handle is None:
+        conn._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, conn._sweep)
+    data = b"".join(parts)
+    conn._write(data)
+    conn.bytes_sent += len(data)
+
+
+def pause_reading(conn: BrokerConnection) -> None:
+    """Stop reading ``conn``'s socket until :func:`resume_reading` (what arrives meanwhile waits in the kernel):
+    for a connection whose answers are collected in bulk (heartbeats, service/group/heartbeats.py)."""
+    transport = conn._writer
+    if transport is not None and not conn._closed:
+        transport.pause_reading()
+
+
+def resume_reading(conn: BrokerConnection) -> None:
+    transport = conn._writer
+    if transport is not None and not conn._closed:
+        transport.resume_reading()

@@ -23,7 +23,7 @@ import struct
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from service.client.client import pause_reading, resume_reading, send_frames_nowait
+from service.client.connection import pause_reading, resume_reading, send_frames_nowait
 from service.protocol import frames
 from service.protocol import messages as M
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError

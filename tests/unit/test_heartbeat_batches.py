@@ -1,5 +1,5 @@
 """Heartbeats of stable members sent in batches per coordinator connection (service/group/heartbeats.py) and
-the batched send underneath (service/client/client.py send_frames_nowait)."""
+the batched send underneath (service/client/connection.py send_frames_nowait)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.client.client import send_frames_nowait
-from service.client.connection import BrokerConnection, ConnectionConfig
+from service.client.connection import BrokerConnection, ConnectionConfig, send_frames_nowait
 from service.client.errors import KafkaConnectionError, RequestTimeoutError
 from service.client.versions import NegotiatedVersions
 from service.group.assignors import RangeAssignor

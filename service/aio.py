@@ -6,7 +6,8 @@ import asyncio
 import heapq
 import math
 import weakref
-from typing import Protocol
+from collections.abc import Iterator
+from typing import Generic, Protocol, TypeVar
 
 
 class Waiter(Protocol):
@@ -16,6 +17,8 @@ class Waiter(Protocol):
 
     def set_result(self, result: bool, /) -> None: ...
 
+
+T = TypeVar("T")
 
 class LightEvent:
     """asyncio.Event's interface (set/clear/is_set/wait) in ~60 bytes instead of ~860.
@@ -86,23 +89,18 @@ class LightEvent:
         return f"<LightEvent {'set' if self._value else 'unset'}, waiters: {len(self._waiters or ())}>"
 
 
-class TickTimers:
-    """Many waiters woken on a shared grid of ``tick`` seconds of one loop's clock, by one loop timer.
+class TickGrid(Generic[T]):
+    """Items due on a shared grid of ``tick`` seconds of one loop's clock, served by one loop timer.
 
-    Ten thousand idle consumer members each heartbeat every few seconds; with a loop timer each, every
-    heartbeat pays a timer's creation, its insertion into and removal from the loop's timer heap (ten
-    thousand entries, cold in the CPU caches) and its cancellation. Here a waiter is appended to the list
-    of its tick (the first multiple of ``tick`` at or after its deadline) and the loop has one timer armed,
-    for the earliest tick; when it fires, every waiter of the due ticks that is not done yet gets
-    ``set_result(False)``. A waiter is a future or anything future-like with ``done()`` and
-    ``set_result()`` (the group coordinator's due heartbeats); waiters that ended early (done) are left in
-    their list and skipped. Deadlines are rounded up by less than ``tick``, so the heartbeats of many
-    members leave together (one write() per broker connection)."""
+    An item is appended to the list of its tick (the first multiple of ``tick`` at or after its deadline) and
+    the loop has one timer armed, for the earliest tick; deadlines are rounded up by less than ``tick``, so the
+    items of many callers come due together. Subclasses act on the due items in ``_fire`` (with
+    :meth:`_begin_fire` and :meth:`_pop_due`)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float) -> None:
         self.loop = loop
         self.tick = tick
-        self._buckets: dict[int, list[Waiter]] = {}
+        self._buckets: dict[int, list[T]] = {}
         self._heap: list[int] = []  # the ticks that have a bucket
         self._armed: int | None = None  # the tick the loop timer is set for
         self._handle: asyncio.TimerHandle | None = None
@@ -111,7 +109,7 @@ class TickTimers:
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
 
-    def add(self, fut: Waiter, when: float) -> None:
+    def add(self, item: T, when: float) -> None:
         k = math.ceil(when / self.tick - 1e-9)
         bucket = self._buckets.get(k)
         if bucket is None:
@@ -119,7 +117,7 @@ class TickTimers:
             heapq.heappush(self._heap, k)
             if self._armed is None or k < self._armed:
                 self._arm(k)
-        bucket.append(fut)
+        bucket.append(item)
 
     def _arm(self, k: int) -> None:
         if self._handle is not None:
@@ -127,18 +125,41 @@ class TickTimers:
         self._armed = k
         self._handle = self.loop.call_at(k * self.tick, self._fire)
 
-    def _fire(self) -> None:
+    def _begin_fire(self) -> int:
+        """At the start of ``_fire``: count it and return the last tick that is due now."""
         self.fired += 1
         self._handle = None
         due = max(self._armed if self._armed is not None else 0, math.floor(self.loop.time() / self.tick + 1e-9))
         self._armed = None
+        return due
+
+    def _pop_due(self, due: int) -> Iterator[list[T]]:
+        """The buckets of the ticks up to ``due``, earliest first, each removed from the grid."""
         heap = self._heap
         while heap and heap[0] <= due:
-            for fut in self._buckets.pop(heapq.heappop(heap)):
+            yield self._buckets.pop(heapq.heappop(heap))
+
+    def _fire(self) -> None:
+        raise NotImplementedError
+
+
+class TickTimers(TickGrid[Waiter]):
+    """Many waiters woken on a shared grid of ``tick`` seconds by one loop timer (:class:`TickGrid`).
+
+    Ten thousand idle consumer members each wait for something every few seconds; with a loop timer each,
+    every wait pays a timer's creation, its insertion into and removal from the loop's timer heap (ten
+    thousand entries, cold in the CPU caches) and its cancellation. When a tick fires, every waiter of the
+    due ticks that is not done yet gets ``set_result(False)``. A waiter is a future or anything future-like
+    with ``done()`` and ``set_result()``; waiters that ended early (done) are left in their list and
+    skipped."""
+
+    def _fire(self) -> None:
+        for bucket in self._pop_due(self._begin_fire()):
+            for fut in bucket:
                 if not fut.done():
                     fut.set_result(False)
-        if heap:
-            self._arm(heap[0])
+        if self._heap:
+            self._arm(self._heap[0])
 
 
 _TICKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, TickTimers]] = weakref.WeakKeyDictionary()

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import heapq
-import math
 import struct
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from service.aio import TickGrid
 from service.client.connection import pause_reading, resume_reading, send_frames_nowait
 from service.protocol import frames
 from service.protocol import messages as M
@@ -111,7 +110,7 @@ class _Link:
         self.on_done(entry, payload, exc)
 
 
-class HeartbeatWheel:
+class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
     """The heartbeats due of one loop's stable members, on a grid of ``tick`` seconds, sent in batches.
 
     An entry is ``(coordinator, epoch)``: when its tick comes it is sent unless the coordinator's heartbeat
@@ -119,45 +118,20 @@ class HeartbeatWheel:
     timer armed, for the earliest tick (or the next one while answers wait to be read)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, tick: float) -> None:
-        self.loop = loop
-        self.tick = tick
-        self._buckets: dict[int, list[tuple[GroupCoordinator, int]]] = {}
-        self._heap: list[int] = []
-        self._armed: int | None = None
-        self._handle: asyncio.TimerHandle | None = None
+        super().__init__(loop, tick)
         self._groups: dict[tuple[int, str], bytes] = {}  # encoded group ids, shared by a group's members
         self._links: dict[BrokerConnection, _Link] = {}  # the dedicated connections in use
-        self.fired = 0  # ticks so far
         self.batches = 0  # batches sent (one per connection and tick)
         self.sent = 0  # heartbeats sent
-
-    def __len__(self) -> int:
-        return sum(len(b) for b in self._buckets.values())
 
     def entries(self) -> list[tuple[GroupCoordinator, int]]:
         return [e for b in self._buckets.values() for e in b]
 
-    def add(self, coord: GroupCoordinator, when: float) -> None:
-        k = math.ceil(when / self.tick - 1e-9)
-        bucket = self._buckets.get(k)
-        if bucket is None:
-            bucket = self._buckets[k] = []
-            heapq.heappush(self._heap, k)
-            if self._armed is None or k < self._armed:
-                self._arm(k)
-        bucket.append((coord, coord._hb_epoch))
-
-    def _arm(self, k: int) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._armed = k
-        self._handle = self.loop.call_at(k * self.tick, self._fire)
+    def add(self, coord: GroupCoordinator, when: float) -> None:  # type: ignore[override]
+        super().add((coord, coord._hb_epoch), when)
 
     def _fire(self) -> None:
-        self.fired += 1
-        self._handle = None
-        due = max(self._armed if self._armed is not None else 0, math.floor(self.loop.time() / self.tick + 1e-9))
-        self._armed = None
+        due = self._begin_fire()
         # answers to earlier batches: read what arrived (in this loop iteration, before anything is sent)
         links = self._links
         for conn, link in list(links.items()):
@@ -169,8 +143,8 @@ class HeartbeatWheel:
         heap = self._heap
         batches: dict[BrokerConnection, list[tuple[GroupCoordinator, int]]] = {}
         dedicated: dict[BrokerConnection, bool] = {}
-        while heap and heap[0] <= due:
-            for entry in self._buckets.pop(heapq.heappop(heap)):
+        for bucket in self._pop_due(due):
+            for entry in bucket:
                 coord = entry[0]
                 if coord._hb_epoch != entry[1]:
                     continue  # the member's task took over since

@@ -11,10 +11,10 @@ from google.protobuf.descriptor_pool import DescriptorPool
 F = descriptor_pb2.FieldDescriptorProto
 
 
-def order_files(p: str, *, ping_first: bool = False) -> tuple[descriptor_pb2.FileDescriptorProto,
-                                                              descriptor_pb2.FileDescriptorProto]:
+def order_files(p: str, *, ping_first: bool = False, with_note: bool = False
+                ) -> tuple[descriptor_pb2.FileDescriptorProto, descriptor_pb2.FileDescriptorProto]:
     """(money.proto, order.proto) of package ``p``; ``ping_first`` puts a ``Ping`` message before ``Order``
-    (so that Order's message index is 1, not 0)."""
+    (so that Order's message index is 1, not 0); ``with_note`` adds a third field to Order (its next version)."""
     dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
     money = dep.message_type.add(name="Money")
     money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
@@ -28,12 +28,14 @@ def order_files(p: str, *, ping_first: bool = False) -> tuple[descriptor_pb2.Fil
     order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
                     label=F.LABEL_OPTIONAL)
+    if with_note:
+        order.field.add(name="note", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     return dep, main
 
 
-def order_class(p: str, *, ping_first: bool = False) -> Any:
+def order_class(p: str, *, ping_first: bool = False, with_note: bool = False) -> Any:
     """The generated message class of ``{p}.Order``."""
     pool = DescriptorPool()
-    for f in order_files(p, ping_first=ping_first):
+    for f in order_files(p, ping_first=ping_first, with_note=with_note):
         pool.Add(f)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))

@@ -21,12 +21,12 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, message_factory
-from google.protobuf.descriptor_pool import DescriptorPool
+from google.protobuf import descriptor_pb2
 
 from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.proto_orders import order_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 ARROW = "application/vnd.apache.arrow.stream"
@@ -166,24 +166,6 @@ async def test_jsonschema_typed_range(http: httpx.AsyncClient, tansu: EmbeddedBr
     assert t.column("value").to_pylist() == [{"n": i, "who": {"name": f"w{i}"}, "any": f"[{i}]"} for i in range(3)]
 
 
-def _proto_files(p: str, with_note: bool) -> tuple[descriptor_pb2.FileDescriptorProto, descriptor_pb2.FileDescriptorProto]:
-    """``{p}/money.proto`` (Money) imported by ``{p}/order.proto`` (Ping, Order); ``with_note``: Order v2."""
-    dep = descriptor_pb2.FileDescriptorProto(name=f"{p}/money.proto", package=f"{p}.money", syntax="proto3")
-    money = dep.message_type.add(name="Money")
-    money.field.add(name="units", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    money.field.add(name="currency", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    main = descriptor_pb2.FileDescriptorProto(name=f"{p}/order.proto", package=p, syntax="proto3",
-                                              dependency=[f"{p}/money.proto"])
-    main.message_type.add(name="Ping").field.add(name="n", number=1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
-    order = main.message_type.add(name="Order")
-    order.field.add(name="order_id", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    order.field.add(name="total", number=2, type=F.TYPE_MESSAGE, type_name=f".{p}.money.Money",
-                    label=F.LABEL_OPTIONAL)
-    if with_note:
-        order.field.add(name="note", number=3, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
-    return dep, main
-
-
 async def test_protobuf_typed_range_with_a_reference_and_evolution(
         http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str) -> None:
     topic = new_topic(tansu.bootstrap)
@@ -192,10 +174,7 @@ async def test_protobuf_typed_range_with_a_reference_and_evolution(
     values = []
     p = f"p{uuid.uuid4().hex[:6]}"  # the same file and message names in both versions
     for version, with_note in enumerate((False, True)):
-        pool = DescriptorPool()
-        for fdp in _proto_files(p, with_note):
-            pool.Add(fdp)
-        cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{p}.Order"))
+        cls = order_class(p, ping_first=True, with_note=with_note)
         ser = ProtobufSerializer(cls, client, {"use.deprecated.format": False})
         for i in range(2):
             msg = cls(order_id=f"o{version}{i}")

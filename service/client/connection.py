@@ -35,6 +35,7 @@ from service.client.errors import (
     RequestTimeoutError,
 )
 from service.client.versions import NegotiatedVersions, VersionRange
+from service.native import load
 from service.protocol import error_codes as EC
 from service.protocol import frames
 from service.protocol import messages as M
@@ -154,10 +155,9 @@ def _frame_buffer_py(n: int) -> bytearray:
     return bytearray(n)
 
 
-try:  # an uninitialised bytearray: the socket overwrites all of it before it is read
-    from service.protocol._crecords import frame_buffer as _frame_buffer  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - without the C extension
-    _frame_buffer = _frame_buffer_py
+_cext, _ = load("service.protocol._crecords")
+# an uninitialised bytearray (the socket overwrites all of it before it is read), or a zeroed one without C
+_frame_buffer = _cext.frame_buffer if _cext is not None else _frame_buffer_py
 
 
 class _KafkaProtocol(asyncio.BufferedProtocol):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import enum
 import mmap
-import os
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +39,7 @@ from typing import Any, NamedTuple
 import cramjam
 import crc32c as _crc32c
 
+from service.native import load
 from service.protocol.errors import (
     CorruptRecordError,
     ProtocolDecodeError,
@@ -536,17 +536,8 @@ def _decode_section_py(buf: Any, start: int, end: int, count: int, base_offset: 
     return out
 
 
-try:
-    if os.environ.get("KCG_NO_CEXT", "") not in ("", "0"):
-        raise ImportError("disabled by KCG_NO_CEXT")
-    from service.protocol import _crecords  # type: ignore[attr-defined]
-
-    C_EXTENSION_AVAILABLE = True
-    _C_IMPORT_ERROR: str | None = None
-except ImportError as _e:  # not built, or disabled
-    _crecords = None
-    C_EXTENSION_AVAILABLE = False
-    _C_IMPORT_ERROR = str(_e)
+_crecords, _C_IMPORT_ERROR = load("service.protocol._crecords")
+C_EXTENSION_AVAILABLE = _crecords is not None
 
 _decode_section: SectionDecoder = (
     _crecords.decode_records if _crecords is not None else _decode_section_py)

@@ -268,13 +268,18 @@ def use_c_avro(enabled: bool) -> None:
     _cavro = _avro_fast._cavro if enabled else None
 
 
+def _as_list(recs: Any) -> list[Record]:
+    """The C avro renderer takes lists; a poll's chunk may be a RecordRun (service/fetch/fetcher.py, issue 24)."""
+    return recs if type(recs) is list else list(recs)
+
+
 def chunk_schema_ids(chunks: Chunks) -> set[int]:
     """The schema ids of the framed keys and values of the chunks (what ``resolver.prepare`` needs)."""
     ids: set[int] = set()
     if _avro_fast._cavro is not None:
         for _, recs in chunks:
             if recs:
-                ids |= _avro_fast._cavro.schema_ids(recs)
+                ids |= _avro_fast._cavro.schema_ids(_as_list(recs))
         return ids
     for _, recs in chunks:
         for r in recs:
@@ -291,7 +296,7 @@ def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: 
     count = payload = 0
     for tp, recs in chunks:
         if recs:
-            body, n = _cavro.render_chunk(recs, _head(tp), sep, programs, fallback)
+            body, n = _cavro.render_chunk(_as_list(recs), _head(tp), sep, programs, fallback)
             parts.append(body)
             count += len(recs)
             payload += n

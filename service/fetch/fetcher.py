@@ -42,7 +42,13 @@ from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol import records as _records_module
 from service.protocol.errors import CorruptRecordError, UnsupportedMessageFormatError
-from service.protocol.records import InflatedSizeError, Record, decode_records, max_inflated_bytes
+from service.protocol.records import (
+    InflatedSizeError,
+    Record,
+    decode_records,
+    iter_batches,
+    max_inflated_bytes,
+)
 from service.subscription import (
     NoOffsetForPartitionError,
     OffsetResetStrategy,
@@ -87,6 +93,57 @@ _crecords = getattr(_records_module, "_crecords", None)
 #: the C twin of _take_budget_py (service/protocol/_crecords.c), when built
 _take_budget: Callable[[list[Record], int, int, int, bool], tuple[int, int]] = (
     _crecords.take_budget if _crecords is not None and hasattr(_crecords, "take_budget") else _take_budget_py)
+
+
+# issue 24: records kept as a RecordRun (service/protocol/_crecords.c): the partition's batches copied once into
+# one bytes object plus a per-record index, no Python object per record; the C renderers write the response
+# straight from it and a record tuple is built only when some other code asks for one (run[i]). Used for
+# the common case only (see _run_of): uncompressed data batches with records, none transactional or control,
+# every record at or past the fetch offset and below the last stable offset; anything else is decoded into
+# Record tuples by decode_records + filter_batches as before (the same records either way: tests).
+_RecordRun: Any = getattr(_crecords, "RecordRun", None) if _crecords is not None else None
+_RUN_UNUSUAL = 0x07 | 0x10 | 0x20  # compression, transactional, control
+
+
+def _payload_from(recs: Any, i: int) -> int:
+    """Key + value bytes of ``recs[i:]`` (a list of records or a RecordRun)."""
+    if _RecordRun is not None and type(recs) is _RecordRun:
+        return int(recs.payload(i))
+    n = 0
+    for r in recs[i:]:
+        n += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
+    return n
+
+
+def _run_of(raw: Any, tp: TopicPartition, fetch_offset: int, limit: int | None,
+            max_total: int) -> tuple[Any, int, int | None] | None:
+    """(run, next offset, leader epoch of the last batch) for a partition's records in the common case, or
+    None when they must go the decode_records + filter_batches way (anything unusual, an error, no whole
+    batch): what filter_batches would return for them, with the same next offset and epoch."""
+    data = bytes(raw)  # one copy: the run keeps this, not the fetch response
+    run = _RecordRun(data, Record)
+    nxt: int | None = None
+    epoch: int | None = None
+    total = 0
+    try:
+        for b in iter_batches(data, topic=tp.topic, partition=tp.partition):
+            if nxt is not None and total >= max_total:
+                break  # decode_records' max_total_inflated stop: the rest is fetched again
+            if b.attributes & _RUN_UNUSUAL or b.records_count <= 0 or b.next_offset <= fetch_offset \
+                    or (limit is not None and b.base_offset >= limit):
+                return None
+            first, last = run.add(b._start, b._end, b.records_count, b.base_offset, b.base_timestamp,
+                                  b.max_timestamp if b.attributes & 0x08 else None)
+            if first < fetch_offset or (limit is not None and last >= limit):
+                return None  # a batch filter_batches cuts record by record
+            total += b._end - b._start
+            nxt = b.next_offset
+            epoch = b.partition_leader_epoch
+    except (CorruptRecordError, UnsupportedMessageFormatError, ValueError):
+        return None  # the slow path reports it (deferred, after the batches before it)
+    if nxt is None:
+        return None
+    return run, nxt, epoch
 
 
 # issue 24: a partition's records are decoded in pieces of about this many bytes of whole batches, with the
@@ -156,7 +213,7 @@ class FetchPartitionError(KafkaError):
 class CompletedFetch:
     tp: TopicPartition
     fetch_offset: int
-    records: list[Record]
+    records: list[Record]  # or a RecordRun (the common case; a sequence of the same records)
     next_offset: int
     size: int
     index: int = 0
@@ -358,7 +415,7 @@ class Fetcher:
                     self._account(-(cf.size))
                     self.subs.advance(tp, cf.next_offset, cf.leader_epoch)
                 else:
-                    nxt = recs[j - 1].offset + 1
+                    nxt = (recs.offset(j - 1) if type(recs) is _RecordRun else recs[j - 1].offset) + 1
                     self.subs.advance(tp, nxt, cf.leader_epoch)
                     cf.fetch_offset = nxt
                     break
@@ -401,10 +458,7 @@ class Fetcher:
             for cf in q:
                 hit = cache.get(id(cf))
                 if hit is None or hit[0] is not cf:
-                    n = 0
-                    for r in cf.records[cf.index:]:
-                        n += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)
-                    hit = cache[id(cf)] = (cf, n)
+                    hit = cache[id(cf)] = (cf, _payload_from(cf.records, cf.index))
                 total += hit[1]
         return total
 
@@ -690,6 +744,15 @@ class Fetcher:
         raw = part.records
         if not raw:
             return
+        if _RecordRun is not None and _records_module.using_c_extension():
+            read_committed = self.config.isolation_level == READ_COMMITTED
+            fast = _run_of(raw, tp, fetch_offset,
+                           part.last_stable_offset if read_committed and part.last_stable_offset >= 0 else None,
+                           max(max_inflated_bytes(), self.config.partition_max_bytes))
+            if fast is not None:
+                run, nxt, epoch = fast
+                self._buffered(CompletedFetch(tp, fetch_offset, run, nxt, len(raw), leader_epoch=epoch), len(raw))
+                return
         try:
             # each batch within the process-wide bound; the partition's batches together within that bound or
             # the partition fetch size, whichever is larger, plus one batch (the rest is fetched again later)
@@ -739,14 +802,18 @@ class Fetcher:
             else:
                 subs.advance(tp, res.next_offset)
             return
-        self.buffer.setdefault(tp, deque()).append(cf)
-        self._account(size, len(res.records))
-        self.stats.records += len(res.records)
-        self.stats.bytes += len(raw)
-        self.last_data = time.monotonic()
-        self.data_event.set()
+        self._buffered(cf, len(raw))
         if rs.error is not None and not isinstance(rs.error, InflatedSizeError):  # (that one: on the next fetch)
             self.errors[tp] = rs.error
+
+    def _buffered(self, cf: CompletedFetch, raw_bytes: int) -> None:
+        """A fetch's records into the buffer (counted, owner woken)."""
+        self.buffer.setdefault(cf.tp, deque()).append(cf)
+        self._account(cf.size, len(cf.records))
+        self.stats.records += len(cf.records)
+        self.stats.bytes += raw_bytes
+        self.last_data = time.monotonic()
+        self.data_event.set()
 
     def _partition_error(self, tp: TopicPartition, code: int) -> None:
         name = EC.describe(code).name

@@ -692,16 +692,15 @@ put_json_compact(char *o, const unsigned char *p, Py_ssize_t n)
 }
 
 /* "<name>":<compact JSON>  or  "<name>":null,"<name>_error":"not valid JSON","<name>_base64":"..." */
+/* issue 24: the field from raw bytes (n < 0: null), shared by record tuples and record runs */
 static inline char *
-put_json_field(char *o, const char *name, Py_ssize_t name_len, PyObject *v)
+put_json_field_raw(char *o, const char *name, Py_ssize_t name_len, const unsigned char *p, Py_ssize_t n)
 {
     *o++ = '"';
     o = put_raw(o, name, name_len);
     o = PUT_LIT(o, "\":");
-    if (v == Py_None)
+    if (n < 0)
         return PUT_LIT(o, "null");
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(v);
-    Py_ssize_t n = PyBytes_GET_SIZE(v);
     int ws;
     if (json_valid_ws(p, n, &ws))
         return ws ? put_json_compact(o, p, n) : put_raw(o, (const char *)p, n); /* compact already: copied */
@@ -715,6 +714,15 @@ put_json_field(char *o, const char *name, Py_ssize_t name_len, PyObject *v)
     return o;
 }
 
+static inline char *
+put_json_field(char *o, const char *name, Py_ssize_t name_len, PyObject *v)
+{
+    if (v == Py_None)
+        return put_json_field_raw(o, name, name_len, NULL, -1);
+    return put_json_field_raw(o, name, name_len, (const unsigned char *)PyBytes_AS_STRING(v),
+                              PyBytes_GET_SIZE(v));
+}
+
 static PyObject *
 py_json_valid(PyObject *module, PyObject *arg)
 {
@@ -725,6 +733,546 @@ py_json_valid(PyObject *module, PyObject *arg)
     int ok = json_valid((const unsigned char *)view.buf, view.len);
     PyBuffer_Release(&view);
     return PyBool_FromLong(ok);
+}
+
+/* ---- record runs (issue 24): a partition's records as an index into one bytes object ------------------
+ *
+ * RecordRun(data: bytes, record_type) is a read-only sequence of records that keeps the records section(s)
+ * it was built from (data) and, per record, where its fields are: no Python object per record until one is
+ * asked for (run[i] builds the record_type tuple then, equal to what decode_records makes). render,
+ * render_framed and take_budget read the fields straight from data. Built by run.add(...) once per
+ * uncompressed batch (the same checks as decode_records), before any slice is taken; run[i:j] is a view
+ * sharing the index. Compares equal to a list of equal records.
+ */
+typedef struct {
+    int64_t offset, ts;
+    Py_ssize_t kpos, klen; /* klen -1: null */
+    Py_ssize_t vpos, vlen;
+    Py_ssize_t hpos, hcount; /* hpos: the first header's bytes (after the count varint) */
+} rent;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *data;  /* bytes */
+    PyObject *rtype; /* the record type (tuple or a field-less tuple subclass) */
+    PyObject *root;  /* NULL for a root run; else the root run, which owns ents */
+    rent *ents;
+    Py_ssize_t n, cap;
+    Py_ssize_t views; /* root: slices made (then add() is refused: ents may not move) */
+} RunObject;
+
+static PyTypeObject RunType;
+
+#define Run_Check(o) (Py_TYPE(o) == &RunType)
+/* records: a list or a run */
+#define RECORDS_LEN(o) (Run_Check(o) ? ((RunObject *)(o))->n : PyList_GET_SIZE(o))
+
+static int
+check_record_type(PyObject *rtype_obj)
+{
+    if (!PyType_Check(rtype_obj) || !PyType_IsSubtype((PyTypeObject *)rtype_obj, &PyTuple_Type)
+        || ((PyTypeObject *)rtype_obj)->tp_basicsize != PyTuple_Type.tp_basicsize
+        || ((PyTypeObject *)rtype_obj)->tp_itemsize != PyTuple_Type.tp_itemsize) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be tuple or a field-less tuple subclass");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+run_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *data, *rtype;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "RecordRun() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "SO:RecordRun", &data, &rtype))
+        return NULL;
+    if (check_record_type(rtype) < 0)
+        return NULL;
+    RunObject *self = (RunObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->data = Py_NewRef(data);
+    self->rtype = Py_NewRef(rtype);
+    return (PyObject *)self;
+}
+
+static void
+run_dealloc(RunObject *self)
+{
+    if (self->root == NULL)
+        PyMem_Free(self->ents);
+    Py_XDECREF(self->root);
+    Py_XDECREF(self->data);
+    Py_XDECREF(self->rtype);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* nullable bytes field: position and length (-1: null) without copying */
+static inline int
+skip_nullable(cursor *c, Py_ssize_t index, const char *what, Py_ssize_t *pos, Py_ssize_t *len)
+{
+    int64_t n;
+    if (read_varint(c, &n, index) < 0)
+        return -1;
+    if (n >= 0) {
+        if (n > c->end - c->pos) {
+            PyErr_Format(PyExc_ValueError, "record %zd: %s length %lld runs past the record",
+                         index, what, (long long)n);
+            return -1;
+        }
+        *pos = c->pos;
+        *len = (Py_ssize_t)n;
+        c->pos += (Py_ssize_t)n;
+        return 0;
+    }
+    if (n == -1) {
+        *pos = c->pos;
+        *len = -1;
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "record %zd has a bad %s length %lld", index, what, (long long)n);
+    return -1;
+}
+
+/* run.add(start, end, count, base_offset, base_timestamp, append_timestamp) -> (first offset, last offset)
+ * One uncompressed batch's records section data[start:end], checked as decode_records checks it (header
+ * keys must be UTF-8); ValueError leaves the run as it was. count must be positive. */
+static PyObject *
+run_add(RunObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "add() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (self->root != NULL || self->views) {
+        PyErr_SetString(PyExc_TypeError, "add() on a run that has been sliced");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long long base_offset = PyLong_AsLongLong(args[3]);
+    long long base_timestamp = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    int log_append = args[5] != Py_None;
+    long long append_timestamp = 0;
+    if (log_append) {
+        append_timestamp = PyLong_AsLongLong(args[5]);
+        if (append_timestamp == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_ssize_t len = PyBytes_GET_SIZE(self->data);
+    if (start < 0 || end < start || end > len) {
+        PyErr_SetString(PyExc_ValueError, "section bounds are outside the buffer");
+        return NULL;
+    }
+    if (count <= 0) {
+        PyErr_Format(PyExc_ValueError, "records count %zd: a run holds batches with records", count);
+        return NULL;
+    }
+    if (count > (end - start) / MIN_RECORD_SIZE) {
+        PyErr_Format(PyExc_ValueError, "records count %zd cannot fit in %zd bytes", count, end - start);
+        return NULL;
+    }
+    if (self->n + count > self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap : 256;
+        while (cap < self->n + count)
+            cap *= 2;
+        rent *e = PyMem_Realloc(self->ents, (size_t)cap * sizeof(rent));
+        if (e == NULL)
+            return PyErr_NoMemory();
+        self->ents = e;
+        self->cap = cap;
+    }
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(self->data);
+    Py_ssize_t pos = start;
+    rent *out = self->ents + self->n;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        cursor c = {p, pos, end};
+        int64_t length, ts_delta, off_delta, hcount;
+        rent *e = out + i;
+        if (read_varint(&c, &length, i) < 0)
+            return NULL;
+        if (length < MIN_RECORD_SIZE - 1 || length > end - c.pos) {
+            PyErr_Format(PyExc_ValueError, "record %zd has a bad length %lld", i, (long long)length);
+            return NULL;
+        }
+        Py_ssize_t rec_end = c.pos + (Py_ssize_t)length;
+        c.end = rec_end;
+        c.pos += 1; /* attributes: unused */
+        if (read_varint(&c, &ts_delta, i) < 0 || read_varint(&c, &off_delta, i) < 0)
+            return NULL;
+        if (skip_nullable(&c, i, "key", &e->kpos, &e->klen) < 0
+            || skip_nullable(&c, i, "value", &e->vpos, &e->vlen) < 0)
+            return NULL;
+        if (read_varint(&c, &hcount, i) < 0)
+            return NULL;
+        e->hpos = c.pos;
+        e->hcount = 0;
+        if (hcount) {
+            if (hcount < 0 || hcount > (c.end - c.pos) / 2) {
+                PyErr_Format(PyExc_ValueError, "record %zd has a bad header count %lld", i, (long long)hcount);
+                return NULL;
+            }
+            for (int64_t h = 0; h < hcount; h++) {
+                int64_t klen;
+                Py_ssize_t vpos, vlen;
+                if (read_varint(&c, &klen, i) < 0)
+                    return NULL;
+                if (klen < 0 || klen > c.end - c.pos) {
+                    PyErr_Format(PyExc_ValueError, "record %zd has a bad header key length %lld",
+                                 i, (long long)klen);
+                    return NULL;
+                }
+                PyObject *key = PyUnicode_DecodeUTF8((const char *)p + c.pos, (Py_ssize_t)klen, NULL);
+                if (key == NULL)
+                    return NULL;
+                Py_DECREF(key);
+                c.pos += (Py_ssize_t)klen;
+                if (skip_nullable(&c, i, "header value", &vpos, &vlen) < 0)
+                    return NULL;
+            }
+            e->hcount = (Py_ssize_t)hcount;
+        }
+        if (c.pos != rec_end) {
+            PyErr_Format(PyExc_ValueError, "record %zd: fields take %zd bytes, its length says %lld",
+                         i, c.pos - rec_end + (Py_ssize_t)length, (long long)length);
+            return NULL;
+        }
+        e->offset = (int64_t)((uint64_t)base_offset + (uint64_t)off_delta);
+        e->ts = log_append ? append_timestamp : (int64_t)((uint64_t)base_timestamp + (uint64_t)ts_delta);
+        pos = rec_end;
+    }
+    if (pos != end) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes left over after %zd records", end - pos, count);
+        return NULL;
+    }
+    self->n += count;
+    return Py_BuildValue("(LL)", (long long)out[0].offset, (long long)out[count - 1].offset);
+}
+
+static Py_ssize_t
+run_length(RunObject *self)
+{
+    return self->n;
+}
+
+static PyObject *
+run_bytes_field(const unsigned char *p, Py_ssize_t pos, Py_ssize_t len)
+{
+    if (len < 0)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)p + pos, len);
+}
+
+/* the record tuple of entry e, as decode_records builds it */
+static PyObject *
+run_record(RunObject *self, const rent *e)
+{
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(self->data);
+    PyObject *o = PyLong_FromLongLong(e->offset);
+    PyObject *t = PyLong_FromLongLong(e->ts);
+    PyObject *key = run_bytes_field(p, e->kpos, e->klen);
+    PyObject *value = run_bytes_field(p, e->vpos, e->vlen);
+    PyObject *headers = NULL;
+    if (e->hcount == 0) {
+        headers = PyTuple_New(0);
+    } else {
+        cursor c = {p, e->hpos, PyBytes_GET_SIZE(self->data)};
+        headers = read_headers(&c, e->hcount, 0);
+    }
+    PyTypeObject *rtype = (PyTypeObject *)self->rtype;
+    PyObject *rec = (o && t && key && value && headers)
+                        ? (rtype == &PyTuple_Type ? PyTuple_New(5) : rtype->tp_alloc(rtype, 5)) : NULL;
+    if (rec == NULL) {
+        Py_XDECREF(o);
+        Py_XDECREF(t);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(rec, 0, o);
+    PyTuple_SET_ITEM(rec, 1, t);
+    PyTuple_SET_ITEM(rec, 2, key);
+    PyTuple_SET_ITEM(rec, 3, value);
+    PyTuple_SET_ITEM(rec, 4, headers);
+    PyObject_GC_UnTrack(rec);
+    return rec;
+}
+
+static PyObject *
+run_item(RunObject *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "record run index out of range");
+        return NULL;
+    }
+    return run_record(self, self->ents + i);
+}
+
+static PyObject *
+run_view(RunObject *self, Py_ssize_t i, Py_ssize_t j)
+{
+    RunObject *root = self->root != NULL ? (RunObject *)self->root : self;
+    RunObject *v = (RunObject *)RunType.tp_alloc(&RunType, 0);
+    if (v == NULL)
+        return NULL;
+    v->data = Py_NewRef(self->data);
+    v->rtype = Py_NewRef(self->rtype);
+    v->root = Py_NewRef((PyObject *)root);
+    v->ents = self->ents + i;
+    v->n = j - i;
+    v->cap = 0;
+    root->views++;
+    return (PyObject *)v;
+}
+
+static PyObject *
+run_subscript(RunObject *self, PyObject *key)
+{
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred())
+            return NULL;
+        if (i < 0)
+            i += self->n;
+        return run_item(self, i);
+    }
+    if (PySlice_Check(key)) {
+        Py_ssize_t start, stop, step;
+        if (PySlice_Unpack(key, &start, &stop, &step) < 0)
+            return NULL;
+        Py_ssize_t len = PySlice_AdjustIndices(self->n, &start, &stop, step);
+        if (step == 1)
+            return run_view(self, start, start + len);
+        PyObject *out = PyList_New(len);
+        if (out == NULL)
+            return NULL;
+        for (Py_ssize_t k = 0, i = start; k < len; k++, i += step) {
+            PyObject *r = run_record(self, self->ents + i);
+            if (r == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, k, r);
+        }
+        return out;
+    }
+    PyErr_Format(PyExc_TypeError, "record run indices must be integers or slices, not %.200s",
+                 Py_TYPE(key)->tp_name);
+    return NULL;
+}
+
+static PyObject *
+run_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if ((op != Py_EQ && op != Py_NE) || !Run_Check(a) || !(Run_Check(b) || PyList_Check(b)))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t n = PyObject_Length(b);
+    if (n < 0)
+        return NULL;
+    int eq = n == ((RunObject *)a)->n;
+    for (Py_ssize_t i = 0; eq && i < n; i++) {
+        PyObject *x = run_item((RunObject *)a, i);
+        PyObject *y = x ? PySequence_GetItem(b, i) : NULL;
+        int r = y ? PyObject_RichCompareBool(x, y, Py_EQ) : -1;
+        Py_XDECREF(x);
+        Py_XDECREF(y);
+        if (r < 0)
+            return NULL;
+        eq = r;
+    }
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyObject *
+run_repr(RunObject *self)
+{
+    if (self->n == 0)
+        return PyUnicode_FromString("<RecordRun 0 records>");
+    return PyUnicode_FromFormat("<RecordRun %zd records, offsets %lld..%lld>", self->n,
+                                (long long)self->ents[0].offset, (long long)self->ents[self->n - 1].offset);
+}
+
+/* run.payload(i=0) -> key + value bytes of run[i:] */
+static PyObject *
+run_payload(RunObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t i = 0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "payload([i])");
+        return NULL;
+    }
+    if (nargs == 1) {
+        i = PyLong_AsSsize_t(args[0]);
+        if (i == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    long long total = 0;
+    for (i = i < 0 ? 0 : i; i < self->n; i++) {
+        const rent *e = self->ents + i;
+        total += (e->klen > 0 ? e->klen : 0) + (e->vlen > 0 ? e->vlen : 0);
+    }
+    return PyLong_FromLongLong(total);
+}
+
+/* run.offset(i) -> the offset of run[i] without building the record */
+static PyObject *
+run_offset(RunObject *self, PyObject *arg)
+{
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0)
+        i += self->n;
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "record run index out of range");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->ents[i].offset);
+}
+
+static PyMethodDef run_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))run_add, METH_FASTCALL,
+     "add(start, end, count, base_offset, base_timestamp, append_timestamp) -> (first offset, last offset)"},
+    {"payload", (PyCFunction)(void (*)(void))run_payload, METH_FASTCALL,
+     "payload([i]) -> key + value bytes of run[i:]"},
+    {"offset", (PyCFunction)run_offset, METH_O, "offset(i) -> run[i].offset"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods run_as_sequence = {
+    .sq_length = (lenfunc)run_length,
+    .sq_item = (ssizeargfunc)run_item,
+};
+
+static PyMappingMethods run_as_mapping = {
+    .mp_length = (lenfunc)run_length,
+    .mp_subscript = (binaryfunc)run_subscript,
+};
+
+static PyTypeObject RunType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "service.protocol._crecords.RecordRun",
+    .tp_basicsize = sizeof(RunObject),
+    .tp_dealloc = (destructor)run_dealloc,
+    .tp_repr = (reprfunc)run_repr,
+    .tp_as_sequence = &run_as_sequence,
+    .tp_as_mapping = &run_as_mapping,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RecordRun(data: bytes, record_type): records indexed in data (see run.add)",
+    .tp_richcompare = run_richcompare,
+    .tp_methods = run_methods,
+    .tp_new = run_new,
+};
+
+/* header bytes of a run entry: walk them (checked by add) */
+static inline Py_ssize_t
+run_headers_bound(const unsigned char *p, const rent *e, Py_ssize_t end)
+{
+    Py_ssize_t n = 0;
+    cursor c = {p, e->hpos, end};
+    for (Py_ssize_t h = 0; h < e->hcount; h++) {
+        int64_t klen = 0;
+        Py_ssize_t vpos = 0, vlen = -1;
+        read_varint(&c, &klen, 0); /* add() checked these bytes: no error here */
+        c.pos += (Py_ssize_t)klen;
+        skip_nullable(&c, 0, "", &vpos, &vlen);
+        n += 32 + 6 * (Py_ssize_t)klen + (vlen < 0 ? 0 : b64_len(vlen));
+    }
+    return n;
+}
+
+static Py_ssize_t
+run_bound(RunObject *r, Py_ssize_t head_len, Py_ssize_t sep_len, int json, Py_ssize_t *payload)
+{
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(r->data);
+    Py_ssize_t end = PyBytes_GET_SIZE(r->data);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < r->n; i++) {
+        const rent *e = r->ents + i;
+        Py_ssize_t n = head_len + sep_len + 120;
+        if (e->klen >= 0) {
+            n += b64_len(e->klen) + (json ? e->klen + 80 : 0);
+            *payload += e->klen;
+        }
+        if (e->vlen >= 0) {
+            n += b64_len(e->vlen) + (json ? e->vlen + 80 : 0);
+            *payload += e->vlen;
+        }
+        if (e->hcount)
+            n += run_headers_bound(p, e, end);
+        if (n > PY_SSIZE_T_MAX / 2 - total) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        total += n;
+    }
+    return total;
+}
+
+static inline char *
+put_b64_raw_or_null(char *o, const unsigned char *p, Py_ssize_t pos, Py_ssize_t len)
+{
+    if (len < 0)
+        return PUT_LIT(o, "null");
+    *o++ = '"';
+    o = put_b64(o, p + pos, len);
+    *o++ = '"';
+    return o;
+}
+
+static char *
+run_write(char *o, RunObject *r, PyObject *head, PyObject *sep, int json)
+{
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(r->data);
+    Py_ssize_t end = PyBytes_GET_SIZE(r->data);
+    Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
+    const char *hp = PyBytes_AS_STRING(head), *sp = PyBytes_AS_STRING(sep);
+    for (Py_ssize_t i = 0; i < r->n; i++) {
+        const rent *e = r->ents + i;
+        if (i)
+            o = put_raw(o, sp, sep_len);
+        o = put_raw(o, hp, head_len);
+        o = put_i64(o, e->offset);
+        o = PUT_LIT(o, ",\"timestamp\":");
+        o = put_i64(o, e->ts);
+        if (json) {
+            *o++ = ',';
+            o = put_json_field_raw(o, "key", 3, p + e->kpos, e->klen);
+            *o++ = ',';
+            o = put_json_field_raw(o, "value", 5, p + e->vpos, e->vlen);
+        } else {
+            o = PUT_LIT(o, ",\"key\":");
+            o = put_b64_raw_or_null(o, p, e->kpos, e->klen);
+            o = PUT_LIT(o, ",\"value\":");
+            o = put_b64_raw_or_null(o, p, e->vpos, e->vlen);
+        }
+        o = PUT_LIT(o, ",\"headers\":[");
+        cursor c = {p, e->hpos, end};
+        for (Py_ssize_t h = 0; h < e->hcount; h++) {
+            int64_t klen = 0;
+            Py_ssize_t vpos = 0, vlen = -1;
+            read_varint(&c, &klen, 0); /* checked by add() */
+            const char *k = (const char *)p + c.pos;
+            c.pos += (Py_ssize_t)klen;
+            skip_nullable(&c, 0, "", &vpos, &vlen);
+            if (h)
+                *o++ = ',';
+            o = PUT_LIT(o, "{\"key\":\"");
+            o = put_json_text(o, k, (Py_ssize_t)klen);
+            o = PUT_LIT(o, "\",\"value\":");
+            o = put_b64_raw_or_null(o, p, vpos, vlen);
+            *o++ = '}';
+        }
+        o = PUT_LIT(o, "]}");
+    }
+    return o;
 }
 
 /*
@@ -743,6 +1291,8 @@ py_json_valid(PyObject *module, PyObject *arg)
 static Py_ssize_t
 chunk_bound(PyObject *records, Py_ssize_t head_len, Py_ssize_t sep_len, int json, Py_ssize_t *payload)
 {
+    if (Run_Check(records))
+        return run_bound((RunObject *)records, head_len, sep_len, json, payload);
     Py_ssize_t count = PyList_GET_SIZE(records);
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -795,6 +1345,8 @@ chunk_bound(PyObject *records, Py_ssize_t head_len, Py_ssize_t sep_len, int json
 static char *
 chunk_write(char *o, PyObject *records, PyObject *head, PyObject *sep, int json)
 {
+    if (Run_Check(records))
+        return run_write(o, (RunObject *)records, head, sep, json);
     Py_ssize_t count = PyList_GET_SIZE(records);
     Py_ssize_t head_len = PyBytes_GET_SIZE(head), sep_len = PyBytes_GET_SIZE(sep);
     const char *hp = PyBytes_AS_STRING(head), *sp = PyBytes_AS_STRING(sep);
@@ -849,8 +1401,8 @@ render(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *records = args[0], *head = args[1], *sep = args[2];
-    if (!PyList_Check(records) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
-        PyErr_SetString(PyExc_TypeError, "render(list, bytes, bytes, bool)");
+    if (!(PyList_Check(records) || Run_Check(records)) || !PyBytes_Check(head) || !PyBytes_Check(sep)) {
+        PyErr_SetString(PyExc_TypeError, "render(list | RecordRun, bytes, bytes, bool)");
         return NULL;
     }
     int json = PyObject_IsTrue(args[3]);
@@ -908,9 +1460,10 @@ render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t total = PyBytes_GET_SIZE(lead) + PyBytes_GET_SIZE(trail);
     for (Py_ssize_t c = 0; c < n_chunks; c++) {
         PyObject *pair = PyList_GET_ITEM(chunks, c);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyList_Check(PyTuple_GET_ITEM(pair, 0))
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2
+            || !(PyList_Check(PyTuple_GET_ITEM(pair, 0)) || Run_Check(PyTuple_GET_ITEM(pair, 0)))
             || !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
-            PyErr_Format(PyExc_TypeError, "chunk %zd is not a (list, bytes) pair", c);
+            PyErr_Format(PyExc_TypeError, "chunk %zd is not a (list | RecordRun, bytes) pair", c);
             return NULL;
         }
         PyObject *records = PyTuple_GET_ITEM(pair, 0);
@@ -922,7 +1475,7 @@ render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         total += n + sep_len;
-        count += PyList_GET_SIZE(records);
+        count += RECORDS_LEN(records);
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL)
@@ -933,7 +1486,7 @@ render_framed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t c = 0; c < n_chunks; c++) {
         PyObject *pair = PyList_GET_ITEM(chunks, c);
         PyObject *records = PyTuple_GET_ITEM(pair, 0);
-        if (PyList_GET_SIZE(records) == 0)
+        if (RECORDS_LEN(records) == 0)
             continue;
         if (!first)
             o = put_raw(o, PyBytes_AS_STRING(sep), sep_len);
@@ -969,8 +1522,8 @@ field_len(PyObject *v)
 static PyObject *
 take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "take_budget(records: list, i, j, budget, started)");
+    if (nargs != 5 || !(PyList_Check(args[0]) || Run_Check(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "take_budget(records: list | RecordRun, i, j, budget, started)");
         return NULL;
     }
     PyObject *recs = args[0];
@@ -980,9 +1533,25 @@ take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int started = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred() || started < 0)
         return NULL;
-    if (j > PyList_GET_SIZE(recs))
-        j = PyList_GET_SIZE(recs);
+    if (j > RECORDS_LEN(recs))
+        j = RECORDS_LEN(recs);
     Py_ssize_t k = i;
+    if (Run_Check(recs)) {
+        const rent *ents = ((RunObject *)recs)->ents;
+        while (k < j) {
+            long long sz = (long long)(ents[k].klen > 0 ? ents[k].klen : 0)
+                           + (long long)(ents[k].vlen > 0 ? ents[k].vlen : 0);
+            if (sz > budget && (started || k > i)) {
+                budget = 0;
+                break;
+            }
+            budget = sz <= budget ? budget - sz : 0;
+            k++;
+            if (budget == 0)
+                break;
+        }
+        return Py_BuildValue("(nL)", k, budget);
+    }
     while (k < j) {
         PyObject *r = PyList_GET_ITEM(recs, k);
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 4) {
@@ -1052,5 +1621,14 @@ PyInit__crecords(void)
 {
     init_b64_pairs();
     init_j_plain();
-    return PyModule_Create(&moduledef);
+    if (PyType_Ready(&RunType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "RecordRun", (PyObject *)&RunType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from service.client.errors import BrokerResponseError, KafkaError
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
-from service.group.assignors import get_assignor
+from service.group.assignors import Assignor, get_assignor
 from service.group.coordinator import (
     COMMIT_BEING_REVOKED,
     COMMIT_NOT_ASSIGNED,
@@ -60,8 +61,6 @@ ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
 # A poll that has records also waits for a fetch outstanding since before it started if that fetch's
 # broker-side wait ends within this (Tansu answers only then; see Fetcher.gather_until).
 GATHER_DUE_S = 0.025
-
-POSITIONS_SAFETY_WAKE_S = 600.0  # an idle positions task looks again this often, woken or not
 
 
 class ConsumerClosedError(KafkaError):
@@ -141,25 +140,36 @@ def restart_backoff(failures: int) -> float:
     return min(5.0, 0.1 * 2 ** min(max(failures - 1, 0), 10))
 
 
+# Issue 24 (memory per idle instance): what is the same for most instances is shared, not built per instance.
+@functools.lru_cache(maxsize=64)
+def _fetch_config(isolation_level: int, min_bytes: int, max_bytes: int, partition_max_bytes: int, max_wait_ms: int,
+                  active_max_wait_ms: int | None, prefetch_max_bytes: int, rack_id: str,
+                  idle_pause_s: float) -> FetchConfig:
+    """One FetchConfig (frozen) per distinct setting."""
+    return FetchConfig(isolation_level=isolation_level, min_bytes=min_bytes, max_bytes=max_bytes,
+                       partition_max_bytes=partition_max_bytes, max_wait_ms=max_wait_ms,
+                       active_max_wait_ms=active_max_wait_ms, prefetch_max_bytes=prefetch_max_bytes,
+                       rack_id=rack_id, idle_pause_s=idle_pause_s)
+
+
+@functools.lru_cache(maxsize=64)
+def _assignors(names: tuple[str, ...]) -> tuple[Assignor, ...]:
+    """The assignors of ``names``; they keep no state between assignments, so members share them."""
+    return tuple(get_assignor(n) for n in names)
+
+
 class Consumer:
     def __init__(self, client: KafkaClient, config: ConsumerConfig,
                  on_revoke: RevocationHook | None = None) -> None:
         self.client = client
         self.config = config
         self.subs = SubscriptionState(OffsetResetStrategy.parse(config.auto_offset_reset))
-        self.fetcher = Fetcher(client, self.subs, FetchConfig(
-            isolation_level=config.isolation,
-            min_bytes=config.fetch_min_bytes,
-            max_bytes=config.fetch_max_bytes,
-            partition_max_bytes=config.max_partition_fetch_bytes,
-            max_wait_ms=config.fetch_max_wait_ms,
-            active_max_wait_ms=config.fetch_active_max_wait_ms,
-            prefetch_max_bytes=config.prefetch_max_bytes,
-            rack_id=config.client_rack,
-            idle_pause_s=config.fetch_idle_pause_ms / 1000,
-        ))
+        self.fetcher = Fetcher(client, self.subs, _fetch_config(
+            config.isolation, config.fetch_min_bytes, config.fetch_max_bytes, config.max_partition_fetch_bytes,
+            config.fetch_max_wait_ms, config.fetch_active_max_wait_ms, config.prefetch_max_bytes,
+            config.client_rack, config.fetch_idle_pause_ms / 1000))
         self.stats = ConsumerStats()
-        self.fetcher.on_reset = lambda: self._positions_wake.set()
+        self.fetcher.on_reset = self._wake_positions
         self._user_revoke = on_revoke
         self._closed = False
         self._fatal: KafkaError | None = None
@@ -177,7 +187,7 @@ class Consumer:
         self.coordinator: GroupCoordinator | None = None
         self.member: GroupMember | None = None
         if config.group_id is not None:
-            assignors = [get_assignor(n) for n in config.assignment_strategies]
+            assignors = _assignors(tuple(config.assignment_strategies))
             self.member = GroupMember(
                 config.group_id, assignors, group_instance_id=config.group_instance_id,
                 session_timeout_ms=config.session_timeout_ms,
@@ -208,9 +218,25 @@ class Consumer:
             return
         self._started = True
         self.fetcher.start()
-        self._positions_task = asyncio.create_task(self._supervise("positions", self._positions_loop),
-                                                   name="positions")
-        if self.coordinator is not None and self.config.enable_auto_commit:
+        self._wake_positions()
+        # the auto-commit task starts with the first records delivered (_note_consumed)
+
+    # Issue 24 (memory per idle instance): the positions and auto-commit tasks run only while they have work
+    # and end when they have none, started again by what gives them work; an idle instance holds neither
+    # (a suspended task with its coroutines, waiter and timer costs ~1-2 KB, per instance).
+    def _wake_positions(self) -> None:
+        """Positions may need resolving (assignment, seek, reset, an error seen): wake the positions task,
+        starting it if it is not running."""
+        self._positions_wake.set()
+        if self._started and not self._closed and (self._positions_task is None or self._positions_task.done()):
+            self._positions_task = asyncio.create_task(self._supervise("positions", self._positions_loop),
+                                                       name="positions")
+
+    def _note_consumed(self) -> None:
+        """Records were delivered: auto-commit them after the interval (starting the task if not running)."""
+        self._consumed.set()
+        if (self.coordinator is not None and self.config.enable_auto_commit and not self._closed
+                and (self._autocommit_task is None or self._autocommit_task.done())):
             self._autocommit_task = asyncio.create_task(self._supervise("autocommit", self._autocommit_loop),
                                                         name="autocommit")
 
@@ -321,7 +347,7 @@ class Consumer:
                 raise BrokerResponseError(EC.UNKNOWN_TOPIC_OR_PARTITION, f"assign {tp}")
         self.fetcher.purge([tp for tp in self.fetcher.buffer if tp not in set(parts)])
         self._assignment_event.set()
-        self._positions_wake.set()
+        self._wake_positions()
 
     def assignment(self) -> list[TopicPartition]:
         return self.subs.assigned()
@@ -396,7 +422,7 @@ class Consumer:
         self.subs.add_partitions(assigned)
         self._assignment_event.set()
         self.assignment_changed.set()
-        self._positions_wake.set()
+        self._wake_positions()
         self.fetcher.wake()
 
     def _on_group_fatal(self, exc: KafkaError) -> None:
@@ -427,11 +453,12 @@ class Consumer:
                        if tp not in self.fetcher.errors]
             # Work left over (e.g. a partition missing from a response) is retried after a backoff;
             # partitions blocked by an error wait until the owner has seen it and seeks.
-            # Nothing to do: sleep until woken (assignment, seek, reset); the long timeout is only a
-            # safety net, so tens of thousands of idle instances cost no wake-ups (at 60 s, 10,000
-            # instances woke 167 times a second for nothing, a quarter of their heartbeats' rate).
-            wait = self.config.retry_backoff_ms / 1000 if pending else POSITIONS_SAFETY_WAKE_S
-            await wait_event(self._positions_wake, wait)
+            # Nothing to do: the task ends (no await between this check and the end, so a wake-up cannot
+            # be missed); _wake_positions starts it again for an assignment, seek, reset or error seen.
+            if not pending:
+                self._positions_task = None  # (a finished task would keep its coroutine's memory)
+                return
+            await wait_event(self._positions_wake, self.config.retry_backoff_ms / 1000)
 
     async def _update_positions(self) -> None:
         init = [tp for tp in self.subs.initializing() if tp not in self.fetcher.errors]
@@ -654,7 +681,7 @@ class Consumer:
                 if fetcher.errors:
                     err = fetcher.take_error()
                     if err is not None:
-                        self._positions_wake.set()
+                        self._wake_positions()
                         raise err
                 if self._fatal is not None:
                     raise self._fatal
@@ -685,7 +712,7 @@ class Consumer:
                         chunks = fetcher.drain(max_records, max_bytes)
                         if chunks:
                             self.stats.records += sum(len(c) for _, c in chunks)
-                            self._consumed.set()
+                            self._note_consumed()
                             self.stats.poll_wait_seconds += time.monotonic() - started
                             return chunks
                         # only paused partitions hold records: wait for others (or a resume)
@@ -792,12 +819,14 @@ class Consumer:
             await self._consumed.wait()
             await asyncio.sleep(interval)
             self._consumed.clear()
-            if not self.subs.assignment or self.coordinator is None or not self.coordinator.stable:
-                continue
-            try:
-                await self.commit_consumed()
-            except KafkaError as exc:
-                log.info("auto-commit failed: %s", exc)
+            if self.subs.assignment and self.coordinator is not None and self.coordinator.stable:
+                try:
+                    await self.commit_consumed()
+                except KafkaError as exc:
+                    log.info("auto-commit failed: %s", exc)
+            if not self._consumed.is_set():  # nothing delivered meanwhile: the task ends (and is dropped)
+                self._autocommit_task = None
+                return
 
     # -- seeking ---------------------------------------------------------------------------------------
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -817,14 +846,14 @@ class Consumer:
                 raise SubscriptionError(f"timestamp {ts} for {tp} must be >= 0")
             self.subs.request_reset(TopicPartition(*tp), timestamp=ts)
         self.fetcher.purge([TopicPartition(*tp) for tp in timestamps])
-        self._positions_wake.set()
+        self._wake_positions()
 
     def _request_reset(self, partitions: Iterable[TopicPartition] | None, strategy: OffsetResetStrategy) -> None:
         parts = self.subs.assigned() if partitions is None else [TopicPartition(*tp) for tp in partitions]
         for tp in parts:
             self.subs.request_reset(tp, strategy)
         self.fetcher.purge(parts)
-        self._positions_wake.set()
+        self._wake_positions()
 
     async def position(self, tp: TopicPartition, timeout: float = 30.0) -> int:
         """The next offset to fetch, resolving committed offsets or resets first if needed."""
@@ -836,7 +865,7 @@ class Consumer:
                 return pos
             err = self.fetcher.errors.pop(tp, None)
             if err is not None:
-                self._positions_wake.set()
+                self._wake_positions()
                 raise err
             try:
                 await self._update_positions()

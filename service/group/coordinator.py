@@ -98,6 +98,19 @@ HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.group.heartb
 
 
 class GroupCoordinator:
+    # Slots (issue 24, memory per idle instance): with more than 29 attributes an instance's __dict__ stops
+    # sharing its keys with the class and becomes a ~1.6 KB table of its own (one per consumer instance).
+    # "__dict__" stays so that tests can still replace a method on one instance (created only then).
+    __slots__ = (
+        "__dict__", "_closing", "_coord_lock", "_deferred_recoveries", "_failed", "_failed_rounds",
+        "_hb_epoch", "_hb_result", "_hb_sent", "_loop", "_lost_at", "_on_assign", "_on_fatal", "_on_lost",
+        "_on_revoke", "_on_task_failure", "_partition_counts", "_stable", "_task", "_topics",
+        "_unassigned_since", "_unstable_since", "_wake", "client", "coordinator_id", "fatal", "group_id",
+        "heartbeat_interval", "heartbeat_latency", "heartbeats", "last_error", "last_poll",
+        "left_for_poll_timeout", "max_poll_interval", "member", "polls_in_progress", "retry_backoff",
+        "stall_recoveries", "task_failures",
+    )
+
     def __init__(
         self,
         client: KafkaClient,

@@ -116,6 +116,9 @@ class RecoveringCoordinator(GroupCoordinator):
 
     def __init__(self, described: set[str] | None) -> None:
         c = coordinator(["t"])
+        for name in GroupCoordinator.__slots__:  # a coordinator's state is in slots (issue 24: idle memory)
+            if name != "__dict__":
+                setattr(self, name, getattr(c, name))
         self.__dict__.update(c.__dict__)
         self.described = described
         self.left: list[str] = []

@@ -263,6 +263,17 @@ class FetchConfig:
 
 
 class Fetcher:
+    # Slots (issue 24, memory per idle instance): past 29 attributes an instance's __dict__ is a ~1.6 KB table of
+    # its own (one per consumer instance). "__dict__" lets tests replace a method on one instance (created only
+    # then); "__weakref__" for the memory budget's WeakSet of fetchers.
+    __slots__ = (
+        "__dict__", "__weakref__", "_budget_registered", "_budget_waiting", "_closing", "_in_flight",
+        "_in_flight_info", "_rotation", "_shed_at", "_task", "_wake", "budget", "buffer", "buffered_bytes",
+        "buffered_records", "client", "config", "data_event", "errors", "fetches_done", "gathering", "idle",
+        "last_data", "last_demand", "last_poll_end", "on_error", "on_reset", "parked", "polling",
+        "sessions", "stats", "subs", "trackers",
+    )
+
     def __init__(self, client: KafkaClient, subs: SubscriptionState, config: FetchConfig) -> None:
         self.client = client
         self.subs = subs

@@ -11,6 +11,7 @@ configuration/authorization errors are fatal for the member.
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,11 @@ MemberIdentity = M.struct("LeaveGroupRequest", "MemberIdentity")
 
 COORDINATOR_ERRORS = frozenset({EC.COORDINATOR_NOT_AVAILABLE, EC.NOT_COORDINATOR})
 RETRY_ERRORS = frozenset({EC.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def _shared(s: str | None) -> str | None:
+    """``s`` interned: what every member of a group decodes alike (leader id, protocol) is then kept once."""
+    return sys.intern(s) if type(s) is str else s
 
 
 class MemberState(enum.Enum):
@@ -190,8 +196,9 @@ class GroupMember:
         if code == EC.NONE:
             self.member_id = resp.member_id
             self.generation_id = resp.generation_id
-            self.protocol_name = resp.protocol_name
-            self.leader_id = resp.leader
+            # one string per group, not one per member (issue 24: memory per idle instance)
+            self.protocol_name = _shared(resp.protocol_name)
+            self.leader_id = _shared(resp.leader)
             self.state = MemberState.SYNCING
             if self.is_leader:
                 self._members = list(resp.members)

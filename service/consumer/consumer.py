@@ -63,6 +63,12 @@ ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
 GATHER_DUE_S = 0.025
 
 
+_NONE_REVOKING: frozenset[Any] = frozenset()
+#: revocations kept in Consumer.revoked_history (the latest ones): a member of a group that rebalances often (a
+#: gateway's worth of members joining) would otherwise keep a list per rebalance for as long as it lives
+REVOKED_HISTORY = 16
+
+
 class ConsumerClosedError(KafkaError):
     retriable = False
 
@@ -183,7 +189,9 @@ class Consumer:
         self.assignment_changed = LightEvent()
         self.revoked_history: list[list[TopicPartition]] = []
         self._commit_lock = asyncio.Lock()
-        self._revoking: set[TopicPartition] = set()  # partitions being revoked (refused to commits)
+        # partitions being revoked (refused to commits); a shared empty frozenset while none are (issue 24: an
+        # empty set per instance is 216 B)
+        self._revoking: frozenset[TopicPartition] = _NONE_REVOKING
         self.coordinator: GroupCoordinator | None = None
         self.member: GroupMember | None = None
         if config.group_id is not None:
@@ -368,7 +376,7 @@ class Consumer:
         # Deliver nothing more from these partitions (polls run concurrently with this coroutine): what
         # is committed below must cover everything handed out, or records would be delivered twice.
         self.subs.pause([tp for tp in partitions if self.subs.is_assigned(tp)])
-        self._revoking.update(partitions)  # refused to commits from now on
+        self._revoking = self._revoking.union(partitions)  # refused to commits from now on
         try:
             await self._revoke_commit(partitions)
             if self._user_revoke is not None:
@@ -379,8 +387,10 @@ class Consumer:
             self.subs.remove_partitions(partitions)
             self.fetcher.purge(partitions)
         finally:
-            self._revoking.difference_update(partitions)
+            self._revoking = self._revoking.difference(partitions) or _NONE_REVOKING
         self.revoked_history.append(list(partitions))
+        if len(self.revoked_history) > REVOKED_HISTORY:
+            del self.revoked_history[:-REVOKED_HISTORY]
         self.assignment_changed.set()
 
     async def _revoke_commit(self, partitions: list[TopicPartition]) -> None:

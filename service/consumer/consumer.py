@@ -215,7 +215,7 @@ class Consumer:
                 topics=self._group_topics,
                 on_task_failure=self._task_failed,
             )
-        self.fetcher.on_error = lambda exc: self._task_failed("fetcher", exc)
+        self.fetcher.on_error = self._fetcher_failed  # (a bound method: ~130 B less per instance than a closure)
         self._started = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -257,6 +257,9 @@ class Consumer:
         log.error("consumer %s (group %s, member %s): background task %r failed (%s: %s); restarting it",
                   self.config.client_id, self.config.group_id, member or "-", task, type(exc).__name__, exc,
                   exc_info=exc)
+
+    def _fetcher_failed(self, exc: BaseException) -> None:
+        self._task_failed("fetcher", exc)
 
     async def _supervise(self, task: str, body: Callable[[], Awaitable[None]]) -> None:
         """Run ``body`` until it returns; restart it with a growing backoff after unexpected errors."""

@@ -19,8 +19,8 @@ from api.consumers import V2, acceptable_content_type
 from api.consumers import router as consumers_router
 from api.docs_ui import install_docs
 from api.errors import error_response, install_error_handlers, v3_aware
-from api.fastpath import RecordsFastPath
-from api.hosts import AllowedHosts, HostCheckMiddleware
+from api.fastpath import LeanProduce, RecordsFastPath
+from api.hosts import AllowedHosts, HostCheckMiddleware, HostGuard
 from api.kafka_texts import client_text
 from api.openapi import install_openapi
 from api.produce import router as produce_router
@@ -187,6 +187,21 @@ _NO_FRAMEWORK_TELEMETRY: dict[str, Any] = (
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 
+class GatewayApp(FastAPI):
+    """The FastAPI app with the lean produce path (api/fastpath.py ``LeanProduce``) ahead of the framework
+    and the middleware stack: a plain ``POST /topics/...`` is served there, anything else as usual."""
+
+    lean_produce: LeanProduce | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        lean = self.lean_produce
+        if lean is not None and scope["type"] == "http" and scope["method"] == "POST" \
+                and await lean(self, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
@@ -249,7 +264,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             await gateway.close()
             await schemas.close()
 
-    app = FastAPI(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
+    app = GatewayApp(title="kafka-consumer-gateway", version="0.1.0", lifespan=lifespan,
                   default_response_class=OrjsonResponse, docs_url=None, redoc_url=None,  # api/docs_ui.py
                   description="HTTP gateway to consume Kafka as members of consumer groups; compatible with "
                               "the Confluent REST Proxy v2 consumer API, with long-poll, streaming, timestamps "
@@ -286,10 +301,14 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     routing = install_routing(app, settings, gateway)
     app.add_middleware(ObserveMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics,
                        memory_wait_s=settings.memory_wait_s)
+    guard = None
     if settings.allowed_hosts is not None:  # the Host check (api/hosts.py), outermost; main.py sets its default
-        app.add_middleware(HostCheckMiddleware, allowed=AllowedHosts.from_setting(settings.allowed_hosts),
-                           peer_token=settings.peer_token.get_secret_value() if settings.peer_token else None,
-                           peer_token_header=TOKEN_HEADER)
+        guard = HostGuard(AllowedHosts.from_setting(settings.allowed_hosts),
+                          peer_token=settings.peer_token.get_secret_value() if settings.peer_token else None,
+                          peer_token_header=TOKEN_HEADER)
+        app.add_middleware(HostCheckMiddleware, guard=guard)
+    # plain produce requests skip the framework and the middlewares above, doing their duties itself
+    app.lean_produce = LeanProduce(settings.max_body_bytes, settings.memory_wait_s, metrics, guard)
 
     @app.get("/", tags=["ops"], summary="Service name, version and links (Confluent's v2 answers {} here)")
     async def root() -> dict[str, Any]:

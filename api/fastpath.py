@@ -1,6 +1,6 @@
 """The lean routes of the hot paths: ``GET /consumers/{group}/instances/{name}/records`` (not streams) and
-``POST /topics/{topic}[/partitions/{partition}]`` (produce: the route's own ``current_tenant`` and ``produce``,
-errors through the app's handlers; 122k -> 162k records/s in bench/produce.py, issue 24).
+``POST /topics/{topic}[/partitions/{partition}]`` (produce, :class:`LeanProduce`: ahead of the whole middleware
+stack, issue 24).
 
 A consumer polls this endpoint in a loop, so what the web framework does around each poll — route
 matching over every route, dependency solving, query validation, exception-middleware wrappers — is paid
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -30,8 +31,11 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import current_tenant
-from api.consumers import BASE, INT32_MAX, _accept, instance, poll_records
-from api.produce import produce
+from api.consumers import BASE, INT32_MAX, V2, _accept, instance, poll_records
+from api.hosts import HostGuard
+from api.produce import produce_answer
+from service.metrics import GatewayMetrics, labelled
+from service.routing import HOP_HEADER
 
 _PATH = re.compile(r"/consumers/([^/]+)/instances/([^/]+)/records")
 # the bounds of the full route's Query(...) declarations: outside them the full route answers 422
@@ -106,27 +110,7 @@ class RecordsFastPath:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def _produce(self, scope: Scope, receive: Receive, send: Send, match: re.Match[str]) -> None:
-        """``POST /topics/{topic}[/partitions/{p}]``: the produce route's own functions (``current_tenant``,
-        ``produce``) without the framework's routing and dependency solving (issue 24: a producer posts in a
-        loop). Errors are answered by the app's exception handlers, as by the route."""
-        partition = int(match[2]) if match[2] is not None else None
-        scope["route"] = _PRODUCE_ROUTE if partition is None else _PRODUCE_PARTITION_ROUTE
-        request = Request(scope, receive)
-        try:
-            tenant = await current_tenant(request)
-            response = await produce(request, tenant, match[1], partition)
-        except Exception as exc:
-            response = await _error_response(scope, request, exc)
-        await response(scope, receive, send)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and "app" in scope \
-                and scope["path"].startswith("/topics/"):
-            match = _PRODUCE_PATH.fullmatch(scope["path"])
-            if match is not None and (match[2] is None or int(match[2]) <= INT32_MAX):
-                await self._produce(scope, receive, send, match)
-                return
         if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/records"):
             if scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] == "GET":
                 # Liveness probes (Kubernetes, the Docker HEALTHCHECK, load balancers): the route's own answer
@@ -163,3 +147,91 @@ class RecordsFastPath:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
+
+
+#: Headers after which the full app judges a produce request (chunked bodies, 100-continue, forwarded by a
+#: replica peer: the routing layer checks its token)
+_PRODUCE_DECLINE = frozenset({b"transfer-encoding", b"expect", HOP_HEADER.encode()})
+_PRODUCE_START_HEADERS = (b"content-type", V2.encode())
+
+
+class LeanProduce:
+    """``POST /topics/{topic}[/partitions/{p}]`` answered ahead of the framework and its middlewares
+    (issue 24: a producer posts in a loop, and the middleware stack, request and response objects cost
+    more than parsing its records). Called by the app (``GatewayApp.__call__``) before anything else; it
+    either declines before reading anything (the full app then serves the request as always) or serves
+    it doing what the middlewares would have done for it:
+
+    * the Host check (:class:`api.hosts.HostGuard`; a refused Host is declined: the full app answers 421);
+    * the body cap and memory budget of ``ObserveMiddleware``: only a ``Content-Length`` body within
+      ``GATEWAY_MAX_BODY_BYTES`` is served here (chunked, oversized or malformed lengths are declined:
+      the full app answers 400/413), charged twice its size to the memory budget until answered
+      (503/50305 when there is no room within ``GATEWAY_MEMORY_WAIT_S``);
+    * the request-duration histogram with the route's label, its tenant and status;
+    * the route's own functions (``current_tenant``, ``produce_answer``), errors answered by the app's
+      exception handlers: the same status, error code, body and headers as the full route.
+    """
+
+    def __init__(self, max_body_bytes: int, memory_wait_s: float, metrics: GatewayMetrics,
+                 guard: HostGuard | None) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.memory_wait_s = memory_wait_s
+        self.metrics = metrics
+        self.guard = guard
+
+    async def __call__(self, app: Any, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Serve a plain produce request and return True, or return False having done nothing."""
+        path = scope["path"]
+        if not path.startswith("/topics/"):
+            return False
+        match = _PRODUCE_PATH.fullmatch(path)
+        if match is None or (match[2] is not None and int(match[2]) > INT32_MAX):
+            return False
+        length = -1
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length >= 0 or not value.isdigit():
+                    return False
+                length = int(value)
+            elif name in _PRODUCE_DECLINE:
+                return False
+        if not 0 <= length <= self.max_body_bytes or (self.guard is not None and not self.guard.permits(scope)):
+            return False
+        scope["app"] = app
+        partition = int(match[2]) if match[2] is not None else None
+        route = scope["route"] = _PRODUCE_ROUTE if partition is None else _PRODUCE_PARTITION_ROUTE
+        started = time.perf_counter()
+        request = Request(scope, receive)
+        budget = app.state.gateway.budget
+        charged = 0
+        status = 500  # observed when no answer was sent (the client went away)
+        try:
+            try:
+                if length and budget is not None:
+                    charged = await budget.reserve(2 * length, "body", self.memory_wait_s)
+                chunks = []
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return True  # the client went away: nothing to answer, nothing produced
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+                request._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                tenant = await current_tenant(request)
+                content, status = await produce_answer(request, tenant, match[1], partition)
+            except Exception as exc:
+                response = await _error_response(scope, request, exc)
+                status = response.status_code
+                await response(scope, receive, send)
+                return True
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS]})
+            await send({"type": "http.response.body", "body": content})
+            return True
+        finally:
+            if charged:
+                budget.release(charged, "body")
+            tenant = scope.get("state", {}).get("tenant")
+            labelled(self.metrics.http_seconds, tenant.id if tenant is not None else "", route.path, "POST",
+                     str(status)).observe(time.perf_counter() - started)

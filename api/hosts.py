@@ -118,22 +118,19 @@ def default_allowed_hosts(bind_host: str, urls: Iterable[str] = ()) -> str:
     return ",".join(dict.fromkeys(out))
 
 
-class HostCheckMiddleware:
-    """Refuse (421/42101, JSON body) a request whose Host header is not allowed. /healthz and /readyz are
-    exempt (probes), and so is a request carrying the peer token (replica-to-replica calls address a peer by
-    its pod address)."""
+class HostGuard:
+    """The Host check of one gateway: whether a request's Host header is allowed, or it carries the peer
+    token (replica-to-replica calls address a peer by its pod address). Used by
+    :class:`HostCheckMiddleware` and by the lean produce path (api/fastpath.py), which must agree."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], allowed: AllowedHosts,
-                 peer_token: str | None = None, peer_token_header: str = "") -> None:
-        self.app = app
+    def __init__(self, allowed: AllowedHosts, peer_token: str | None = None, peer_token_header: str = "") -> None:
         self.allowed = allowed
         self.peer_token = peer_token.encode() if peer_token else None
         self.peer_token_header = peer_token_header.lower().encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.allowed.any or scope["path"] in UNCHECKED_PATHS:
-            await self.app(scope, receive, send)
-            return
+    def permits(self, scope: Scope) -> bool:
+        if self.allowed.any or scope["path"] in UNCHECKED_PATHS:
+            return True
         host: str | None = None
         token: bytes | None = None
         for k, v in scope["headers"]:
@@ -144,8 +141,20 @@ class HostCheckMiddleware:
                 host = v.decode("latin-1")
             elif self.peer_token is not None and k == self.peer_token_header:
                 token = v
-        if self.allowed.allows(host) or (token is not None and self.peer_token is not None
-                                         and hmac.compare_digest(token, self.peer_token)):
+        return self.allowed.allows(host) or (token is not None and self.peer_token is not None
+                                             and hmac.compare_digest(token, self.peer_token))
+
+
+class HostCheckMiddleware:
+    """Refuse (421/42101, JSON body) a request whose Host header is not allowed (:class:`HostGuard`).
+    /healthz and /readyz are exempt (probes), and so is a request carrying the peer token."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], guard: HostGuard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.guard.permits(scope):
             await self.app(scope, receive, send)
             return
         resp = error_response(421, 42101, "the Host header names a host this gateway does not serve; "

@@ -456,6 +456,12 @@ async def _encode_schema_records(request: Request, tenant: Tenant, fmt: str, top
 
 
 async def produce(request: Request, tenant: Tenant, topic: str, path_partition: int | None) -> Response:
+    content, status = await produce_answer(request, tenant, topic, path_partition)
+    return Response(content, status_code=status, media_type=V2)
+
+
+async def produce_answer(request: Request, tenant: Tenant, topic: str, path_partition: int | None) -> tuple[bytes, int]:
+    """The ProduceResponse body (media type ``V2``) and HTTP status of one produce request; errors raise."""
     fmt = embedded_format(request)
     tenant.require_topic(topic)
     body = _parse_body(await request.body(), fmt)
@@ -499,7 +505,7 @@ async def produce(request: Request, tenant: Tenant, topic: str, path_partition: 
             sum(sizes) if oks is None else sum(s for s, ok in zip(sizes, oks, strict=True) if ok))
     if failed:
         metrics.produce_failures.labels(tenant.id).inc(failed)
-    return Response(content, status_code=status, media_type=V2)
+    return content, status
 
 
 @router.post("/topics/{topic}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,

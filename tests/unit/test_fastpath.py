@@ -106,3 +106,107 @@ async def test_healthz_is_answered_here_with_the_routes_answer(app: Any) -> None
         before = rest.calls
         await call(RecordsFastPath(rest), app, **other)
         assert rest.calls == before + 1, other
+
+
+# -- the lean produce path (LeanProduce, ahead of the framework) ------------------------------------------------
+BINARY_CT = (b"content-type", b"application/vnd.kafka.binary.v2+json")
+
+
+async def lean_call(app: Any, path: str, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None,
+                    ) -> tuple[bool, int | None, dict[bytes, bytes], bytes]:
+    """Call the app's LeanProduce directly: (served?, status, headers, body)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    hdrs = headers if headers is not None else [(b"host", b"localhost"), BINARY_CT,
+                                                 (b"content-length", b"%d" % len(body))]
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": hdrs, "state": {}, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080),
+             "scheme": "http", "http_version": "1.1", "root_path": ""}
+    served = await app.lean_produce(app, scope, receive, send)
+    if not served:
+        assert sent == []  # declined before answering anything
+        return False, None, {}, b""
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return True, start["status"], dict(start["headers"]), b"".join(
+        m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+@pytest.fixture
+def guarded_app() -> Any:
+    from api.app import create_app
+
+    return create_app(Settings(kafka_bootstrap="127.0.0.1:1", allowed_hosts="localhost", max_body_bytes=1000,
+                               memory_budget_bytes=4096, memory_wait_s=0.01), "127.0.0.1:1")
+
+
+async def test_lean_produce_declines_what_the_full_app_must_judge(guarded_app: Any) -> None:
+    """Chunked or oversized bodies, malformed lengths, 100-continue, a replica's forwarded request, a Host
+    not allowed, other paths: declined before anything is read (the full app answers them as always)."""
+    ok = [(b"host", b"localhost"), BINARY_CT]
+    cases = [
+        ("/topics/t", [*ok, (b"transfer-encoding", b"chunked")]),
+        ("/topics/t", [*ok, (b"content-length", b"1001")]),  # over GATEWAY_MAX_BODY_BYTES: 413 there
+        ("/topics/t", [*ok, (b"content-length", b"-1")]),
+        ("/topics/t", [*ok, (b"content-length", b"2"), (b"content-length", b"2")]),
+        ("/topics/t", ok),  # no length
+        ("/topics/t", [*ok, (b"content-length", b"2"), (b"expect", b"100-continue")]),
+        ("/topics/t", [*ok, (b"content-length", b"2"), (b"x-kcg-forwarded-by", b"peer")]),
+        ("/topics/t", [(b"host", b"attacker.example"), BINARY_CT, (b"content-length", b"2")]),  # 421 there
+        ("/topics/t/", [*ok, (b"content-length", b"2")]),
+        ("/topics/t/partitions/2147483648", [*ok, (b"content-length", b"2")]),
+        ("/topics/t/partitions/x", [*ok, (b"content-length", b"2")]),
+        ("/topics", [*ok, (b"content-length", b"2")]),
+        ("/consumers/g", [*ok, (b"content-length", b"2")]),
+    ]
+    for path, headers in cases:
+        served, *_ = await lean_call(guarded_app, path, b"{}", headers)
+        assert not served, (path, headers)
+
+
+async def test_lean_produce_answers_as_the_full_route(guarded_app: Any) -> None:
+    """Errors come from the app's handlers: the same status, error code and body as through the framework
+    (which serves the declined twin of the request: a trailing slash)."""
+    import httpx
+
+    async with guarded_app.router.lifespan_context(guarded_app):
+        cases = [(b"not json", [BINARY_CT]), (b"", [BINARY_CT]), (b'{"records":[{"value":"!!"}]}', [BINARY_CT]),
+                 (b'{"records":[{"value":null}]}', [(b"content-type", b"text/plain")])]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded_app),
+                                     base_url="http://localhost") as http:
+            for body, extra in cases:
+                served, status, headers, answer = await lean_call(
+                    guarded_app, "/topics/t", body, [(b"host", b"localhost"), *extra,
+                                                     (b"content-length", b"%d" % len(body))])
+                full = await http.post("/topics/t/", content=body, headers={k.decode(): v.decode() for k, v in extra})
+                assert served and (status, answer) == (full.status_code, full.content), body
+                assert status in (400, 415, 422) and b'"error_code"' in answer
+                assert headers[b"content-type"] == full.headers["content-type"].encode()
+
+
+async def test_lean_produce_charges_the_memory_budget_and_observes_the_request(guarded_app: Any) -> None:
+    from service.metrics import labelled
+
+    async with guarded_app.router.lifespan_context(guarded_app):
+        budget = guarded_app.state.gateway.budget
+        # refused before authentication: no tenant label (as ObserveMiddleware labels such a refusal)
+        hist = labelled(guarded_app.state.metrics.http_seconds, "", "/topics/{topic}", "POST", "503")
+        before = sum(b.get() for b in hist._buckets)
+        assert budget.try_reserve(budget.total - 100, "body")  # nearly full: 2 x 900 bytes cannot fit
+        try:
+            body = b'{"records":[{"value":null}]}'.ljust(900)
+            served, status, headers, answer = await lean_call(guarded_app, "/topics/t", body)
+            assert served and status == 503 and b'"error_code":50305' in answer
+            assert dict((k.lower(), v) for k, v in headers.items())[b"retry-after"] == b"1"
+        finally:
+            budget.release(budget.total - 100, "body")
+        assert sum(b.get() for b in hist._buckets) == before + 1
+        # nothing stays charged after an answer
+        free_before = budget.total - budget.used
+        served, status, _, _ = await lean_call(guarded_app, "/topics/t", b"{}")
+        assert served and status == 422 and budget.total - budget.used == free_before

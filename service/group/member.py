@@ -83,7 +83,7 @@ class GroupMember:
             raise ValueError("at least one assignor is required")
         protocols = {a.rebalance_protocol for a in assignors}
         self.group_id = group_id
-        self.assignors = list(assignors)
+        self.assignors = tuple(assignors)  # (the consumer's shared tuple is kept as it is: issue 24)
         # As in Java, the incremental protocol is used only when every configured assignor supports it
         # (the default ["range", "cooperative-sticky"] therefore stays eager).
         self.cooperative = protocols == {"COOPERATIVE"}
@@ -102,9 +102,11 @@ class GroupMember:
         self.rejoin_needed = True
         self.rejoin_reason = "initial join"
         self.fatal_error: BrokerResponseError | None = None
-        self._members: list[Any] = []  # leader only: JoinGroup members of the current generation
+        # leader only: JoinGroup members of the current generation (a shared empty tuple otherwise, as the list
+        # of unreadable subscriptions: issue 24, memory per idle member)
+        self._members: Sequence[Any] = ()
         self.rebalances = 0
-        self.bad_subscriptions: list[tuple[str, str]] = []
+        self.bad_subscriptions: Sequence[tuple[str, str]] = ()
         #: group.instance.id -> member ids the coordinator listed for it in the last JoinGroup, when more than one
         self.shared_instance_ids: dict[str, list[str]] = {}
         #: leader only: the latest assignment it computed, as {member id: partition count} (for logs)
@@ -226,13 +228,14 @@ class GroupMember:
             return self._fatal(EC.BY_NAME["INCONSISTENT_GROUP_PROTOCOL"], "JoinGroup",
                                f"coordinator chose unknown assignor {self.protocol_name!r}")
         subs: dict[str, MemberSubscription] = {}
-        self.bad_subscriptions = []
+        bad: list[tuple[str, str]] = []
+        self.bad_subscriptions = bad
         for m in self._members:
             try:
                 subs[m.member_id] = MemberSubscription.from_metadata(m.member_id, m.metadata, m.group_instance_id)
             except ProtocolDecodeError as exc:
                 # A member sent garbage: it gets nothing (instead of failing the whole group's rebalance).
-                self.bad_subscriptions.append((m.member_id, str(exc)))
+                bad.append((m.member_id, str(exc)))
                 subs[m.member_id] = MemberSubscription(member_id=m.member_id, group_instance_id=m.group_instance_id)
         # Apache Kafka never lists two members with one group.instance.id (a static member that rejoins replaces
         # its old member id). Tansu at times lists the departed id next to the new one after a hand-off: the
@@ -253,7 +256,7 @@ class GroupMember:
             SyncAssignment(member_id=mid, assignment=cp.encode_assignment(result.get(mid, {})))
             for mid in subs
         ]
-        self._members = []
+        self._members = ()
         return Step(Action.SYNC, request=self._sync_request(assignments))
 
     def _sync_request(self, assignments: list[Any]) -> Any:

@@ -321,6 +321,8 @@ class Fetcher:
 
     def wake(self) -> None:
         self._wake.set()
+        if self._task is None and self.idle and not self._closing:  # ended while idle (_run): start it again
+            self.start()
 
     async def close(self) -> None:
         self._closing = True
@@ -488,6 +490,12 @@ class Fetcher:
             try:
                 await self._round()
                 failures = 0
+                if self.idle:
+                    # Issue 24 (memory per idle instance): paused for idleness, the task ends instead of waiting
+                    # (no suspended task, coroutines and waiter per idle instance); wake() and demand() start
+                    # it again. No await since _round looked, so no wake-up was missed.
+                    self._task = None
+                    return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never let the fetcher die: report, back off, go on
@@ -500,8 +508,8 @@ class Fetcher:
         self.last_demand = time.monotonic()
         self.polling += 1
         if self.idle or self._shed_at is not None:
+            self.wake()  # (starts the task again if it ended while idle)
             self.idle = False
-            self._wake.set()
 
     def demand_done(self) -> None:
         """A poll ended (pairs with :meth:`demand`)."""
@@ -524,8 +532,7 @@ class Fetcher:
         pause = self.config.idle_pause_s
         self.idle = bool(pause) and time.monotonic() - self.last_demand > pause and not self._in_flight
         if self.idle:
-            await self._wake.wait()
-            return
+            return  # _run ends the task
         if self._shed_at is not None:  # the buffer was dropped for memory: wait for the owner to ask again
             if self.polling or self.last_demand > self._shed_at:
                 self._shed_at = None

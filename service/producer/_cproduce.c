@@ -414,6 +414,21 @@ fail:
 
 /* render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> the ProduceResponse body, or None
  * when a result is not exactly a RecordMetadata (a failure: the Python renderer handles those). */
+/* The decimal digits of v (any long long) at o's end; room for 20 characters must be reserved. */
+static inline void put_decimal(out_t *o, long long v) {
+    char tmp[24];
+    int k = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[k++] = (char)('0' + (int)(u % 10));
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        o->buf[o->len++] = '-';
+    while (k)
+        o->buf[o->len++] = tmp[--k];
+}
+
 static PyObject *render_offsets(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *results, *meta_type, *ksid, *vsid;
@@ -425,7 +440,7 @@ static PyObject *render_offsets(PyObject *self, PyObject *args) {
     static const char item1[] = "{\"partition\":";
     static const char item2[] = ",\"offset\":";
     static const char item3[] = ",\"error_code\":null,\"error\":null}";
-    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 96 + 128) < 0)
+    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 128 + 128) < 0)
         return NULL;
     put_bytes(&o, head, (Py_ssize_t)sizeof head - 1);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -438,13 +453,17 @@ static PyObject *render_offsets(PyObject *self, PyObject *args) {
             PyMem_Free(o.buf);
             return NULL;
         }
-        if (out_reserve(&o, 96) < 0) {
+        if (out_reserve(&o, 128) < 0) {
             PyMem_Free(o.buf);
             return NULL;
         }
         if (i)
             o.buf[o.len++] = ',';
-        o.len += snprintf(o.buf + o.len, 96, "%s%lld%s%lld%s", item1, p, item2, off, item3);
+        put_bytes(&o, item1, (Py_ssize_t)sizeof item1 - 1);
+        put_decimal(&o, p);
+        put_bytes(&o, item2, (Py_ssize_t)sizeof item2 - 1);
+        put_decimal(&o, off);
+        put_bytes(&o, item3, (Py_ssize_t)sizeof item3 - 1);
     }
     if (out_reserve(&o, 96) < 0) {
         PyMem_Free(o.buf);

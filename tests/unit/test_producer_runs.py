@@ -272,6 +272,8 @@ def test_render_offsets_in_c_is_the_python_render() -> None:
         ([RecordMetadata(3, 2**40 + i) for i in range(50)], 7, None),
         ([RecordMetadata(1, -1), RecordMetadata(2, 5)], None, 2**31 - 1),
         ([RecordMetadata(1, 4), ProduceFailure(6, "NOT_LEADER", True, 1)], 1, 2),
+        ([RecordMetadata(2**31 - 1, 2**63 - 1), RecordMetadata(0, -(2**63)), RecordMetadata(9, 10),
+          RecordMetadata(10, 99), RecordMetadata(100, 1000)], 0, 10),
         ([], None, None),
     ]
     for results, ksid, vsid in cases:

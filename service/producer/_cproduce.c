@@ -281,11 +281,7 @@ static void b64_init(void) {
 /* Decodes canonical-length base64 (length a multiple of 4, only the alphabet, one or two '=' at the very end).
  * Anything else returns NULL without an exception: the caller falls back to binascii's strict mode, which
  * decides (and names the field). What this accepts, binascii.a2b_base64(strict_mode=True) decodes the same. */
-static PyObject *b64_decode(PyObject *str) {
-    if (!PyUnicode_IS_ASCII(str))
-        return NULL;
-    Py_ssize_t n = PyUnicode_GET_LENGTH(str);
-    const unsigned char *s = (const unsigned char *)PyUnicode_DATA(str);
+static PyObject *b64_decode_raw(const unsigned char *s, Py_ssize_t n) {
     if (n % 4)
         return NULL;
     Py_ssize_t pad = 0;
@@ -324,6 +320,12 @@ static PyObject *b64_decode(PyObject *str) {
 bad:
     Py_DECREF(out);
     return NULL;
+}
+
+static PyObject *b64_decode(PyObject *str) {
+    if (!PyUnicode_IS_ASCII(str))
+        return NULL;
+    return b64_decode_raw((const unsigned char *)PyUnicode_DATA(str), PyUnicode_GET_LENGTH(str));
 }
 
 /* parse_binary(records, partition) -> (list of (key, value, (), partition, None), sizes) or None.
@@ -412,8 +414,181 @@ fail:
     return NULL;
 }
 
-/* render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> the ProduceResponse body, or None
- * when a result is not exactly a RecordMetadata (a failure: the Python renderer handles those). */
+/* ---- parse_body_binary: the whole request body of the common binary shape, without a JSON parser ----
+ * Accepted: {"records": [R, ...]} (at least one record, no other top-level field), R = {} or an object of
+ * "key" and/or "value" (each at most once), each null or a string of base64 characters (no escapes), with JSON
+ * whitespace anywhere between tokens. Anything else is None: the caller parses the body with orjson and
+ * parse_records, which decide (and name errors). For what this accepts, the result is parse_binary's on what
+ * orjson parses. */
+static inline const unsigned char *json_ws(const unsigned char *p, const unsigned char *e) {
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+static inline int json_lit(const unsigned char **pp, const unsigned char *e, const char *lit, Py_ssize_t n) {
+    if (e - *pp < n || memcmp(*pp, lit, (size_t)n) != 0)
+        return 0;
+    *pp += n;
+    return 1;
+}
+
+/* A member value: null (*out = Py_None, new ref) or a base64 string decoded (*out new bytes). 0: not plain. */
+static int plain_b64_value(const unsigned char **pp, const unsigned char *e, PyObject **out) {
+    const unsigned char *p = *pp;
+    if (json_lit(&p, e, "null", 4)) {
+        Py_INCREF(Py_None);
+        *out = Py_None;
+        *pp = p;
+        return 1;
+    }
+    if (p >= e || *p != '"')
+        return 0;
+    const unsigned char *s = ++p;
+    while (p < e && *p != '"') {
+        if (b64_value[*p] < 0 && *p != '=')
+            return 0; /* an escape, a control or non-base64 character: the full path judges it */
+        p++;
+    }
+    if (p >= e)
+        return 0;
+    PyObject *b = b64_decode_raw(s, p - s);
+    if (b == NULL)
+        return 0; /* (an exception set here is checked by the caller) */
+    *out = b;
+    *pp = p + 1;
+    return 1;
+}
+
+static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    PyObject *partition;
+    if (!PyArg_ParseTuple(args, "y*O", &view, &partition))
+        return NULL;
+    static PyObject *empty = NULL;
+    if (empty == NULL && (empty = PyTuple_New(0)) == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)view.buf, *e = p + view.len;
+    PyObject *out = PyList_New(0), *sizes = PyList_New(0);
+    if (out == NULL || sizes == NULL)
+        goto fail;
+    p = json_ws(p, e);
+    if (!json_lit(&p, e, "{", 1))
+        goto fallback;
+    p = json_ws(p, e);
+    if (!json_lit(&p, e, "\"records\"", 9))
+        goto fallback;
+    p = json_ws(p, e);
+    if (!json_lit(&p, e, ":", 1))
+        goto fallback;
+    p = json_ws(p, e);
+    if (!json_lit(&p, e, "[", 1))
+        goto fallback;
+    for (;;) {
+        p = json_ws(p, e);
+        if (!json_lit(&p, e, "{", 1))
+            goto fallback;
+        PyObject *kb = NULL, *vb = NULL;
+        p = json_ws(p, e);
+        if (!json_lit(&p, e, "}", 1)) {
+            for (;;) {
+                PyObject **slot;
+                if (json_lit(&p, e, "\"key\"", 5))
+                    slot = &kb;
+                else if (json_lit(&p, e, "\"value\"", 7))
+                    slot = &vb;
+                else
+                    goto fallback_record;
+                if (*slot != NULL)
+                    goto fallback_record; /* a repeated member */
+                p = json_ws(p, e);
+                if (!json_lit(&p, e, ":", 1))
+                    goto fallback_record;
+                p = json_ws(p, e);
+                if (!plain_b64_value(&p, e, slot))
+                    goto fallback_record;
+                p = json_ws(p, e);
+                if (json_lit(&p, e, "}", 1))
+                    break;
+                if (!json_lit(&p, e, ",", 1))
+                    goto fallback_record;
+                p = json_ws(p, e);
+            }
+        }
+        Py_ssize_t size = 0;
+        if (kb == NULL) {
+            Py_INCREF(Py_None);
+            kb = Py_None;
+        } else if (kb != Py_None) {
+            size += PyBytes_GET_SIZE(kb);
+        }
+        if (vb == NULL) {
+            Py_INCREF(Py_None);
+            vb = Py_None;
+        } else if (vb != Py_None) {
+            size += PyBytes_GET_SIZE(vb);
+        }
+        PyObject *t = PyTuple_New(5);
+        if (t == NULL) {
+            Py_DECREF(kb);
+            Py_DECREF(vb);
+            goto fail;
+        }
+        Py_INCREF(empty);
+        Py_INCREF(partition);
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(t, 0, kb);
+        PyTuple_SET_ITEM(t, 1, vb);
+        PyTuple_SET_ITEM(t, 2, empty);
+        PyTuple_SET_ITEM(t, 3, partition);
+        PyTuple_SET_ITEM(t, 4, Py_None);
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto fail;
+        PyObject *sz = PyLong_FromSsize_t(size);
+        if (sz == NULL)
+            goto fail;
+        rc = PyList_Append(sizes, sz);
+        Py_DECREF(sz);
+        if (rc < 0)
+            goto fail;
+        p = json_ws(p, e);
+        if (json_lit(&p, e, "]", 1))
+            break;
+        if (!json_lit(&p, e, ",", 1))
+            goto fallback;
+        continue;
+    fallback_record:
+        Py_XDECREF(kb);
+        Py_XDECREF(vb);
+        goto fallback;
+    }
+    p = json_ws(p, e);
+    if (!json_lit(&p, e, "}", 1))
+        goto fallback;
+    p = json_ws(p, e);
+    if (p != e)
+        goto fallback;
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NN)", out, sizes);
+fallback:
+    if (PyErr_Occurred())
+        goto fail;
+    Py_XDECREF(out);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* The decimal digits of v (any long long) at o's end; room for 20 characters must be reserved. */
 static inline void put_decimal(out_t *o, long long v) {
     char tmp[24];
@@ -429,6 +604,8 @@ static inline void put_decimal(out_t *o, long long v) {
         o->buf[o->len++] = tmp[--k];
 }
 
+/* render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> the ProduceResponse body, or None
+ * when a result is not exactly a RecordMetadata (a failure: the Python renderer handles those). */
 static PyObject *render_offsets(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *results, *meta_type, *ksid, *vsid;
@@ -588,6 +765,8 @@ static PyMethodDef methods[] = {
      "encode_runs(runs) -> (records section, count, base timestamp, max timestamp)"},
     {"parse_binary", parse_binary, METH_VARARGS,
      "parse_binary(records, partition) -> (records, sizes) or None (not all plain base64 key/value records)"},
+    {"parse_body_binary", parse_body_binary, METH_VARARGS,
+     "parse_body_binary(body, partition) -> (records, sizes) or None (not the plain binary shape)"},
     {"metas", metas, METH_VARARGS, "metas(cls, partition, base_offset, n) -> n cls instances, offsets counting up"},
     {"plain_sizes", plain_sizes, METH_VARARGS,
      "plain_sizes(records, overhead) -> record sizes if no record has a key, partition or headers, else None"},

@@ -262,6 +262,68 @@ def test_parse_binary_in_c_is_the_python_parse() -> None:
         assert c == py, recs
 
 
+def _python_body_parse(raw: bytes, partition: int | None) -> object:
+    """What the route does with a body the C body parser declines: orjson, then parse_records."""
+    from api.produce import _parse_body, parse_records
+
+    saved = encoding.native
+    encoding.native = None
+    try:
+        return parse_records(_parse_body(raw, "binary"), "binary", partition)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        encoding.native = saved
+
+
+def test_parse_body_binary_in_c_is_orjson_and_parse_records() -> None:
+    """The whole-body parser (no JSON parser, no dict per record) answers exactly what orjson + parse_records
+    answer, or declines (None); it does not decline the plain shapes it exists for."""
+    if encoding.native is None:
+        if REQUIRE_CEXT:
+            pytest.fail("service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C helpers not built")
+    import base64
+
+    rng = random.Random(11)
+    ws = [" ", "\n", "\t", "\r", "", "", "", "  \n "]
+    junk = ["\\/", "\\u0041", "é", "!", "=", "A=AA", "AB", "null", "nul", "1", "[]", "\"", "}", ",", "true"]
+    accepted = 0
+    for _ in range(4000):
+        w = lambda: rng.choice(ws)  # noqa: E731
+        members = []
+        for field in rng.sample(["key", "value"], rng.randrange(0, 3)):
+            roll = rng.random()
+            if roll < 0.6:
+                v = '"' + base64.b64encode(rng.randbytes(rng.randrange(0, 10))).decode() + '"'
+            elif roll < 0.75:
+                v = "null"
+            else:
+                v = '"' + "".join(rng.choice(junk) for _ in range(rng.randrange(1, 3))) + '"' \
+                    if rng.random() < 0.7 else rng.choice(junk)
+            name = field if rng.random() > 0.03 else rng.choice(["Key", "partition", "valu", "value\\u0000"])
+            members.append(f'{w()}"{name}"{w()}:{w()}{v}{w()}')
+            if rng.random() < 0.02:
+                members.append(members[-1])  # a repeated member
+        records = [w() + "{" + ",".join(members) + "}" + w() for _ in range(rng.randrange(0, 4))]
+        top = f'{w()}"records"{w()}:{w()}[' + ",".join(records) + f"]{w()}"
+        if rng.random() < 0.05:
+            top += ',"key_schema":null'
+        body = "{" + top + "}" + w()
+        if rng.random() < 0.03:
+            body = body[: rng.randrange(len(body))]  # truncated
+        raw = body.encode()
+        partition = rng.choice([None, 2])
+        c = encoding.native.parse_body_binary(raw, partition)
+        if c is not None:
+            accepted += 1
+            assert c == _python_body_parse(raw, partition), raw
+    assert accepted > 1000  # the plain shapes take the C path
+    plain = b'{"records":[' + b",".join(b'{"value":"%s"}' % base64.b64encode(bytes(100)) for _ in range(100)) + b"]}"
+    c = encoding.native.parse_body_binary(plain, None)
+    assert c is not None and c == _python_body_parse(plain, None) and len(c[0]) == 100
+
+
 def test_render_offsets_in_c_is_the_python_render() -> None:
     if encoding.native is None:
         pytest.skip("C helpers not built")

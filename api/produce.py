@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -403,7 +404,7 @@ def render(results: list[Any], key_schema_id: int | None = None,
     return body, status, failed, oks
 
 
-def _check_partitions(topic: str, partitions: set[int], records: list[tuple[Any, ...]],
+def _check_partitions(topic: str, partitions: set[int], records: Sequence[tuple[Any, ...]],
                       path_partition: int | None) -> None:
     if path_partition is not None:
         if path_partition not in partitions:
@@ -482,7 +483,8 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
             partitions = await partitions_or_create(settings, producer, topic, catalog(request, tenant))
         except UnknownTopicError:
             raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
-        _check_partitions(topic, partitions, records, path_partition)
+        # (a plain body has no per-record partitions: only the path's partition is checked)
+        _check_partitions(topic, partitions, records if plain is None else (), path_partition)
     else:
         # schema'd: 404s first (no schema registered for a topic that is not there), then every record
         # encoded, then a missing topic created (when auto-creation is on), then the partitions checked

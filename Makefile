@@ -33,7 +33,7 @@ run: $(RUN_STAMP)
 test: $(TEST_STAMP) system-deps
 	sh tools/install-node-deps.sh
 	sh tools/install-registry.sh $(PY)
-	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider
+	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
 
 lint: $(TEST_STAMP)

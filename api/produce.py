@@ -369,6 +369,18 @@ def _parse_record(r: Any, i: int, mode: str, path_partition: int | None) -> tupl
     return key, value, headers, partition, ts
 
 
+def parse_body_records(raw: bytes, fmt: str, path_partition: int | None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
+    """The parsed body (None for a plain binary body, parsed in C without a JSON parser: ``{"records":
+    [{"key"/"value": <base64> | null}, ...]}``, no dict per record), its records and their sizes; errors raise."""
+    if fmt == "binary" and encoding.native is not None:
+        plain = encoding.native.parse_body_binary(raw, path_partition)
+        if plain is not None:
+            return None, plain[0], plain[1]
+    body = _parse_body(raw, fmt)
+    records, sizes = parse_records(body, fmt, path_partition)
+    return body, records, sizes
+
+
 def render(results: list[Any], key_schema_id: int | None = None,
            value_schema_id: int | None = None) -> tuple[bytes, int, int, list[bool] | None]:
     """The ProduceResponse body, its HTTP status (Confluent: 403/401 if a record failed authorization or
@@ -465,15 +477,8 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
     """The ProduceResponse body (media type ``V2``) and HTTP status of one produce request; errors raise."""
     fmt = embedded_format(request)
     tenant.require_topic(topic)
-    raw = await request.body()
-    plain = encoding.native.parse_body_binary(raw, path_partition) \
-        if fmt == "binary" and encoding.native is not None else None
-    if plain is not None:  # {"records": [{"value": <base64>}, ...]}: no JSON parser, no dict per record
-        body: Any = None
-        records, sizes = plain
-    else:
-        body = _parse_body(raw, fmt)
-        records, sizes = parse_records(body, fmt, path_partition)
+    body, records, sizes = parse_body_records(await request.body(), fmt, path_partition)
+    plain = body is None
     require_legal_topic_name(topic)
     producer = producer_for(request, tenant)
     settings = request.app.state.settings
@@ -484,7 +489,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
         except UnknownTopicError:
             raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
         # (a plain body has no per-record partitions: only the path's partition is checked)
-        _check_partitions(topic, partitions, records if plain is None else (), path_partition)
+        _check_partitions(topic, partitions, () if plain else records, path_partition)
     else:
         # schema'd: 404s first (no schema registered for a topic that is not there), then every record
         # encoded, then a missing topic created (when auto-creation is on), then the partitions checked

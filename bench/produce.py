@@ -18,7 +18,7 @@ Each scenario writes a fresh topic. Everything shares this machine's cores (brok
 
 The HTTP row's time split (issue 24): the gateway process's CPU per record during the wrk run (from /proc),
 next to the engine's CPU per record in-process (same records, no HTTP) and the body's JSON + base64 parse
-(``_parse_body`` + ``parse_records`` timed in this process on the same body); the rest is HTTP handling
+(``parse_body_records``, the route's own body parse, timed in this process on the same body); the rest is HTTP handling
 (uvicorn, routing, rendering the answer). ``--profile DIR`` samples the gateway with py-spy during the HTTP
 rows and prints the top frames.
 
@@ -50,7 +50,7 @@ from confluent_kafka import KafkaError  # noqa: E402
 from confluent_kafka import Producer as CKProducer  # noqa: E402
 from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
 
-from api.produce import _parse_body, parse_records  # noqa: E402
+from api.produce import parse_body_records  # noqa: E402
 from bench.http_capacity import Profiler  # noqa: E402
 from bench.http_consume import cpu_seconds, machine_busy_seconds  # noqa: E402
 from service.client.client import KafkaClient  # noqa: E402
@@ -172,7 +172,7 @@ def parse_cost_us(batch: int) -> float:
     rounds = max(1, 200_000 // batch)
     t0 = time.process_time()
     for _ in range(rounds):
-        parse_records(_parse_body(payload, "binary"), "binary", None)
+        parse_body_records(payload, "binary", None)
     return (time.process_time() - t0) / (rounds * batch) * 1e6
 
 

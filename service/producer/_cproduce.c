@@ -328,6 +328,25 @@ static PyObject *b64_decode(PyObject *str) {
     return b64_decode_raw((const unsigned char *)PyUnicode_DATA(str), PyUnicode_GET_LENGTH(str));
 }
 
+/* (key, value, (), partition, None): a plain record for the producer; steals kb and vb (also on failure). */
+static PyObject *plain_record(PyObject *kb, PyObject *vb, PyObject *empty, PyObject *partition) {
+    PyObject *t = PyTuple_New(5);
+    if (t == NULL) {
+        Py_DECREF(kb);
+        Py_DECREF(vb);
+        return NULL;
+    }
+    Py_INCREF(empty);
+    Py_INCREF(partition);
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(t, 0, kb);
+    PyTuple_SET_ITEM(t, 1, vb);
+    PyTuple_SET_ITEM(t, 2, empty);
+    PyTuple_SET_ITEM(t, 3, partition);
+    PyTuple_SET_ITEM(t, 4, Py_None);
+    return t;
+}
+
 /* parse_binary(records, partition) -> (list of (key, value, (), partition, None), sizes) or None.
  * records: the body's "records" list; each must be a dict of at most "key" and "value", each a base64 string
  * or null. None as soon as one record is anything else (the Python path then checks and names the error). */
@@ -377,23 +396,9 @@ static PyObject *parse_binary(PyObject *self, PyObject *args) {
         } else {
             Py_INCREF(vb);
         }
-        Py_INCREF(empty);
-        Py_INCREF(partition);
-        Py_INCREF(Py_None);
-        PyObject *t = PyTuple_New(5);
-        if (t == NULL) {
-            Py_DECREF(kb);
-            Py_DECREF(vb);
-            Py_DECREF(empty);
-            Py_DECREF(partition);
-            Py_DECREF(Py_None);
+        PyObject *t = plain_record(kb, vb, empty, partition);
+        if (t == NULL)
             goto fail;
-        }
-        PyTuple_SET_ITEM(t, 0, kb);
-        PyTuple_SET_ITEM(t, 1, vb);
-        PyTuple_SET_ITEM(t, 2, empty);
-        PyTuple_SET_ITEM(t, 3, partition);
-        PyTuple_SET_ITEM(t, 4, Py_None);
         PyList_SET_ITEM(out, i, t);
         PyObject *sz = PyLong_FromSsize_t(size);
         if (sz == NULL)
@@ -431,6 +436,12 @@ static inline int json_lit(const unsigned char **pp, const unsigned char *e, con
         return 0;
     *pp += n;
     return 1;
+}
+
+/* JSON whitespace, then the literal. */
+static inline int json_token(const unsigned char **pp, const unsigned char *e, const char *lit, Py_ssize_t n) {
+    *pp = json_ws(*pp, e);
+    return json_lit(pp, e, lit, n);
 }
 
 /* A member value: null (*out = Py_None, new ref) or a base64 string decoded (*out new bytes). 0: not plain. */
@@ -475,25 +486,14 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0), *sizes = PyList_New(0);
     if (out == NULL || sizes == NULL)
         goto fail;
-    p = json_ws(p, e);
-    if (!json_lit(&p, e, "{", 1))
-        goto fallback;
-    p = json_ws(p, e);
-    if (!json_lit(&p, e, "\"records\"", 9))
-        goto fallback;
-    p = json_ws(p, e);
-    if (!json_lit(&p, e, ":", 1))
-        goto fallback;
-    p = json_ws(p, e);
-    if (!json_lit(&p, e, "[", 1))
+    if (!json_token(&p, e, "{", 1) || !json_token(&p, e, "\"records\"", 9) || !json_token(&p, e, ":", 1) ||
+        !json_token(&p, e, "[", 1))
         goto fallback;
     for (;;) {
-        p = json_ws(p, e);
-        if (!json_lit(&p, e, "{", 1))
+        if (!json_token(&p, e, "{", 1))
             goto fallback;
         PyObject *kb = NULL, *vb = NULL;
-        p = json_ws(p, e);
-        if (!json_lit(&p, e, "}", 1)) {
+        if (!json_token(&p, e, "}", 1)) {
             for (;;) {
                 PyObject **slot;
                 if (json_lit(&p, e, "\"key\"", 5))
@@ -502,18 +502,14 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
                     slot = &vb;
                 else
                     goto fallback_record;
-                if (*slot != NULL)
-                    goto fallback_record; /* a repeated member */
-                p = json_ws(p, e);
-                if (!json_lit(&p, e, ":", 1))
-                    goto fallback_record;
+                if (*slot != NULL || !json_token(&p, e, ":", 1))
+                    goto fallback_record; /* a repeated member, or no colon */
                 p = json_ws(p, e);
                 if (!plain_b64_value(&p, e, slot))
                     goto fallback_record;
-                p = json_ws(p, e);
-                if (json_lit(&p, e, "}", 1))
+                if (json_token(&p, e, "}", 1))
                     break;
-                if (!json_lit(&p, e, ",", 1))
+                if (!json_token(&p, e, ",", 1))
                     goto fallback_record;
                 p = json_ws(p, e);
             }
@@ -531,20 +527,9 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
         } else if (vb != Py_None) {
             size += PyBytes_GET_SIZE(vb);
         }
-        PyObject *t = PyTuple_New(5);
-        if (t == NULL) {
-            Py_DECREF(kb);
-            Py_DECREF(vb);
+        PyObject *t = plain_record(kb, vb, empty, partition);
+        if (t == NULL)
             goto fail;
-        }
-        Py_INCREF(empty);
-        Py_INCREF(partition);
-        Py_INCREF(Py_None);
-        PyTuple_SET_ITEM(t, 0, kb);
-        PyTuple_SET_ITEM(t, 1, vb);
-        PyTuple_SET_ITEM(t, 2, empty);
-        PyTuple_SET_ITEM(t, 3, partition);
-        PyTuple_SET_ITEM(t, 4, Py_None);
         int rc = PyList_Append(out, t);
         Py_DECREF(t);
         if (rc < 0)
@@ -556,10 +541,9 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
         Py_DECREF(sz);
         if (rc < 0)
             goto fail;
-        p = json_ws(p, e);
-        if (json_lit(&p, e, "]", 1))
+        if (json_token(&p, e, "]", 1))
             break;
-        if (!json_lit(&p, e, ",", 1))
+        if (!json_token(&p, e, ",", 1))
             goto fallback;
         continue;
     fallback_record:
@@ -567,11 +551,7 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
         Py_XDECREF(vb);
         goto fallback;
     }
-    p = json_ws(p, e);
-    if (!json_lit(&p, e, "}", 1))
-        goto fallback;
-    p = json_ws(p, e);
-    if (p != e)
+    if (!json_token(&p, e, "}", 1) || json_ws(p, e) != e)
         goto fallback;
     PyBuffer_Release(&view);
     return Py_BuildValue("(NN)", out, sizes);

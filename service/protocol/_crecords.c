@@ -131,6 +131,34 @@ fail:
     return NULL;
 }
 
+/* The five arguments naming a batch's records section: start, end, count, base offset, base timestamp, then
+ * the LogAppendTime timestamp or None. 0 on success, -1 with an exception set. */
+typedef struct {
+    Py_ssize_t start, end, count;
+    long long base_offset, base_timestamp, append_timestamp;
+    int log_append;
+} section_args_t;
+
+static int
+section_args(PyObject *const *args, section_args_t *a)
+{
+    a->start = PyLong_AsSsize_t(args[0]);
+    a->end = PyLong_AsSsize_t(args[1]);
+    a->count = PyLong_AsSsize_t(args[2]);
+    a->base_offset = PyLong_AsLongLong(args[3]);
+    a->base_timestamp = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return -1;
+    a->log_append = args[5] != Py_None;
+    a->append_timestamp = 0;
+    if (a->log_append) {
+        a->append_timestamp = PyLong_AsLongLong(args[5]);
+        if (a->append_timestamp == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -139,20 +167,13 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "decode_records() takes 8 arguments (%zd given)", nargs);
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[3]);
-    long long base_offset = PyLong_AsLongLong(args[4]);
-    long long base_timestamp = PyLong_AsLongLong(args[5]);
-    if (PyErr_Occurred())
+    section_args_t sa;
+    if (section_args(args + 1, &sa) < 0)
         return NULL;
-    int log_append = args[6] != Py_None;
-    long long append_timestamp = 0;
-    if (log_append) {
-        append_timestamp = PyLong_AsLongLong(args[6]);
-        if (append_timestamp == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    Py_ssize_t start = sa.start, end = sa.end, count = sa.count;
+    long long base_offset = sa.base_offset, base_timestamp = sa.base_timestamp;
+    int log_append = sa.log_append;
+    long long append_timestamp = sa.append_timestamp;
     PyObject *rtype_obj = args[7];
     if (!PyType_Check(rtype_obj) || !PyType_IsSubtype((PyTypeObject *)rtype_obj, &PyTuple_Type)
         || ((PyTypeObject *)rtype_obj)->tp_basicsize != PyTuple_Type.tp_basicsize
@@ -851,20 +872,13 @@ run_add(RunObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "add() on a run that has been sliced");
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[0]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
-    long long base_offset = PyLong_AsLongLong(args[3]);
-    long long base_timestamp = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred())
+    section_args_t sa;
+    if (section_args(args, &sa) < 0)
         return NULL;
-    int log_append = args[5] != Py_None;
-    long long append_timestamp = 0;
-    if (log_append) {
-        append_timestamp = PyLong_AsLongLong(args[5]);
-        if (append_timestamp == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    Py_ssize_t start = sa.start, end = sa.end, count = sa.count;
+    long long base_offset = sa.base_offset, base_timestamp = sa.base_timestamp;
+    int log_append = sa.log_append;
+    long long append_timestamp = sa.append_timestamp;
     Py_ssize_t len = PyBytes_GET_SIZE(self->data);
     if (start < 0 || end < start || end > len) {
         PyErr_SetString(PyExc_ValueError, "section bounds are outside the buffer");

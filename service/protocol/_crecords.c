@@ -131,6 +131,33 @@ fail:
     return NULL;
 }
 
+/* (offset, timestamp, key, value, headers) as a record of rtype (tuple or a field-less subclass); steals all
+ * five references (any may be NULL after a failed conversion: then they are released and NULL returned).
+ * Only ints, bytes, str, None and untracked tuples inside: the record can never be part of a reference cycle,
+ * so it is kept out of the collector's way (large fetches otherwise spend about half their decode time in GC
+ * passes). */
+static PyObject *
+make_record(PyTypeObject *rtype, PyObject *o, PyObject *t, PyObject *key, PyObject *value, PyObject *headers)
+{
+    PyObject *rec = (o && t && key && value && headers)
+                        ? (rtype == &PyTuple_Type ? PyTuple_New(5) : rtype->tp_alloc(rtype, 5)) : NULL;
+    if (rec == NULL) {
+        Py_XDECREF(o);
+        Py_XDECREF(t);
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(headers);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(rec, 0, o);
+    PyTuple_SET_ITEM(rec, 1, t);
+    PyTuple_SET_ITEM(rec, 2, key);
+    PyTuple_SET_ITEM(rec, 3, value);
+    PyTuple_SET_ITEM(rec, 4, headers);
+    PyObject_GC_UnTrack(rec);
+    return rec;
+}
+
 /* The five arguments naming a batch's records section: start, end, count, base offset, base timestamp, then
  * the LogAppendTime timestamp or None. 0 on success, -1 with an exception set. */
 typedef struct {
@@ -182,7 +209,6 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyTypeObject *rtype = (PyTypeObject *)rtype_obj;
-    int plain_tuple = rtype == &PyTuple_Type;
 
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
@@ -262,24 +288,9 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 last_ts_value = timestamp;
             }
         }
-        PyObject *rec = (o && t) ? (plain_tuple ? PyTuple_New(5) : rtype->tp_alloc(rtype, 5)) : NULL;
-        if (rec == NULL) {
-            Py_XDECREF(o);
-            Py_XDECREF(t);
-            Py_DECREF(key);
-            Py_DECREF(value);
-            Py_DECREF(headers);
+        PyObject *rec = make_record(rtype, o, t, key, value, headers);
+        if (rec == NULL)
             goto fail;
-        }
-        PyTuple_SET_ITEM(rec, 0, o);
-        PyTuple_SET_ITEM(rec, 1, t);
-        PyTuple_SET_ITEM(rec, 2, key);
-        PyTuple_SET_ITEM(rec, 3, value);
-        PyTuple_SET_ITEM(rec, 4, headers);
-        /* Only ints, bytes, str, None and untracked tuples inside: the record can never be part of
-         * a reference cycle, so keep it out of the collector's way (large fetches otherwise spend
-         * about half their decode time in GC passes). */
-        PyObject_GC_UnTrack(rec);
         PyList_SET_ITEM(out, i, rec);
         pos = rec_end;
     }
@@ -999,24 +1010,7 @@ run_record(RunObject *self, const rent *e)
         cursor c = {p, e->hpos, PyBytes_GET_SIZE(self->data)};
         headers = read_headers(&c, e->hcount, 0);
     }
-    PyTypeObject *rtype = (PyTypeObject *)self->rtype;
-    PyObject *rec = (o && t && key && value && headers)
-                        ? (rtype == &PyTuple_Type ? PyTuple_New(5) : rtype->tp_alloc(rtype, 5)) : NULL;
-    if (rec == NULL) {
-        Py_XDECREF(o);
-        Py_XDECREF(t);
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        Py_XDECREF(headers);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(rec, 0, o);
-    PyTuple_SET_ITEM(rec, 1, t);
-    PyTuple_SET_ITEM(rec, 2, key);
-    PyTuple_SET_ITEM(rec, 3, value);
-    PyTuple_SET_ITEM(rec, 4, headers);
-    PyObject_GC_UnTrack(rec);
-    return rec;
+    return make_record((PyTypeObject *)self->rtype, o, t, key, value, headers);
 }
 
 static PyObject *

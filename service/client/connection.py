@@ -592,6 +592,10 @@ class BrokerConnection:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    def abort(self, err: KafkaError) -> None:
+        """Close at once (without waiting for the socket to go): every pending request fails with ``err``."""
+        self._fail(err)
+
     async def close(self) -> None:
         self._fail(KafkaConnectionError(f"connection to {self.address} closed"))
         if self._protocol is not None:

@@ -1,16 +1,21 @@
 """The asyncio producer: a thin driver around the pure :class:`~service.producer.accumulator.Accumulator`.
 
 ``Producer(client, config)`` shares a tenant's :class:`KafkaClient` (metadata cache, broker addresses)
-but sends its Produce requests on leased connections of its own (``KafkaClient.lease``), so large
-produce requests never queue behind, or in front of, the consumers' heartbeats and commits on the
-pipelined control connections.
+but sends its Produce requests on connections of its own (up to ``max_in_flight_per_broker`` per broker,
+kept open between requests), so large produce requests never queue behind, or in front of, the consumers'
+heartbeats and commits on the pipelined control connections.
 
 One background task (the sender) loops: expire old records, obtain a producer id when needed
 (InitProducerId, no transactional id), refresh metadata when leadership changed, then take one batch
 per ready partition, group the batches by leader and send one Produce request (acks=all) per leader,
-at most ``max_in_flight_per_broker`` at a time. Each request runs in its own task and reports the
-broker's answer to the accumulator, which decides success, retry, split, reset or failure; callers of
-``send_many`` are answered once each of their records was acknowledged or failed.
+at most ``max_in_flight_per_broker`` at a time. A request is written at once on an idle connection of the
+producer to that broker (or pipelined behind another, when all are busy), encoded by hand
+(:mod:`service.protocol.produce_codec`), and its answer is handled from the connection's read callback: no
+task, future or message objects per request (issue 24). Only a request that needs a connection opened
+first runs in a task. The broker's answer goes to the accumulator, which decides success, retry, split,
+reset or failure; callers of ``send_many`` are answered once each of their records was acknowledged or
+failed. A request that times out closes its connection (its other requests fail as ambiguous, like a
+lost connection), as the Java client does.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from service.client.client import KafkaClient
+from service.client.connection import BrokerConnection, ManagedConnection, send_frames_nowait
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
 from service.producer import encoding
 from service.producer.accumulator import (
@@ -45,6 +51,7 @@ from service.producer.errors import (
 )
 from service.producer.partitioner import StickyPartitioner, partition_for_key
 from service.protocol import error_codes as EC
+from service.protocol import frames, produce_codec
 from service.protocol import messages as M
 
 log = logging.getLogger(__name__)
@@ -54,6 +61,7 @@ _PartitionData = M.struct("ProduceRequest", "PartitionProduceData")
 _MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
 _MISSING_TOPIC_CODES = frozenset({EC.UNKNOWN_TOPIC_OR_PARTITION, 17})  # 17: INVALID_TOPIC_EXCEPTION
 _INVALID_RECORD = 87
+_PRODUCE = M.ApiKey.PRODUCE
 
 
 class OutgoingRecord(NamedTuple):
@@ -78,6 +86,8 @@ class Producer:
         self._task: asyncio.Task[None] | None = None
         self._requests: set[asyncio.Task[None]] = set()
         self._node_in_flight: dict[int, int] = {}
+        self._conns: dict[int, list[ManagedConnection]] = {}  # the producer's own connections per broker
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._closed = False
         self._refresh_wanted = False
@@ -250,6 +260,9 @@ class Producer:
             if left:
                 self.records_failed += left
                 log.warning("producer closed with %d records not acknowledged", left)
+            conns = [mc for mcs in self._conns.values() for mc in mcs]
+            self._conns.clear()
+            await asyncio.gather(*(mc.close() for mc in conns), return_exceptions=True)
 
     @property
     def closed(self) -> bool:
@@ -258,7 +271,8 @@ class Producer:
     # -- the sender --------------------------------------------------------------------------------------
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="producer-sender")
+            loop = self._loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="producer-sender")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -329,9 +343,7 @@ class Producer:
                     total += len(b.payload or b"")
             if batches:
                 self._node_in_flight[node] = self._node_in_flight.get(node, 0) + 1
-                task = asyncio.get_running_loop().create_task(self._send(node, batches))
-                self._requests.add(task)
-                task.add_done_callback(self._requests.discard)
+                self._dispatch(node, batches)
         return wake_at
 
     def _settle_space(self) -> None:
@@ -394,54 +406,176 @@ class Producer:
         else:
             log.warning("producer id reset: now %d epoch %d", resp.producer_id, resp.producer_epoch)
 
-    async def _send(self, node: int, batches: list[ProducerBatch]) -> None:
-        by_topic: dict[str, list[Any]] = {}
-        for b in batches:
-            by_topic.setdefault(b.tp[0], []).append(_PartitionData(index=b.tp[1], records=b.payload))
-        req = M.ProduceRequest(transactional_id=None, acks=-1, timeout_ms=self.config.request_timeout_ms,
-                               topic_data=[_TopicData(name=t, partition_data=pd) for t, pd in by_topic.items()])
-        loop = asyncio.get_running_loop()
-        sent = False
+    # -- requests ------------------------------------------------------------------------------------------
+    def _dispatch(self, node: int, batches: list[ProducerBatch]) -> None:
+        """Send one Produce request with ``batches`` to ``node`` (counted in ``_node_in_flight`` by the caller;
+        uncounted, and the sender woken, once it is answered or failed): written at once on an idle live
+        connection, else on a new connection (opened in a task), else pipelined on the least busy one."""
+        mcs = self._conns.get(node)
+        broker = self.client.metadata.broker(node)
+        if mcs and broker is not None and (mcs[0].host, mcs[0].port) != (broker.host, broker.port):
+            loop = self._loop or asyncio.get_running_loop()
+            for old in mcs:  # the broker moved: drop the old connections (their requests fail, ambiguous)
+                self._spawn(loop, old.close())
+            mcs = None
+            del self._conns[node]
+        best: BrokerConnection | None = None
+        if mcs:
+            for mc in mcs:
+                conn = mc.current
+                if conn is not None and (best is None or conn.in_flight < best.in_flight):
+                    best = conn
+                    if not conn.in_flight:
+                        break
+        if best is not None and (not best.in_flight or len(mcs) >= self.config.max_in_flight_per_broker):  # type: ignore[arg-type]
+            self._write(best, node, batches)
+            return
+        if broker is None:
+            self._request_failed(node, batches, KafkaConnectionError(
+                f"broker {node} is not in the cluster metadata"), sent=False)
+            return
+        if mcs is None:
+            mcs = self._conns[node] = []
+        for mc in mcs:  # a broken one is reopened before a new one is added
+            if mc.current is None:
+                break
+        else:
+            mc = ManagedConnection(broker.host, broker.port, self.client.config, node)
+            mcs.append(mc)
+        self._spawn(self._loop or asyncio.get_running_loop(), self._connect_and_send(mc, node, batches))
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, coro: Any) -> None:
+        task = loop.create_task(coro)
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _connect_and_send(self, mc: ManagedConnection, node: int, batches: list[ProducerBatch]) -> None:
         try:
-            try:
-                async with self.client.lease(node) as mc:
-                    conn = await mc.get()
-                    sent = True
-                    self.requests_sent += 1
-                    resp = await conn.send(req, None, self._timeout)
-            except KafkaError as exc:
+            conn = await mc.get()
+        except KafkaError as exc:
+            self._request_failed(node, batches, exc, sent=False)
+            return
+        except asyncio.CancelledError:
+            self._node_in_flight[node] -= 1  # close(): fail_all settles the batches
+            raise
+        except Exception as exc:  # a bug: never leave batches in flight
+            log.exception("connecting to broker %d for a produce request failed", node)
+            self._request_failed(node, batches, exc, sent=False)
+            return
+        self._write(conn, node, batches)
+
+    def _write(self, conn: BrokerConnection, node: int, batches: list[ProducerBatch]) -> None:
+        if not conn.connected:
+            self._request_failed(node, batches, KafkaConnectionError(
+                f"connection to {conn.address} is closed"), sent=False)
+            return
+        try:
+            version = conn.version_for(_PRODUCE)
+            body = self._body(version, batches)
+        except Exception as exc:  # NoCommonVersionError (a KafkaError), or a bug
+            self._request_failed(node, batches, exc, sent=False)
+            return
+        self.requests_sent += 1
+        send_frames_nowait(conn, _PRODUCE, version, [body], [(node, batches, version, conn)], self._on_answer,
+                           self._timeout)
+
+    def _body(self, version: int, batches: list[ProducerBatch]) -> bytes:
+        """The request body: by hand for the versions produce_codec writes, else by the generated encoder."""
+        by_topic: dict[str, list[tuple[int, bytes | None]]] = {}
+        for b in batches:
+            tp = b.tp
+            parts = by_topic.get(tp[0])
+            if parts is None:
+                by_topic[tp[0]] = [(tp[1], b.payload)]
+            else:
+                parts.append((tp[1], b.payload))
+        acks, timeout_ms = -1, self.config.request_timeout_ms
+        if produce_codec.MIN_VERSION <= version <= produce_codec.MAX_VERSION:
+            return produce_codec.produce_body(version, acks, timeout_ms, list(by_topic.items()))
+        req = M.ProduceRequest(transactional_id=None, acks=acks, timeout_ms=timeout_ms, topic_data=[
+            _TopicData(name=t, partition_data=[_PartitionData(index=i, records=r) for i, r in pd])
+            for t, pd in by_topic.items()])
+        out = bytearray()
+        M.REQUESTS[_PRODUCE].encoder(version)(req, out)
+        return bytes(out)
+
+    def _on_answer(self, item: tuple[int, list[ProducerBatch], int, BrokerConnection], payload: bytes | None,
+                   error: BaseException | None) -> None:
+        """The answer to a Produce request, or its failure (from the connection's read callback or timeout
+        sweep, or at once when the connection is closed)."""
+        node, batches, version, conn = item
+        if error is not None:
+            if isinstance(error, RequestTimeoutError):
+                # Nothing on this connection is answered any more in order: drop it (its other requests fail
+                # as ambiguous); the next request opens a new one.
+                conn.abort(KafkaConnectionError(f"connection to {conn.address} closed after a Produce request "
+                                                "timed out"))
+            self._request_failed(node, batches, error, sent=True)
+            return
+        assert payload is not None
+        try:
+            answers = produce_codec.decode_produce_ok(version, payload)
+            if answers is None:  # an error or anything unusual: the generated decoder reads it all
+                resp = frames.decode_response(_PRODUCE, version, payload)
+        except Exception as exc:  # a malformed answer (KafkaProtocolError) or a bug
+            self._request_failed(node, batches, exc, sent=True)
+            return
+        try:
+            if answers is not None:
+                self._on_ok(answers, batches, node)
+            else:
+                self._on_response(resp, batches, node)
+        except Exception as exc:  # a bug: never leave batches in flight forever
+            log.exception("handling the produce answer of broker %d failed", node)
+            now = (self._loop or asyncio.get_running_loop()).time()
+            for b in batches:  # those already settled are ignored
+                self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False)
+        finally:
+            self._node_in_flight[node] -= 1
+            self._wake.set()
+
+    def _request_failed(self, node: int, batches: list[ProducerBatch], exc: BaseException, *, sent: bool) -> None:
+        """The request got no answer (or an unreadable one): every batch goes back to the accumulator."""
+        try:
+            now = (self._loop or asyncio.get_running_loop()).time()
+            if isinstance(exc, KafkaError):
                 retriable = exc.retriable or isinstance(exc, KafkaConnectionError | RequestTimeoutError)
-                now = loop.time()
                 for b in batches:
                     self.acc.on_request_error(b, now, f"Produce to broker {node}: {exc}", retriable=retriable,
                                               ambiguous=sent)
                 self.client.metadata.mark_stale()
                 self._refresh_wanted = True
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a bug or a malformed answer: fail these records, keep going
-                log.exception("produce request to broker %d failed", node)
-                now = loop.time()
+            else:  # a bug or a malformed answer: fail these records, keep going
+                log.error("produce request to broker %d failed", node, exc_info=exc)
                 for b in batches:
                     self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False, ambiguous=sent)
-            else:
-                try:
-                    self._on_response(resp, batches, node)
-                except Exception as exc:  # a bug: never leave batches in flight forever
-                    log.exception("handling the produce answer of broker %d failed", node)
-                    now = loop.time()
-                    for b in batches:  # those already settled are ignored
-                        self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False)
         finally:
             self._node_in_flight[node] -= 1
             self._wake.set()
+
+    def _on_ok(self, answers: list[tuple[str, int, int]], batches: list[ProducerBatch], node: int) -> None:
+        """Every partition of the request answered without an error (``(topic, partition, base_offset)``)."""
+        now = (self._loop or asyncio.get_running_loop()).time()
+        on_response = self.acc.on_response
+        if len(answers) == len(batches) and all(a[0] == b.tp[0] and a[1] == b.tp[1]
+                                                for a, b in zip(answers, batches, strict=True)):
+            for a, b in zip(answers, batches, strict=True):  # the usual order: the request's
+                on_response(b, 0, a[2], now)
+            return
+        offsets = {(a[0], a[1]): a[2] for a in answers}
+        for b in batches:
+            off = offsets.get(b.tp)
+            if off is None:
+                self.acc.on_request_error(b, now, f"broker {node} answered without partition {b.tp[0]}-{b.tp[1]}")
+                continue
+            on_response(b, 0, off, now)
 
     def _on_response(self, resp: Any, batches: list[ProducerBatch], node: int) -> None:
         answers: dict[tuple[str, int], Any] = {}
         for t in resp.responses:
             for p in t.partition_responses:
                 answers[(t.name, p.index)] = p
-        now = asyncio.get_running_loop().time()
+        now = (self._loop or asyncio.get_running_loop()).time()
         for b in batches:
             pr = answers.get(b.tp)
             if pr is None:

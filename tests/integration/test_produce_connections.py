@@ -1,0 +1,111 @@
+"""The producer's own connections (issue 24): Produce requests are written on connections the producer keeps
+open per broker (at most ``max_in_flight_per_broker``), never on the client's control connections or its
+lease pool, without a task per request; a timed-out request closes its connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from service.client.client import KafkaClient
+from service.producer import Producer, ProducerConfig, RecordMetadata
+from service.protocol import messages as M
+from tests.broker import TestCluster
+from tests.broker.handlers import default_registry
+
+pytestmark = pytest.mark.integration
+PRODUCE = M.ApiKey.PRODUCE
+
+
+@contextlib.asynccontextmanager
+async def running(cluster: TestCluster, **cfg: Any) -> AsyncIterator[Producer]:
+    client = KafkaClient(cluster.bootstrap_servers)
+    producer = Producer(client, ProducerConfig(**cfg))
+    try:
+        yield producer
+    finally:
+        await producer.close(timeout=5)
+        await client.close()
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Yield to the event loop until ``cond()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0)
+
+
+def recs(n: int, partition: int, tag: str = "v") -> list[tuple[Any, ...]]:
+    return [(None, f"{tag}{i}".encode(), (), partition, None) for i in range(n)]
+
+
+async def test_requests_use_the_producers_own_connections_and_reuse_them() -> None:
+    async with TestCluster(topics={"t": 3}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster, max_in_flight_per_broker=2) as p:
+        release = asyncio.Event()
+        cluster.delay(PRODUCE, until=release, count=2)
+        first = [asyncio.create_task(p.send_many("t", recs(2, 0)))]
+        await cluster.wait_for_requests(PRODUCE, count=1)
+        first.append(asyncio.create_task(p.send_many("t", recs(2, 1))))  # partition 0 is busy: a request of its own
+        await cluster.wait_for_requests(PRODUCE, count=2)
+        third = asyncio.create_task(p.send_many("t", recs(2, 2)))
+        await until(lambda: p.acc.queued_records == 2)
+        for _ in range(20):  # let the sender run its steps: it must not send a third request
+            await asyncio.sleep(0)
+        assert p.requests_sent == 2 and p.acc.queued_records == 2  # max_in_flight_per_broker
+        release.set()
+        for t in [*first, third]:
+            assert all(isinstance(r, RecordMetadata) for r in await t)
+        entries = cluster.requests(PRODUCE)
+        assert len(entries) == 3
+        produce_conns = {e.connection_id for e in entries[:2]}
+        assert len(produce_conns) == 2  # two in flight at once: two connections, one request each
+        assert entries[2].connection_id in produce_conns  # reused, not a new connection
+        others = {e.connection_id for e in cluster.requests() if e.api_key not in (PRODUCE, M.ApiKey.API_VERSIONS)}
+        assert not produce_conns & others  # never the control connection (metadata, InitProducerId)
+        assert p.client.leased == 0 and p.client.pooled_connections() == 0
+        assert not p._requests  # no task left behind
+        for _ in range(5):  # answered requests leave no task either: they are written and answered in callbacks
+            await p.send_many("t", recs(1, 0))
+            assert not p._requests
+        assert {e.connection_id for e in cluster.requests(PRODUCE)} == produce_conns
+
+
+async def test_a_timed_out_request_closes_its_connection() -> None:
+    async with TestCluster(topics={"t": 1}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster, request_timeout_ms=300, delivery_timeout_ms=5000, max_in_flight_per_broker=1) as p:
+        assert all(isinstance(r, RecordMetadata) for r in await p.send_many("t", recs(1, 0, "a")))
+        (before,) = {e.connection_id for e in cluster.requests(PRODUCE)}
+        ((mc,),) = p._conns.values()
+        first_conn = mc.current
+        assert first_conn is not None
+        cluster.delay(PRODUCE, math.inf, count=1)
+        res = await p.send_many("t", recs(2, 0, "b"))  # times out once, then retried on a new connection
+        assert all(isinstance(r, RecordMetadata) for r in res), res
+        entries = cluster.requests(PRODUCE)
+        assert entries[1].connection_id == before and entries[-1].connection_id != before
+        assert not first_conn.connected and mc.current is not first_conn  # closed at the timeout, replaced
+        log = [r.value for r in cluster.partition_log("t", 0).records()]
+        assert log == [b"a0", b"b0", b"b1"]  # the timed-out attempt was never written (it was held)
+
+
+async def test_closing_the_producer_closes_its_connections() -> None:
+    async with TestCluster(topics={"t": 1}, registry=default_registry(transactions=True)) as cluster:
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            p = Producer(client)
+            assert isinstance((await p.send_many("t", recs(1, 0)))[0], RecordMetadata)
+            (conn_id,) = {e.connection_id for e in cluster.requests(PRODUCE)}
+            await p.close()
+            assert not p._conns
+            await until(lambda: conn_id not in {c.id for c in cluster.connections()})
+            assert any(c.id != conn_id for c in cluster.connections())  # the client's own connection stays
+        finally:
+            await client.close()

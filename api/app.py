@@ -201,6 +201,12 @@ class GatewayApp(FastAPI):
             return
         await super().__call__(scope, receive, send)
 
+    def lean_begin(self, scope: dict[str, Any]) -> Any:
+        """The protocol-level produce path's hook (service/httpserver.py ``LeanCycle``): a plain produce
+        request's call once its head is parsed, or None (the request then goes through ``__call__``)."""
+        lean = self.lean_produce
+        return lean.begin(self, scope) if lean is not None else None
+
 
 def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry = CollectorRegistry()

@@ -179,59 +179,119 @@ class LeanProduce:
         self.metrics = metrics
         self.guard = guard
 
-    async def __call__(self, app: Any, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Serve a plain produce request and return True, or return False having done nothing."""
+    def begin(self, app: Any, scope: Scope, *, reserve_now: bool = True) -> LeanProduceCall | None:
+        """A plain produce request's call (its body then goes to :meth:`LeanProduceCall.answer`), or None having
+        done nothing (the full app serves the request). With ``reserve_now`` the body's memory is charged to the
+        budget at once, or None is returned when there is no room (the ASGI path then waits for it; without
+        ``reserve_now`` the caller awaits :meth:`LeanProduceCall.reserve`)."""
         path = scope["path"]
         if not path.startswith("/topics/"):
-            return False
+            return None
         match = _PRODUCE_PATH.fullmatch(path)
         if match is None or (match[2] is not None and int(match[2]) > INT32_MAX):
-            return False
+            return None
         length = -1
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length >= 0 or not value.isdigit():
-                    return False
+                    return None
                 length = int(value)
             elif name in _PRODUCE_DECLINE:
-                return False
+                return None
         if not 0 <= length <= self.max_body_bytes or (self.guard is not None and not self.guard.permits(scope)):
-            return False
-        scope["app"] = app
-        partition = int(match[2]) if match[2] is not None else None
-        route = scope["route"] = _PRODUCE_ROUTE if partition is None else _PRODUCE_PARTITION_ROUTE
-        started = time.perf_counter()
-        request = Request(scope, receive)
+            return None
         budget = app.state.gateway.budget
         charged = 0
-        status = 500  # observed when no answer was sent (the client went away)
+        if length and budget is not None and reserve_now:
+            if not budget.try_reserve(2 * length, "body"):
+                return None
+            charged = 2 * length
+        scope["app"] = app
+        return LeanProduceCall(self, scope, match[1], int(match[2]) if match[2] is not None else None, length,
+                               budget, charged)
+
+    async def __call__(self, app: Any, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Serve a plain produce request and return True, or return False having done nothing: the ASGI form
+        of :meth:`begin` (for the h11 parser, and for requests the protocol-level path passed on, e.g. one that
+        has to wait for memory)."""
+        call = self.begin(app, scope, reserve_now=False)
+        if call is None:
+            return False
+        try:
+            await call.reserve(self.memory_wait_s)
+        except Exception as exc:
+            response = await _error_response(scope, Request(scope, receive), exc)
+            call.observe(response.status_code)
+            await response(scope, receive, send)
+            return True
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                call.abandon()  # the client went away: nothing to answer, nothing produced
+                return True
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        status, headers, content = await call.answer(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+        return True
+
+
+class LeanProduceCall:
+    """One plain produce request taken by :class:`LeanProduce`: its body is answered by :meth:`answer` (status,
+    headers, body: the route's answer or the app's exception handler's), or :meth:`abandon` ed when the client
+    goes away first. Either way the memory charge is released and the duration histogram observed once."""
+
+    __slots__ = ("budget", "charged", "lean", "length", "partition", "scope", "started", "topic")
+
+    def __init__(self, lean: LeanProduce, scope: Scope, topic: str, partition: int | None, length: int,
+                 budget: Any, charged: int) -> None:
+        self.lean = lean
+        self.scope = scope
+        self.topic = topic
+        self.partition = partition
+        self.length = length
+        self.budget = budget
+        self.charged = charged
+        scope["route"] = _PRODUCE_ROUTE if partition is None else _PRODUCE_PARTITION_ROUTE
+        self.started = time.perf_counter()
+
+    async def reserve(self, wait_s: float) -> None:
+        """Charge twice the body's length to the memory budget, waiting up to ``wait_s`` (BudgetExhausted)."""
+        if self.length and self.budget is not None and not self.charged:
+            self.charged = await self.budget.reserve(2 * self.length, "body", wait_s)
+
+    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        scope = self.scope
+        request = Request(scope)
+        request._body = body
+        status = 500
         try:
             try:
-                if length and budget is not None:
-                    charged = await budget.reserve(2 * length, "body", self.memory_wait_s)
-                chunks = []
-                while True:
-                    message = await receive()
-                    if message["type"] != "http.request":
-                        return True  # the client went away: nothing to answer, nothing produced
-                    chunks.append(message.get("body", b""))
-                    if not message.get("more_body", False):
-                        break
-                request._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 tenant = await current_tenant(request)
-                content, status = await produce_answer(request, tenant, match[1], partition)
+                content, status = await produce_answer(request, tenant, self.topic, self.partition)
             except Exception as exc:
                 response = await _error_response(scope, request, exc)
                 status = response.status_code
-                await response(scope, receive, send)
-                return True
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS]})
-            await send({"type": "http.response.body", "body": content})
-            return True
+                return status, response.raw_headers, response.body
+            return status, [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS], content
         finally:
-            if charged:
-                budget.release(charged, "body")
-            tenant = scope.get("state", {}).get("tenant")
-            labelled(self.metrics.http_seconds, tenant.id if tenant is not None else "", route.path, "POST",
-                     str(status)).observe(time.perf_counter() - started)
+            self._release()
+            self.observe(status)
+
+    def abandon(self) -> None:
+        """The client went away before the body was complete: nothing produced, nothing to answer."""
+        self._release()
+        self.observe(500)
+
+    def _release(self) -> None:
+        if self.charged:
+            self.budget.release(self.charged, "body")
+            self.charged = 0
+
+    def observe(self, status: int) -> None:
+        tenant = self.scope.get("state", {}).get("tenant")
+        labelled(self.lean.metrics.http_seconds, tenant.id if tenant is not None else "", self.scope["route"].path,
+                 "POST", str(status)).observe(time.perf_counter() - self.started)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 import orjson
@@ -237,12 +237,96 @@ class _HeadGuard:
         self._head_complete()
 
 
+#: uvicorn's status lines (filled when its httptools protocol is available, the only one LeanCycle serves)
+_STATUS_LINE: dict[int, bytes] = {}
+
+
+class LeanCall(Protocol):
+    """What an app's ``lean_begin(scope)`` returns for a request it serves at the protocol level (api/fastpath.py
+    ``LeanProduceCall``): the answer to the whole body, or notice that the client went away first."""
+
+    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
+
+    def abandon(self) -> None: ...
+
+
+class LeanCycle:
+    """A request served without uvicorn's ASGI cycle (issue 24: the produce hot path; ~20% of the gateway's CPU
+    per produce request went to the request/response cycle, ASGI messages and the app's dispatch). The app's
+    ``lean_begin(scope)`` takes a request once its head is parsed (httptools only); the body is collected, the
+    call answers it in a task tracked like uvicorn's (graceful shutdown waits for it), and the answer goes out
+    in one write with uvicorn's default headers (``date``, ``server``). It has the attributes uvicorn's
+    protocol reads of its cycle (``response_complete``, ``disconnected``, ``keep_alive``, ``message_event``),
+    so keep-alive, pipelining (a request arriving meanwhile waits in uvicorn's queue), shutdown and lost
+    connections behave as for any request."""
+
+    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "more_body", "proto", "response_complete")
+
+    def __init__(self, proto: Any, call: LeanCall, keep_alive: bool) -> None:
+        self.proto = proto
+        self.call = call
+        self.chunks: list[bytes] = []
+        self.more_body = True
+        self.keep_alive = keep_alive
+        self.disconnected = False
+        self.response_complete = False
+
+    @property
+    def message_event(self) -> LeanCycle:
+        """uvicorn's connection_lost calls ``cycle.message_event.set()`` (a property: no reference cycle)."""
+        return self
+
+    def set(self) -> None:
+        """The connection was lost (uvicorn set ``disconnected`` first)."""
+        if self.disconnected and self.more_body:
+            self.more_body = False
+            self.proto = None  # no reference cycle with the protocol (it holds this cycle)
+            self.call.abandon()  # the body never completed: nothing produced, nothing to answer
+
+    async def run_asgi(self, app: Any) -> None:
+        """The answer (started by ``on_message_complete`` through uvicorn's task tracking)."""
+        chunks = self.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        proto = self.proto
+        try:
+            status, headers, content = await self.call.answer(body)
+        except Exception as exc:  # the app's handlers answer every error they know: this is a bug
+            proto.logger.error("Exception in ASGI application", exc_info=exc)
+            status, headers, content = 500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                             (b"content-length", b"21"), (b"connection", b"close")], \
+                b"Internal Server Error"
+        self.proto = None  # no reference cycle with the protocol once answered (it holds this cycle)
+        if self.disconnected:
+            return
+        head = [_STATUS_LINE[status]]
+        for name, value in proto.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            if name == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+            head += (name, b": ", value, b"\r\n")
+        if not self.keep_alive and not any(name == b"connection" for name, _ in headers):
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        transport = proto.transport
+        transport.writelines((b"".join(head), content))
+        self.response_complete = True
+        if not self.keep_alive:
+            transport.close()
+        proto.on_response_complete()
+
+
 def _httptools_class() -> type[asyncio.Protocol] | None:
     try:
         import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return None
+    import urllib.parse
+
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+    _STATUS_LINE.update(STATUS_LINE)
 
     class LimitedHttpToolsProtocol(_HeadGuard, HttpToolsProtocol):
         """httptools: a head begins at connection start and after each message; on_headers_complete ends it."""
@@ -251,10 +335,6 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             super().__init__(*args, **kwargs)
             self._guard_init()
             self._in_head = True
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._guard_connection_made()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._guard_connection_lost()
@@ -269,17 +349,60 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
                 return
             super().data_received(data)
 
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard_connection_made()
+            self._lean_begin = getattr(self.app, "lean_begin", None)
+
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._head_complete()
+            lean = self._lean_begin
+            if lean is not None and self.url.startswith(b"/topics/") and self._lean_start(lean):
+                return
             super().on_headers_complete()
+
+        def _lean_start(self, lean: Any) -> bool:
+            """Hand a produce request to the app's protocol-level path (:class:`LeanCycle`) when it takes it;
+            anything else (other methods, HTTP/1.0, upgrades, a response still under way or a full write
+            buffer: pipelining and back-pressure stay uvicorn's) goes the usual way."""
+            parser = self.parser
+            cycle = self.cycle
+            if parser.get_method() != b"POST" or parser.get_http_version() != "1.1" or parser.should_upgrade() \
+                    or (cycle is not None and not cycle.response_complete) or self.flow.write_paused:
+                return False
+            scope = self.scope
+            parsed = httptools.parse_url(self.url)
+            path = parsed.path.decode("ascii")
+            if "%" in path:
+                path = urllib.parse.unquote(path)
+            scope["method"] = "POST"
+            scope["path"] = self.root_path + path
+            scope["raw_path"] = self.root_path.encode("ascii") + parsed.path
+            scope["query_string"] = parsed.query or b""
+            call = lean(scope)
+            if call is None:
+                return False
+            self.cycle = LeanCycle(self, call, parser.should_keep_alive())  # type: ignore[assignment]
+            return True
+
+        def on_body(self, body: bytes) -> None:
+            cycle = self.cycle
+            if type(cycle) is LeanCycle:
+                cycle.chunks.append(body)
+            else:
+                super().on_body(body)
 
         def on_message_complete(self) -> None:
             self._in_head = True
             self._scanner.ended = True  # the next chunk starts a new head
-            super().on_message_complete()
+            cycle = self.cycle
+            if type(cycle) is LeanCycle:
+                cycle.more_body = False
+                self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
+            else:
+                super().on_message_complete()
 
-    assert httptools  # imported for its availability only
     return LimitedHttpToolsProtocol
 
 

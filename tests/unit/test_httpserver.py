@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 
 from service.httpserver import TOO_LARGE, TOO_MANY, HeadLimits, HeadScanner, error_bytes
@@ -119,3 +121,86 @@ async def test_coalescing_transport_sends_head_and_body_in_one_call() -> None:
     t.abort()
     assert rec.calls[-1] == ("abort", None) and ("write", b"dropped") not in rec.calls
     assert t.is_closing() is False  # everything else is the transport's own
+
+
+# -- LeanCycle: a request answered without uvicorn's ASGI cycle ------------------------------------------------
+class _Call:
+    def __init__(self, answer: object = None) -> None:
+        self.answers = answer or (200, [(b"content-length", b"2"), (b"content-type", b"x/y")], b"{}")
+        self.bodies: list[bytes] = []
+        self.abandoned = 0
+
+    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        self.bodies.append(body)
+        if isinstance(self.answers, Exception):
+            raise self.answers
+        return self.answers  # type: ignore[return-value]
+
+    def abandon(self) -> None:
+        self.abandoned += 1
+
+
+class _Proto:
+    def __init__(self) -> None:
+        import logging
+        from types import SimpleNamespace
+        self.transport = _Recorder()
+        self.server_state = SimpleNamespace(default_headers=[(b"server", b"uvicorn"), (b"date", b"today")])
+        self.completed = 0
+        self.logger = logging.getLogger("test")
+
+    def on_response_complete(self) -> None:
+        self.completed += 1
+
+
+async def test_lean_cycle_answers_in_one_write_with_the_default_headers() -> None:
+    from service.httpserver import LeanCycle
+    proto, call = _Proto(), _Call()
+    cycle = LeanCycle(proto, call, keep_alive=True)
+    cycle.chunks += [b"ab", b"cd"]
+    cycle.more_body = False
+    await cycle.run_asgi(None)
+    assert call.bodies == [b"abcd"] and call.abandoned == 0
+    assert proto.transport.calls == [("writelines", [b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ndate: today\r\n"
+                                                     b"content-length: 2\r\ncontent-type: x/y\r\n\r\n", b"{}"])]
+    assert cycle.response_complete and proto.completed == 1
+    assert cycle.proto is None  # no reference cycle with the protocol that holds it
+    cycle.disconnected = True
+    cycle.message_event.set()  # a later connection loss: nothing to abandon
+    assert call.abandoned == 0
+
+
+async def test_lean_cycle_closes_without_keep_alive_and_answers_500_for_a_bug() -> None:
+    from service.httpserver import LeanCycle
+    proto, call = _Proto(), _Call()
+    cycle = LeanCycle(proto, call, keep_alive=False)
+    cycle.more_body = False
+    await cycle.run_asgi(None)
+    (kind, (head, _)), close = proto.transport.calls
+    assert kind == "writelines" and head.endswith(b"connection: close\r\n\r\n") and close == ("close", None)
+    proto, call = _Proto(), _Call(RuntimeError("bug"))
+    cycle = LeanCycle(proto, call, keep_alive=True)
+    cycle.more_body = False
+    await cycle.run_asgi(None)
+    (_, (head, body)), close = proto.transport.calls
+    assert head.startswith(b"HTTP/1.1 500 ") and b"connection: close\r\n" in head and body == b"Internal Server Error"
+    assert close == ("close", None) and proto.completed == 1
+
+
+async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> None:
+    from service.httpserver import LeanCycle
+    proto, call = _Proto(), _Call()
+    cycle = LeanCycle(proto, call, keep_alive=True)
+    cycle.chunks.append(b"part")
+    cycle.disconnected = True  # what uvicorn's connection_lost does, then message_event.set()
+    cycle.message_event.set()
+    cycle.message_event.set()
+    assert call.abandoned == 1 and cycle.proto is None and proto.transport.calls == []
+    # lost while the answer was being computed: nothing is written
+    proto, call = _Proto(), _Call()
+    cycle = LeanCycle(proto, call, keep_alive=True)
+    cycle.more_body = False
+    task = asyncio.ensure_future(cycle.run_asgi(None))
+    cycle.disconnected = True
+    await task
+    assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0

@@ -103,6 +103,8 @@ _take_budget: Callable[[list[Record], int, int, int, bool], tuple[int, int]] = (
 # Record tuples by decode_records + filter_batches as before (the same records either way: tests).
 _RecordRun: Any = getattr(_crecords, "RecordRun", None) if _crecords is not None else None
 _RUN_UNUSUAL = 0x07 | 0x10 | 0x20  # compression, transactional, control
+_MAGIC_AT = 16  # a batch: base offset (8), length (4), leader epoch (4), magic (1), crc (4), attributes (2)
+_ATTRIBUTES_END = 23
 
 
 def _payload_from(recs: Any, i: int) -> int:
@@ -120,6 +122,9 @@ def _run_of(raw: Any, tp: TopicPartition, fetch_offset: int, limit: int | None,
     """(run, next offset, leader epoch of the last batch) for a partition's records in the common case, or
     None when they must go the decode_records + filter_batches way (anything unusual, an error, no whole
     batch): what filter_batches would return for them, with the same next offset and epoch."""
+    if len(raw) >= _ATTRIBUTES_END and raw[_MAGIC_AT] == 2 and \
+            int.from_bytes(raw[_ATTRIBUTES_END - 2:_ATTRIBUTES_END], "big") & _RUN_UNUSUAL:
+        return None  # a compressed, transactional or control first batch: no copy, no walk (the slow path's)
     data = bytes(raw)  # one copy: the run keeps this, not the fetch response
     run = _RecordRun(data, Record)
     nxt: int | None = None

@@ -163,3 +163,19 @@ def test_run_path_takes_the_common_case_and_leaves_the_unusual_ones() -> None:
     corrupt = bytearray(blob)
     corrupt[-1] ^= 1
     assert F._run_of(bytes(corrupt), TP, 0, None, 64 << 20) is None  # CRC: the slow path reports it
+
+
+def test_an_unusual_first_batch_is_declined_before_any_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compressed or transactional partition goes the decode_records way without the run's copy and walk."""
+    def no_run(*_: Any) -> Any:
+        raise AssertionError("the partition was copied into a run")
+
+    monkeypatch.setattr(F, "_RecordRun", no_run)
+    gz = build_batch([Record(0, 0, None, b"v", ())] * 3, compression=1)
+    txn = build_batch([Record(0, 0, None, b"v", ())], producer_id=1, producer_epoch=0, base_sequence=0,
+                      transactional=True)
+    plain = _blob([[(None, b"v", [], 0)]])
+    for data in (gz, txn, gz + plain, memoryview(txn + plain)):
+        assert F._run_of(data, TP, 0, None, 64 << 20) is None
+    with pytest.raises(AssertionError, match="copied"):
+        F._run_of(plain, TP, 0, None, 64 << 20)  # the common case still takes the run

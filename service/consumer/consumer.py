@@ -236,17 +236,22 @@ class Consumer:
         """Positions may need resolving (assignment, seek, reset, an error seen): wake the positions task,
         starting it if it is not running."""
         self._positions_wake.set()
-        if self._started and not self._closed and (self._positions_task is None or self._positions_task.done()):
-            self._positions_task = asyncio.create_task(self._supervise("positions", self._positions_loop),
-                                                       name="positions")
+        if self._started and not self._closed:
+            self._positions_task = self._running(self._positions_task, "positions", self._positions_loop)
 
     def _note_consumed(self) -> None:
         """Records were delivered: auto-commit them after the interval (starting the task if not running)."""
         self._consumed.set()
-        if (self.coordinator is not None and self.config.enable_auto_commit and not self._closed
-                and (self._autocommit_task is None or self._autocommit_task.done())):
-            self._autocommit_task = asyncio.create_task(self._supervise("autocommit", self._autocommit_loop),
-                                                        name="autocommit")
+        if self.coordinator is not None and self.config.enable_auto_commit and not self._closed:
+            self._autocommit_task = self._running(self._autocommit_task, "autocommit", self._autocommit_loop)
+
+    def _running(self, task: asyncio.Task[None] | None, name: str,
+                 loop: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """``task`` if it is running, else a new supervised task running ``loop`` (the background tasks end
+        when they have no work and are started again by what gives them work)."""
+        if task is None or task.done():
+            task = asyncio.create_task(self._supervise(name, loop), name=name)
+        return task
 
     # -- background task supervision -----------------------------------------------------------------
     def _task_failed(self, task: str, exc: BaseException) -> None:

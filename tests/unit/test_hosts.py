@@ -37,3 +37,17 @@ def test_default_allowed_hosts() -> None:
     assert default_allowed_hosts("0.0.0.0", ["http://10.0.0.5:8080", "https://gw.example.com/base"]) == \
         "localhost,127.0.0.1,[::1],10.0.0.5,gw.example.com"
     assert default_allowed_hosts("::") == "localhost,127.0.0.1,[::1]"
+
+
+def test_remembered_verdicts_are_the_same_and_bounded() -> None:
+    from api import hosts
+    allowed = AllowedHosts.from_setting("gw.example.com,.corp.example,10.0.0.1:8082")
+    values = ["gw.example.com", "GW.example.com.:1", "a.corp.example", "corp.example", "evil.example", "10.0.0.1:8082",
+              "10.0.0.1:8083", "bad host", "[::1]"]
+    first = [allowed.allows(v) for v in values]
+    assert first == [True, True, True, True, False, True, False, False, False]
+    assert [allowed.allows(v) for v in values] == first  # answered from memory the second time
+    for i in range(hosts._SEEN_MAX + 10):
+        assert not allowed.allows(f"h{i}.other.example")
+    assert len(allowed._seen) <= hosts._SEEN_MAX
+    assert [allowed.allows(v) for v in values] == first

@@ -79,9 +79,14 @@ class ProducerConfig:
     delivery_timeout_ms: int = 60_000  # delivery.timeout.ms: queued → acknowledged or failed
     retry_backoff_ms: int = 100  # retry.backoff.ms (doubles per attempt)
     retry_backoff_max_ms: int = 1_000  # retry.backoff.max.ms
-    max_in_flight_per_broker: int = 5  # Produce requests in flight per broker (each on its own connection)
+    # Produce requests in flight per broker (each on a connection of its own). 1: the next request leaves when
+    # the previous one is answered, carrying every partition's records queued meanwhile (issue 24: HTTP A/B,
+    # 0.26 instead of 0.48 requests per 100-record POST, less CPU per record in the gateway and the broker)
+    max_in_flight_per_broker: int = 1
     buffer_bytes: int = 64 * 1024 * 1024  # buffer.memory: send_many waits while this much is queued
-    sticky_bytes: int = 16_384  # records without a key stick to one partition for this many bytes
+    # records without a key stick to one partition for this many bytes (issue 24: 64 KiB rather than Java's
+    # 16 KiB batch.size: a request carries ~1.7 batches instead of ~3 under load; librdkafka sticks for 10 ms)
+    sticky_bytes: int = 65_536
     metadata_max_age_ms: int = 300_000  # metadata.max.age.ms
     max_producer_id_resets: int = 3  # per batch, before its records fail
 

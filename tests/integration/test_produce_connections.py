@@ -109,3 +109,28 @@ async def test_closing_the_producer_closes_its_connections() -> None:
             assert any(c.id != conn_id for c in cluster.connections())  # the client's own connection stays
         finally:
             await client.close()
+
+
+async def test_by_default_the_next_request_waits_for_the_answer_and_carries_every_partition() -> None:
+    from service.protocol.records import decode_records
+
+    async with TestCluster(topics={"t": 3}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster) as p:
+        assert p.config.max_in_flight_per_broker == 1
+        release = asyncio.Event()
+        cluster.delay(PRODUCE, until=release)
+        calls = [asyncio.create_task(p.send_many("t", recs(2, 0, "a")))]
+        await cluster.wait_for_requests(PRODUCE)
+        calls += [asyncio.create_task(p.send_many("t", recs(3, part, f"p{part}-"))) for part in (0, 1, 2)]
+        await until(lambda: p.acc.queued_records == 9)
+        for _ in range(20):  # let the sender run its steps: nothing leaves while the first request is out
+            await asyncio.sleep(0)
+        assert p.requests_sent == 1
+        release.set()
+        for c in calls:
+            assert all(isinstance(r, RecordMetadata) for r in await c)
+        reqs = [e.request for e in cluster.requests(PRODUCE)]
+        assert len(reqs) == 2
+        second = sorted((pd.index, decode_records(pd.records).batches[0].records_count)
+                        for t in reqs[1].topic_data for pd in t.partition_data)
+        assert second == [(0, 3), (1, 3), (2, 3)]  # one request, a batch per partition

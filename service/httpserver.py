@@ -335,6 +335,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             super().__init__(*args, **kwargs)
             self._guard_init()
             self._in_head = True
+            self._head_open = False  # between the parser's message begin and its headers complete
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._guard_connection_lost()
@@ -342,12 +343,19 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
 
         def data_received(self, data: bytes) -> None:
             if self._in_head:
-                self._arm_head_timer()
                 if not self._guard_feed(data):
                     return
             elif self._refused:
                 return
             super().data_received(data)
+            if self._head_open and self._head_timer is None:
+                # a head began and is not complete yet: it has the header timeout to arrive (a head that
+                # arrives whole in one read, the usual case, never costs a timer)
+                self._arm_head_timer()
+
+        def on_message_begin(self) -> None:
+            self._head_open = True
+            super().on_message_begin()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -355,7 +363,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             self._lean_begin = getattr(self.app, "lean_begin", None)
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
+            self._in_head = self._head_open = False
             self._head_complete()
             lean = self._lean_begin
             if lean is not None and self.url.startswith(b"/topics/") and self._lean_start(lean):

@@ -181,6 +181,35 @@ def test_slow_loris_is_closed_after_the_header_timeout(slow_gw: GatewayProcess) 
         assert time.monotonic() - start < 8
 
 
+def test_a_slow_head_after_a_kept_alive_request_is_closed_after_the_header_timeout(slow_gw: GatewayProcess) -> None:
+    """The header timeout also holds for the second request of a connection (the timer is armed once a head
+    begins and does not complete in one read)."""
+    with _connect(slow_gw) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while b'"ok"}' not in first:
+            chunk = sock.recv(4096)
+            assert chunk, first
+            first += chunk
+        assert first.startswith(b"HTTP/1.1 200 ")
+        start = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        answer = b""
+        while time.monotonic() - start < 15:
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if readable:
+                answer = _read_all(sock)
+                break
+            try:
+                sock.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        elapsed = time.monotonic() - start
+        status, _, body = _parse(answer)
+        assert status == 408 and body["error_code"] == 40801
+        assert 1.5 < elapsed < 6, elapsed
+
+
 def test_connections_over_the_limit_get_503_while_existing_ones_are_served(
         tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> None:
     log = tmp_path_factory.mktemp("gw") / "gateway.log"

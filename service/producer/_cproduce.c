@@ -456,12 +456,10 @@ static int plain_b64_value(const unsigned char **pp, const unsigned char *e, PyO
     if (p >= e || *p != '"')
         return 0;
     const unsigned char *s = ++p;
-    while (p < e && *p != '"') {
-        if (b64_value[*p] < 0 && *p != '=')
-            return 0; /* an escape, a control or non-base64 character: the full path judges it */
-        p++;
-    }
-    if (p >= e)
+    /* the closing quote; the decoder checks every character before it (an escape, a control or a non-base64
+     * character, '=' other than as padding: NULL, and the full path judges the body) */
+    p = memchr(p, '"', (size_t)(e - p));
+    if (p == NULL)
         return 0;
     PyObject *b = b64_decode_raw(s, p - s);
     if (b == NULL)

@@ -166,7 +166,9 @@ class Producer:
             await self._space.wait()
         if self._closing:
             raise ProducerClosedError("the producer is closed")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or loop.is_closed():  # asyncio.get_running_loop() is a getpid() call on 3.11
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
         def done() -> None:
@@ -193,7 +195,7 @@ class Producer:
         if not delivery.done:
             self._ensure_running()
             self._wake.set()
-            await asyncio.shield(fut)
+            await fut  # a cancelled caller cancels only its own future (done() then skips it)
         results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
         failed = delivery.failed
         self.records_failed += failed

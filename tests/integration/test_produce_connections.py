@@ -134,3 +134,24 @@ async def test_by_default_the_next_request_waits_for_the_answer_and_carries_ever
         second = sorted((pd.index, decode_records(pd.records).batches[0].records_count)
                         for t in reqs[1].topic_data for pd in t.partition_data)
         assert second == [(0, 3), (1, 3), (2, 3)]  # one request, a batch per partition
+
+
+async def test_a_cancelled_caller_leaves_the_others_and_the_producer_working() -> None:
+    async with TestCluster(topics={"t": 1}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster) as p:
+        release = asyncio.Event()
+        cluster.delay(PRODUCE, until=release)
+        first = asyncio.create_task(p.send_many("t", recs(2, 0, "a")))
+        await cluster.wait_for_requests(PRODUCE)
+        cancelled = asyncio.create_task(p.send_many("t", recs(2, 0, "b")))
+        other = asyncio.create_task(p.send_many("t", recs(2, 0, "c")))
+        await until(lambda: p.acc.queued_records == 4)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        release.set()
+        assert [r.offset for r in await first] == [0, 1]
+        assert [r.offset for r in await other] == [4, 5]  # the cancelled caller's records were still sent
+        assert [r.offset for r in await p.send_many("t", recs(1, 0, "d"))] == [6]
+        assert [r.value for r in cluster.partition_log("t", 0).records()] == [b"a0", b"a1", b"b0", b"b1", b"c0",
+                                                                              b"c1", b"d0"]

@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "../protocol/kcg_base64.h"
 
 typedef struct {
     char *buf;
@@ -269,15 +270,6 @@ fail:
 
 /* ---- HTTP produce helpers (api/produce.py): the body's records and the answer, without Python per record ---- */
 
-static signed char b64_value[256];
-
-static void b64_init(void) {
-    memset(b64_value, -1, sizeof b64_value);
-    const char *alpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int i = 0; i < 64; i++)
-        b64_value[(unsigned char)alpha[i]] = (signed char)i;
-}
-
 /* Decodes canonical-length base64 (length a multiple of 4, only the alphabet, one or two '=' at the very end).
  * Anything else returns NULL without an exception: the caller falls back to binascii's strict mode, which
  * decides (and names the field). What this accepts, binascii.a2b_base64(strict_mode=True) decodes the same. */
@@ -298,7 +290,7 @@ static PyObject *b64_decode_raw(const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t full = pad ? n - 4 : n;
     Py_ssize_t i = 0;
     for (; i < full; i += 4) {
-        int a = b64_value[s[i]], b = b64_value[s[i + 1]], c = b64_value[s[i + 2]], d = b64_value[s[i + 3]];
+        int a = kcg_b64_value[s[i]], b = kcg_b64_value[s[i + 1]], c = kcg_b64_value[s[i + 2]], d = kcg_b64_value[s[i + 3]];
         if ((a | b | c | d) < 0)
             goto bad;
         uint32_t v = ((uint32_t)a << 18) | ((uint32_t)b << 12) | ((uint32_t)c << 6) | (uint32_t)d;
@@ -307,8 +299,8 @@ static PyObject *b64_decode_raw(const unsigned char *s, Py_ssize_t n) {
         *o++ = (unsigned char)v;
     }
     if (pad) {
-        int a = b64_value[s[i]], b = b64_value[s[i + 1]];
-        int c = pad == 1 ? b64_value[s[i + 2]] : 0;
+        int a = kcg_b64_value[s[i]], b = kcg_b64_value[s[i + 1]];
+        int c = pad == 1 ? kcg_b64_value[s[i + 2]] : 0;
         if ((a | b | c) < 0)
             goto bad;
         uint32_t v = ((uint32_t)a << 18) | ((uint32_t)b << 12) | ((uint32_t)c << 6);
@@ -756,6 +748,6 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cproduce", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__cproduce(void) {
-    b64_init();
+    kcg_b64_init();
     return PyModule_Create(&module);
 }

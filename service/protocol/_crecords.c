@@ -20,6 +20,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "kcg_base64.h"
 
 #define MIN_RECORD_SIZE 7
 
@@ -309,53 +310,6 @@ done:
 
 /* ---- rendering: the gateway's binary-format JSON, one buffer for many records ---------------------- */
 
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-static char b64_pairs[2 * 4096]; /* filled once by PyInit__crecords */
-
-static void
-init_b64_pairs(void)
-{
-    for (int v = 0; v < 4096; v++) {
-        b64_pairs[2 * v] = B64[v >> 6];
-        b64_pairs[2 * v + 1] = B64[v & 63];
-    }
-}
-
-static inline Py_ssize_t
-b64_len(Py_ssize_t n)
-{
-    return ((n + 2) / 3) * 4;
-}
-
-static inline char *
-put_b64(char *o, const unsigned char *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-    /* two output characters per lookup (b64_pairs: 12 input bits -> 2 characters) */
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
-        memcpy(o, b64_pairs + 2 * (v >> 12), 2);
-        memcpy(o + 2, b64_pairs + 2 * (v & 0xFFF), 2);
-        o += 4;
-    }
-    if (n - i == 1) {
-        uint32_t v = (uint32_t)s[i] << 16;
-        o[0] = B64[v >> 18];
-        o[1] = B64[(v >> 12) & 63];
-        o[2] = '=';
-        o[3] = '=';
-        o += 4;
-    } else if (n - i == 2) {
-        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
-        o[0] = B64[v >> 18];
-        o[1] = B64[(v >> 12) & 63];
-        o[2] = B64[(v >> 6) & 63];
-        o[3] = '=';
-        o += 4;
-    }
-    return o;
-}
-
 static inline char *
 put_raw(char *o, const char *s, Py_ssize_t n)
 {
@@ -389,7 +343,7 @@ put_b64_or_null(char *o, PyObject *v)
     if (v == Py_None)
         return PUT_LIT(o, "null");
     *o++ = '"';
-    o = put_b64(o, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+    o = kcg_b64_put(o, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
     *o++ = '"';
     return o;
 }
@@ -741,7 +695,7 @@ put_json_field_raw(char *o, const char *name, Py_ssize_t name_len, const unsigne
     o = PUT_LIT(o, "_error\":\"not valid JSON\",\"");
     o = put_raw(o, name, name_len);
     o = PUT_LIT(o, "_base64\":\"");
-    o = put_b64(o, p, n);
+    o = kcg_b64_put(o, p, n);
     *o++ = '"';
     return o;
 }
@@ -1191,7 +1145,7 @@ run_headers_bound(const unsigned char *p, const rent *e, Py_ssize_t end)
         read_varint(&c, &klen, 0); /* add() checked these bytes: no error here */
         c.pos += (Py_ssize_t)klen;
         skip_nullable(&c, 0, "", &vpos, &vlen);
-        n += 32 + 6 * (Py_ssize_t)klen + (vlen < 0 ? 0 : b64_len(vlen));
+        n += 32 + 6 * (Py_ssize_t)klen + (vlen < 0 ? 0 : kcg_b64_len(vlen));
     }
     return n;
 }
@@ -1206,11 +1160,11 @@ run_bound(RunObject *r, Py_ssize_t head_len, Py_ssize_t sep_len, int json, Py_ss
         const rent *e = r->ents + i;
         Py_ssize_t n = head_len + sep_len + 120;
         if (e->klen >= 0) {
-            n += b64_len(e->klen) + (json ? e->klen + 80 : 0);
+            n += kcg_b64_len(e->klen) + (json ? e->klen + 80 : 0);
             *payload += e->klen;
         }
         if (e->vlen >= 0) {
-            n += b64_len(e->vlen) + (json ? e->vlen + 80 : 0);
+            n += kcg_b64_len(e->vlen) + (json ? e->vlen + 80 : 0);
             *payload += e->vlen;
         }
         if (e->hcount)
@@ -1230,7 +1184,7 @@ put_b64_raw_or_null(char *o, const unsigned char *p, Py_ssize_t pos, Py_ssize_t 
     if (len < 0)
         return PUT_LIT(o, "null");
     *o++ = '"';
-    o = put_b64(o, p + pos, len);
+    o = kcg_b64_put(o, p + pos, len);
     *o++ = '"';
     return o;
 }
@@ -1319,11 +1273,11 @@ chunk_bound(PyObject *records, Py_ssize_t head_len, Py_ssize_t sep_len, int json
         }
         Py_ssize_t n = head_len + sep_len + 120; /* numbers, field names, punctuation */
         if (key != Py_None) {
-            n += b64_len(PyBytes_GET_SIZE(key)) + (json ? PyBytes_GET_SIZE(key) + 80 : 0);
+            n += kcg_b64_len(PyBytes_GET_SIZE(key)) + (json ? PyBytes_GET_SIZE(key) + 80 : 0);
             *payload += PyBytes_GET_SIZE(key);
         }
         if (value != Py_None) {
-            n += b64_len(PyBytes_GET_SIZE(value)) + (json ? PyBytes_GET_SIZE(value) + 80 : 0);
+            n += kcg_b64_len(PyBytes_GET_SIZE(value)) + (json ? PyBytes_GET_SIZE(value) + 80 : 0);
             *payload += PyBytes_GET_SIZE(value);
         }
         for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers); h++) {
@@ -1338,7 +1292,7 @@ chunk_bound(PyObject *records, Py_ssize_t head_len, Py_ssize_t sep_len, int json
             if (PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &klen) == NULL)
                 return -1;
             PyObject *hv = PyTuple_GET_ITEM(pair, 1);
-            n += 32 + 6 * klen + (hv == Py_None ? 0 : b64_len(PyBytes_GET_SIZE(hv)));
+            n += 32 + 6 * klen + (hv == Py_None ? 0 : kcg_b64_len(PyBytes_GET_SIZE(hv)));
         }
         if (n > PY_SSIZE_T_MAX / 2 - total) {
             PyErr_NoMemory();
@@ -1627,7 +1581,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__crecords(void)
 {
-    init_b64_pairs();
+    kcg_b64_init();
     init_j_plain();
     if (PyType_Ready(&RunType) < 0)
         return NULL;

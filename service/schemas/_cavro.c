@@ -31,6 +31,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "../protocol/kcg_base64.h"
 
 enum {
     K_NULL = 0,
@@ -244,7 +245,6 @@ put(obuf *o, const char *s, Py_ssize_t n)
 #define PUTLIT(o, lit) put((o), (lit), (Py_ssize_t)(sizeof(lit) - 1))
 
 static const char HEX[] = "0123456789abcdef";
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 static inline void
 put_i64(obuf *o, int64_t v)
@@ -358,47 +358,14 @@ put_latin1_string(obuf *o, const unsigned char *s, Py_ssize_t n)
     return OK;
 }
 
-static inline void
-b64_into(char *p, const unsigned char *s, Py_ssize_t n)
-{
-    Py_ssize_t i = 0;
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
-        p[0] = B64[v >> 18];
-        p[1] = B64[(v >> 12) & 63];
-        p[2] = B64[(v >> 6) & 63];
-        p[3] = B64[v & 63];
-        p += 4;
-    }
-    if (n - i == 1) {
-        uint32_t v = (uint32_t)s[i] << 16;
-        p[0] = B64[v >> 18];
-        p[1] = B64[(v >> 12) & 63];
-        p[2] = '=';
-        p[3] = '=';
-    } else if (n - i == 2) {
-        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
-        p[0] = B64[v >> 18];
-        p[1] = B64[(v >> 12) & 63];
-        p[2] = B64[(v >> 6) & 63];
-        p[3] = '=';
-    }
-}
-
-static inline Py_ssize_t
-b64_len(Py_ssize_t n)
-{
-    return ((n + 2) / 3) * 4;
-}
-
 static int
 put_b64_string(obuf *o, const unsigned char *s, Py_ssize_t n)
 {
-    Py_ssize_t m = b64_len(n);
+    Py_ssize_t m = kcg_b64_len(n);
     RESERVE(o, m + 2);
     char *p = o->buf + o->len;
     *p++ = '"';
-    b64_into(p, s, n);
+    kcg_b64_put(p, s, n);
     p[m] = '"';
     o->len += m + 2;
     return OK;
@@ -1114,6 +1081,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__cavro(void)
 {
+    kcg_b64_init();
     if (PyType_Ready(&ProgramType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);

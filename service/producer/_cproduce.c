@@ -288,16 +288,10 @@ static PyObject *b64_decode_raw(const unsigned char *s, Py_ssize_t n) {
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
     Py_ssize_t full = pad ? n - 4 : n;
-    Py_ssize_t i = 0;
-    for (; i < full; i += 4) {
-        int a = kcg_b64_value[s[i]], b = kcg_b64_value[s[i + 1]], c = kcg_b64_value[s[i + 2]], d = kcg_b64_value[s[i + 3]];
-        if ((a | b | c | d) < 0)
-            goto bad;
-        uint32_t v = ((uint32_t)a << 18) | ((uint32_t)b << 12) | ((uint32_t)c << 6) | (uint32_t)d;
-        *o++ = (unsigned char)(v >> 16);
-        *o++ = (unsigned char)(v >> 8);
-        *o++ = (unsigned char)v;
-    }
+    if (!kcg_b64_decode_quads(o, s, full / 4))
+        goto bad;
+    o += full / 4 * 3;
+    Py_ssize_t i = full;
     if (pad) {
         int a = kcg_b64_value[s[i]], b = kcg_b64_value[s[i + 1]];
         int c = pad == 1 ? kcg_b64_value[s[i + 2]] : 0;

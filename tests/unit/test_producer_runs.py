@@ -408,3 +408,39 @@ def test_a_long_run_is_cut_once_and_every_record_goes_out_once_in_order(n: int, 
         batches += 1
     assert sent == n and d.done and d.results == [RecordMetadata(0, i) for i in range(n)]
     assert acc.queued_records == 0 and acc.queued_bytes == 0 and acc.empty
+
+
+def test_parse_body_binary_declines_every_corrupted_base64_value() -> None:
+    """A value with one character replaced by anything outside the alphabet (or '=' before the padding), in any
+    position of any quad, is declined (the full path then names the error); intact values decode as binascii."""
+    if encoding.native is None:
+        if REQUIRE_CEXT:
+            pytest.fail("service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C helpers not built")
+    import base64
+    import binascii
+
+    rng = random.Random(5)
+    bad_chars = ["=", "-", "_", " ", "\x7f", "\\u0041", "é", "*", ".", "\x01"]
+    for _ in range(300):
+        raw = rng.randbytes(rng.randrange(1, 40))
+        text = base64.b64encode(raw).decode()
+        body = b'{"records":[{"value":"%s"}]}' % text.encode()
+        got = encoding.native.parse_body_binary(body, None)
+        assert got is not None and got[0][0][1] == binascii.a2b_base64(text, strict_mode=True) == raw
+        unpadded = len(text.rstrip("="))
+        for pos in range(len(text)):
+            for ch in rng.sample(bad_chars, 3):
+                if ch == "=" and pos >= unpadded:
+                    continue  # already padding
+                corrupted = text[:pos] + ch + text[pos + 1:]
+                body = ('{"records":[{"value":"' + corrupted + '"}]}').encode()
+                got = encoding.native.parse_body_binary(body, None)
+                try:  # "...PE=" with "E" made "=" is still valid base64 (two pads): then the same bytes
+                    expected = binascii.a2b_base64(corrupted, strict_mode=True) if "\\" not in corrupted else None
+                except (binascii.Error, ValueError):
+                    expected = None
+                if expected is None:
+                    assert got is None, corrupted
+                else:
+                    assert got is None or got[0][0][1] == expected, corrupted

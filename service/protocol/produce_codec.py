@@ -37,6 +37,10 @@ TopicData = tuple[str, Sequence[tuple[int, "bytes | None"]]]
 def _uv(value: int) -> bytes:
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14))
     return P.uvarint_bytes(value)
 
 

@@ -117,3 +117,11 @@ def test_unusual_answers_decline(version: int) -> None:
         assert PC.decode_produce_ok(version, ends) is None
     assert PC.decode_produce_ok(2, payload) is None
     assert PC.decode_produce_ok(12, payload) is None
+
+
+def test_length_varints_match_the_primitive() -> None:
+    from service.protocol import primitives as P
+
+    edges = [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 2**28, 2**31 - 1]
+    for v in edges + list(range(0, 70_000, 7)):
+        assert PC._uv(v) == P.uvarint_bytes(v), v

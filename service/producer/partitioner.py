@@ -89,11 +89,20 @@ class StickyPartitioner:
         ``(partition, start, end, bytes)`` of consecutive records (same state changes, same random draws)."""
         out: list[tuple[int, int, int, int]] = []
         n = len(sizes)
-        cum = list(accumulate(sizes))
+        cum: list[int] | None = None
         i = 0
         while i < n:
             p = self.partition(topic, sizes[i], num_partitions, available)
             used = self._current[topic][1]
+            if cum is None:
+                # the common case: the records from i on all stay on p (no running sums needed); record j
+                # stays while the bytes before it, used + sizes[i+1..j-1], are below sticky_bytes
+                rest = sum(sizes) if i == 0 else sum(sizes[i:])
+                if n - i == 1 or used + rest - sizes[i] - sizes[-1] < self.sticky_bytes:
+                    self._current[topic] = (p, used + rest - sizes[i])
+                    out.append((p, i, n, rest))
+                    return out
+                cum = list(accumulate(sizes))
             # record j > i stays on p while the bytes before it, used + cum[j-1] - cum[i], are below sticky_bytes
             end = min(bisect_left(cum, self.sticky_bytes - used + cum[i], i) + 1, n)
             run_bytes = cum[end - 1] - (cum[i - 1] if i else 0)

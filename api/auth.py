@@ -193,6 +193,11 @@ def count_wrong_secret(request: Request) -> None:
 
 async def current_tenant(request: Request) -> Tenant:
     """The authenticated tenant of this request, after charging one request to its rate limit."""
+    return charge_tenant(request)
+
+
+def charge_tenant(request: Request) -> Tenant:
+    """:func:`current_tenant` for callers that do not await (the protocol-level produce path)."""
     tenant = authenticate(request)
     tenant.check_rate()
     request.state.tenant = tenant

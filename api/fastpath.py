@@ -22,20 +22,27 @@ the common request itself with plain checks and the route's own functions (``cur
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.auth import current_tenant
+from api.auth import charge_tenant, current_tenant
 from api.consumers import BASE, INT32_MAX, V2, _accept, instance, poll_records
 from api.hosts import HostGuard
-from api.produce import produce_answer
+from api.produce import produce_answer, produce_now
+from service.httpserver import INTERNAL_ERROR, Answer
 from service.metrics import GatewayMetrics, labelled
 from service.routing import HOP_HEADER
+from service.tenants import Tenant
+
+log = logging.getLogger(__name__)
+Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
 
 _PATH = re.compile(r"/consumers/([^/]+)/instances/([^/]+)/records")
 # the bounds of the full route's Query(...) declarations: outside them the full route answers 422
@@ -263,20 +270,63 @@ class LeanProduceCall:
         if self.length and self.budget is not None and not self.charged:
             self.charged = await self.budget.reserve(2 * self.length, "body", wait_s)
 
-    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    async def answer(self, body: bytes, tenant: Tenant | None = None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The answer (status, headers, body); ``tenant``: already authenticated and charged (answer_now)."""
         scope = self.scope
         request = Request(scope)
         request._body = body
         status = 500
         try:
             try:
-                tenant = await current_tenant(request)
+                if tenant is None:
+                    tenant = await current_tenant(request)
                 content, status = await produce_answer(request, tenant, self.topic, self.partition)
             except Exception as exc:
                 response = await _error_response(scope, request, exc)
                 status = response.status_code
                 return status, response.raw_headers, response.body
             return status, [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS], content
+        finally:
+            self._release()
+            self.observe(status)
+
+    def answer_now(self, body: bytes, respond: Respond) -> Awaitable[Answer] | None:
+        """The answer without a task or an await (issue 24), when nothing must be awaited: None is returned and
+        ``respond(status, headers, body)`` is called once, at once or when the records are acknowledged.
+        Otherwise (a topic not in fresh metadata, a schema'd format, an error for the app's handlers to answer)
+        an awaitable of :meth:`answer`'s result is returned for the caller to run in a task; the request is
+        charged to its tenant's rate limit once either way."""
+        request = Request(self.scope)
+        request._body = body
+        try:
+            tenant = charge_tenant(request)
+        except Exception as exc:
+            return self._error_answer(request, exc)
+
+        def answer(content: bytes, status: int) -> None:
+            self._release()
+            self.observe(status)
+            respond(status, [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS], content)
+
+        def failed(exc: Exception) -> None:
+            log.error("answering a produce request failed", exc_info=exc)
+            self._release()
+            self.observe(500)
+            respond(*INTERNAL_ERROR)
+
+        try:
+            if produce_now(request, tenant, self.topic, self.partition, answer, failed):
+                return None
+        except Exception as exc:
+            return self._error_answer(request, exc)
+        return self.answer(body, tenant)
+
+    async def _error_answer(self, request: Request, exc: Exception) -> Answer:
+        status = 500
+        try:
+            response = await _error_response(self.scope, request, exc)
+            status = response.status_code
+            return status, response.raw_headers, response.body
         finally:
             self._release()
             self.observe(status)

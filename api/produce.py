@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -510,6 +510,12 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
                 raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
             _check_partitions(topic, known, records, path_partition)
     results = await producer.send_many(topic, records)
+    return _answer_results(request, tenant, results, sizes, key_schema_id, value_schema_id)
+
+
+def _answer_results(request: Request, tenant: Tenant, results: list[Any], sizes: list[int],
+                    key_schema_id: int | None = None, value_schema_id: int | None = None) -> tuple[bytes, int]:
+    """The answer to produced records (body, status), counted in the produce metrics."""
     content, status, failed, oks = render(results, key_schema_id, value_schema_id)
     metrics = request.app.state.metrics
     acked = len(results) - failed
@@ -520,6 +526,38 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
     if failed:
         metrics.produce_failures.labels(tenant.id).inc(failed)
     return content, status
+
+
+def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: int | None,
+                answer: Callable[[bytes, int], None], failed: Callable[[Exception], None]) -> bool:
+    """:func:`produce_answer` without awaiting, for the protocol-level path (issue 24: no task or future per
+    request): a binary or json body (the request's body already read) whose topic's partitions are in fresh
+    metadata, with room in the producer's buffer, is checked and queued at once, and True is returned; its
+    answer then comes through ``answer(body, status)`` (or ``failed(exc)`` for a bug) once the records are
+    acknowledged. False when something must be awaited first (a schema'd format, metadata to fetch, a topic
+    to create, a full buffer): then produce_answer must answer it. Errors raise as produce_answer's do, in
+    the same order."""
+    fmt = embedded_format(request)
+    if fmt not in ("binary", "json"):
+        return False
+    tenant.require_topic(topic)
+    producer = producer_for(request, tenant)
+    if producer.cached_partition_count(topic) is None:
+        return False  # (before the body is parsed: produce_answer parses it)
+    body, records, sizes = parse_body_records(request._body, fmt, path_partition)
+    require_legal_topic_name(topic)
+    _check_partitions(topic, set(producer.client.metadata.partitions(topic)), () if body is None else records,
+                      path_partition)
+
+    def done(results: list[Any]) -> None:
+        try:
+            content, status = _answer_results(request, tenant, results, sizes)
+        except Exception as exc:  # a bug: answered 500 by the caller, never raised into the producer
+            failed(exc)
+            return
+        answer(content, status)
+
+    return producer.submit(topic, records, done)
 
 
 @router.post("/topics/{topic}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -241,11 +242,19 @@ class _HeadGuard:
 _STATUS_LINE: dict[int, bytes] = {}
 
 
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+#: uvicorn's answer to an exception in the application
+INTERNAL_ERROR: Answer = (500, [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"21"),
+                                 (b"connection", b"close")], b"Internal Server Error")
+
+
 class LeanCall(Protocol):
     """What an app's ``lean_begin(scope)`` returns for a request it serves at the protocol level (api/fastpath.py
     ``LeanProduceCall``): the answer to the whole body, or notice that the client went away first."""
 
-    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]: ...
+    def answer_now(self, body: bytes, respond: Callable[[int, list[tuple[bytes, bytes]], bytes], None]) \
+            -> Awaitable[Answer] | None:
+        """None: ``respond(status, headers, body)`` is called once, now or later; else the answer to await."""
 
     def abandon(self) -> None: ...
 
@@ -253,14 +262,16 @@ class LeanCall(Protocol):
 class LeanCycle:
     """A request served without uvicorn's ASGI cycle (issue 24: the produce hot path; ~20% of the gateway's CPU
     per produce request went to the request/response cycle, ASGI messages and the app's dispatch). The app's
-    ``lean_begin(scope)`` takes a request once its head is parsed (httptools only); the body is collected, the
-    call answers it in a task tracked like uvicorn's (graceful shutdown waits for it), and the answer goes out
-    in one write with uvicorn's default headers (``date``, ``server``). It has the attributes uvicorn's
-    protocol reads of its cycle (``response_complete``, ``disconnected``, ``keep_alive``, ``message_event``),
-    so keep-alive, pipelining (a request arriving meanwhile waits in uvicorn's queue), shutdown and lost
-    connections behave as for any request."""
+    ``lean_begin(scope)`` takes a request once its head is parsed (httptools only); the body is collected and
+    handed to the call when complete, which answers through :meth:`respond` without a task when it can (its
+    records queued at once, answered when acknowledged) or returns an awaitable run in a task tracked like
+    uvicorn's; the answer goes out in one write with uvicorn's default headers (``date``, ``server``). It has
+    the attributes uvicorn's protocol reads of its cycle (``response_complete``, ``disconnected``,
+    ``keep_alive``, ``message_event``), so keep-alive, pipelining (a request arriving meanwhile waits in
+    uvicorn's queue), shutdown and lost connections behave as for any request."""
 
-    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "more_body", "proto", "response_complete")
+    __slots__ = ("call", "chunks", "disconnected", "keep_alive", "more_body", "pending", "proto",
+                 "response_complete")
 
     def __init__(self, proto: Any, call: LeanCall, keep_alive: bool) -> None:
         self.proto = proto
@@ -270,6 +281,7 @@ class LeanCycle:
         self.keep_alive = keep_alive
         self.disconnected = False
         self.response_complete = False
+        self.pending: Awaitable[Answer] | None = None
 
     @property
     def message_event(self) -> LeanCycle:
@@ -283,21 +295,36 @@ class LeanCycle:
             self.proto = None  # no reference cycle with the protocol (it holds this cycle)
             self.call.abandon()  # the body never completed: nothing produced, nothing to answer
 
-    async def run_asgi(self, app: Any) -> None:
-        """The answer (started by ``on_message_complete`` through uvicorn's task tracking)."""
+    def start(self) -> bool:
+        """The body is complete: answer it; True when the answer must be awaited in a task (:meth:`run_asgi`)."""
+        self.more_body = False
         chunks = self.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
-        proto = self.proto
         try:
-            status, headers, content = await self.call.answer(body)
+            self.pending = self.call.answer_now(body, self.respond)
+        except Exception as exc:  # the call answers every error it knows: this is a bug
+            self.proto.logger.error("Exception in ASGI application", exc_info=exc)
+            self.respond(*INTERNAL_ERROR)
+            return False
+        return self.pending is not None
+
+    async def run_asgi(self, app: Any) -> None:
+        """The awaited answer (started by ``on_message_complete`` through uvicorn's task tracking)."""
+        pending, self.pending = self.pending, None
+        try:
+            assert pending is not None
+            answer = await pending
         except Exception as exc:  # the app's handlers answer every error they know: this is a bug
-            proto.logger.error("Exception in ASGI application", exc_info=exc)
-            status, headers, content = 500, [(b"content-type", b"text/plain; charset=utf-8"),
-                                             (b"content-length", b"21"), (b"connection", b"close")], \
-                b"Internal Server Error"
-        self.proto = None  # no reference cycle with the protocol once answered (it holds this cycle)
-        if self.disconnected:
+            if self.proto is not None:
+                self.proto.logger.error("Exception in ASGI application", exc_info=exc)
+            answer = INTERNAL_ERROR
+        self.respond(*answer)
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
+        """Write the answer (nothing once the client went away) and finish the request."""
+        proto, self.proto = self.proto, None  # no reference cycle with the protocol once answered
+        if self.disconnected or proto is None:
             return
         head = [_STATUS_LINE[status]]
         for name, value in proto.server_state.default_headers:
@@ -406,8 +433,8 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             self._scanner.ended = True  # the next chunk starts a new head
             cycle = self.cycle
             if type(cycle) is LeanCycle:
-                cycle.more_body = False
-                self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
+                if cycle.start():
+                    self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]
             else:
                 super().on_message_complete()
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from service.client.client import KafkaClient
@@ -105,11 +105,11 @@ class Producer:
         """The number of partitions of ``topic`` from (fresh enough) metadata. Raises UnknownTopicError if
         it does not exist (an unknown name never joins the client's metadata interest), or a
         BrokerResponseError (e.g. TOPIC_AUTHORIZATION_FAILED, or retriable LEADER_NOT_AVAILABLE)."""
+        cached = self.cached_partition_count(topic)
+        if cached is not None:
+            return cached
         md = self.client.metadata
         t = md.topics.get(topic)
-        if (t is not None and t.partitions and t.error_code in (0, EC.LEADER_NOT_AVAILABLE)
-                and time.monotonic() - md.updated_at < self.config.metadata_max_age_ms / 1000):
-            return len(t.partitions)
         if t is None or t.error_code not in (0, EC.LEADER_NOT_AVAILABLE):
             await self._probe_topic(topic)
         await self.client.refresh_metadata([topic])
@@ -121,6 +121,15 @@ class Producer:
         if not t.partitions:
             raise BrokerResponseError(EC.LEADER_NOT_AVAILABLE, f"topic {topic!r} has no partitions yet")
         return len(t.partitions)
+
+    def cached_partition_count(self, topic: str) -> int | None:
+        """:meth:`partition_count` when fresh enough metadata has it, else None (nothing asked)."""
+        md = self.client.metadata
+        t = md.topics.get(topic)
+        if (t is not None and t.partitions and t.error_code in (0, EC.LEADER_NOT_AVAILABLE)
+                and time.monotonic() - md.updated_at < self.config.metadata_max_age_ms / 1000):
+            return len(t.partitions)
+        return None
 
     async def partitions(self, topic: str) -> list[int]:
         """The partition numbers of ``topic`` (see :meth:`partition_count` for errors)."""
@@ -155,27 +164,60 @@ class Producer:
         ProducerClosedError after close()."""
         if self._closing:
             raise ProducerClosedError("the producer is closed")
-        n = len(records)
-        if n == 0:
+        if not records:
             return []
         num = await self.partition_count(topic)
-        tinfo = self.client.metadata.topics[topic]
-        parts = tinfo.partitions
         while self.acc.queued_bytes >= self.config.buffer_bytes and not self._closing:
             self._space.clear()
             await self._space.wait()
         if self._closing:
             raise ProducerClosedError("the producer is closed")
-        loop = self._loop
-        if loop is None or loop.is_closed():  # asyncio.get_running_loop() is a getpid() call on 3.11
-            loop = self._loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
         def done() -> None:
             if not fut.done():
                 fut.set_result(None)
 
-        delivery = Delivery(n, done)
+        delivery = self._enqueue(topic, records, num, done)
+        if not delivery.done:
+            await fut  # a cancelled caller cancels only its own future (done() then skips it)
+        return self._settled(delivery)
+
+    def submit(self, topic: str, records: Sequence[Any], on_done: Callable[[list[ProduceResult]], None]) -> bool:
+        """:meth:`send_many` for a caller that answers from a callback (the protocol-level produce path, issue
+        24: no task, future or await per request). When nothing must be awaited first — the topic's partition
+        count is in fresh metadata, the buffer has room, the producer is open — ``records`` are queued and True
+        is returned; ``on_done(results)`` is then called once, from the event loop, when every record was
+        acknowledged or failed (possibly before this returns, for records failed at once). Otherwise nothing
+        is done and False is returned: use send_many."""
+        num = self.cached_partition_count(topic) if records else None
+        if num is None or self._closing or self.acc.queued_bytes >= self.config.buffer_bytes:
+            return False
+        queued: list[Delivery] = []
+
+        def done() -> None:
+            if queued:  # (records failed at once, while being queued, are answered below)
+                on_done(self._settled(queued.pop()))
+
+        delivery = self._enqueue(topic, records, num, done)
+        queued.append(delivery)
+        if delivery.done:
+            done()
+        return True
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None or loop.is_closed():  # asyncio.get_running_loop() is a getpid() call on 3.11
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _enqueue(self, topic: str, records: Sequence[Any], num: int, on_done: Callable[[], None]) -> Delivery:
+        """Queue ``records`` (partitions chosen) and wake the sender; ``on_done`` once all are answered."""
+        loop = self._running_loop()
+        n = len(records)
+        parts = self.client.metadata.topics[topic].partitions
+        delivery = Delivery(n, on_done)
         now = loop.time()
         now_ms = int(time.time() * 1000)
         acc = self.acc
@@ -195,12 +237,14 @@ class Producer:
         if not delivery.done:
             self._ensure_running()
             self._wake.set()
-            await fut  # a cancelled caller cancels only its own future (done() then skips it)
-        results: list[ProduceResult] = delivery.results  # type: ignore[assignment]  # all set when done
+        return delivery
+
+    def _settled(self, delivery: Delivery) -> list[ProduceResult]:
+        """A completed delivery's results, counted."""
         failed = delivery.failed
         self.records_failed += failed
-        self.records_acked += n - failed
-        return results
+        self.records_acked += len(delivery.results) - failed
+        return delivery.results  # type: ignore[return-value]  # all set when done
 
     def _queue_records(self, topic: str, records: list[Any], num: int, parts: dict[int, Any], delivery: Delivery,
                        now: float, now_ms: int) -> None:

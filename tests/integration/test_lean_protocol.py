@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -151,3 +152,27 @@ async def test_a_client_gone_mid_body_produces_nothing_and_frees_its_memory(
             raise AssertionError(f"body memory still charged: {body_lines}")
     finally:
         writer.close()
+
+
+async def test_each_request_is_charged_to_the_rate_limit_once(tansu: EmbeddedBroker, kclient: KafkaClient,
+                                                              topic_name: str, tmp_path: Path) -> None:
+    """The first request to a topic goes the awaited way (its metadata is fetched), the next ones are answered
+    from the producer's callback: either way one token of the tenant's bucket each (burst 6: six answers, then
+    429/42901), and what was answered 200 is stored once."""
+    await kclient.create_topics({topic_name: 1})
+    env = {"GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0.001", "GATEWAY_DEFAULT_BURST": "6"}
+    with GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gateway.log") as g:
+        reader, writer = await connect(g)
+        try:
+            statuses = []
+            for i in range(8):
+                writer.write(post(f"/topics/{topic_name}", records(1, b"r%d" % i)))
+                status, _, body = await read_response(reader)
+                statuses.append(status)
+                if status == 200:
+                    assert [o["offset"] for o in orjson.loads(body)["offsets"]] == [i]
+                else:
+                    assert orjson.loads(body)["error_code"] == 42901
+        finally:
+            writer.close()
+    assert statuses == [200] * 6 + [429] * 2

@@ -345,3 +345,26 @@ async def test_close_sends_what_is_queued_and_is_bounded() -> None:
                 assert isinstance(r, ProduceFailure) and r.retriable and "closed" in r.message
         finally:
             await client.close()
+
+
+async def test_submit_queues_without_awaiting_once_metadata_is_fresh() -> None:
+    """Producer.submit (the protocol-level produce path): False and nothing queued while the topic is not in
+    fresh metadata or the producer is closed; else the records are queued at once and on_done gets their results
+    exactly once (also when every record failed while being queued)."""
+    async with TestCluster(topics={"t": 2}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster) as p:
+        answers: list[list[Any]] = []
+        assert p.submit("t", recs(2), answers.append) is False  # metadata not fetched yet
+        assert p.acc.queued_records == 0 and answers == []
+        ok(await p.send_many("t", recs(1, partition=0)))  # fetches it
+        assert p.submit("t", recs(3, partition=1, tag="s"), answers.append) is True
+        await until(lambda: len(answers) == 1)
+        assert [r.offset for r in ok(answers[0])] == [0, 1, 2]
+        assert stored(cluster, "t", 1) == [b"s0", b"s1", b"s2"]
+        # every record asks for a partition that does not exist: failed while queued, answered once, at once
+        assert p.submit("t", recs(2, partition=7), answers.append) is True
+        assert len(answers) == 2 and all(isinstance(r, ProduceFailure) for r in answers[1])
+        assert p.submit("t", [], answers.append) is False
+        await p.close()
+        assert p.submit("t", recs(1), answers.append) is False
+        assert len(answers) == 2 and p.records_acked == 4 and p.records_failed == 2

@@ -125,16 +125,33 @@ async def test_coalescing_transport_sends_head_and_body_in_one_call() -> None:
 
 # -- LeanCycle: a request answered without uvicorn's ASGI cycle ------------------------------------------------
 class _Call:
-    def __init__(self, answer: object = None) -> None:
+    """A LeanCall: answers at once (``mode="now"``), later from a callback (``"later"``), through an awaitable
+    (``"await"``), or raises (an Exception as the answer)."""
+
+    def __init__(self, answer: object = None, mode: str = "now") -> None:
         self.answers = answer or (200, [(b"content-length", b"2"), (b"content-type", b"x/y")], b"{}")
+        self.mode = mode
         self.bodies: list[bytes] = []
         self.abandoned = 0
+        self.respond: object = None
 
-    async def answer(self, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def answer_now(self, body: bytes, respond: object) -> object:
         self.bodies.append(body)
+        if isinstance(self.answers, Exception) and self.mode != "await":
+            raise self.answers
+        if self.mode == "now":
+            respond(*self.answers)  # type: ignore[operator]
+            return None
+        if self.mode == "later":
+            self.respond = respond
+            return None
+        return self._awaited()
+
+    async def _awaited(self) -> object:
+        await asyncio.sleep(0)
         if isinstance(self.answers, Exception):
             raise self.answers
-        return self.answers  # type: ignore[return-value]
+        return self.answers
 
     def abandon(self) -> None:
         self.abandoned += 1
@@ -153,38 +170,45 @@ class _Proto:
         self.completed += 1
 
 
+HEAD_200 = b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ndate: today\r\ncontent-length: 2\r\ncontent-type: x/y\r\n\r\n"
+
+
 async def test_lean_cycle_answers_in_one_write_with_the_default_headers() -> None:
     from service.httpserver import LeanCycle
-    proto, call = _Proto(), _Call()
-    cycle = LeanCycle(proto, call, keep_alive=True)
-    cycle.chunks += [b"ab", b"cd"]
-    cycle.more_body = False
-    await cycle.run_asgi(None)
-    assert call.bodies == [b"abcd"] and call.abandoned == 0
-    assert proto.transport.calls == [("writelines", [b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ndate: today\r\n"
-                                                     b"content-length: 2\r\ncontent-type: x/y\r\n\r\n", b"{}"])]
-    assert cycle.response_complete and proto.completed == 1
-    assert cycle.proto is None  # no reference cycle with the protocol that holds it
-    cycle.disconnected = True
-    cycle.message_event.set()  # a later connection loss: nothing to abandon
-    assert call.abandoned == 0
+    for mode in ("now", "later", "await"):
+        proto, call = _Proto(), _Call(mode=mode)
+        cycle = LeanCycle(proto, call, keep_alive=True)
+        cycle.chunks += [b"ab", b"cd"]
+        needs_task = cycle.start()
+        assert needs_task is (mode == "await") and call.bodies == [b"abcd"]
+        if mode == "later":
+            assert proto.transport.calls == [] and not cycle.response_complete
+            call.respond(*call.answers)  # type: ignore[operator]  # the records were acknowledged
+        elif mode == "await":
+            await cycle.run_asgi(None)
+        assert proto.transport.calls == [("writelines", [HEAD_200, b"{}"])], mode
+        assert cycle.response_complete and proto.completed == 1 and call.abandoned == 0
+        assert cycle.proto is None  # no reference cycle with the protocol that holds it
+        cycle.disconnected = True
+        cycle.message_event.set()  # a later connection loss: nothing to abandon
+        assert call.abandoned == 0
 
 
 async def test_lean_cycle_closes_without_keep_alive_and_answers_500_for_a_bug() -> None:
     from service.httpserver import LeanCycle
     proto, call = _Proto(), _Call()
     cycle = LeanCycle(proto, call, keep_alive=False)
-    cycle.more_body = False
-    await cycle.run_asgi(None)
+    assert not cycle.start()
     (kind, (head, _)), close = proto.transport.calls
     assert kind == "writelines" and head.endswith(b"connection: close\r\n\r\n") and close == ("close", None)
-    proto, call = _Proto(), _Call(RuntimeError("bug"))
-    cycle = LeanCycle(proto, call, keep_alive=True)
-    cycle.more_body = False
-    await cycle.run_asgi(None)
-    (_, (head, body)), close = proto.transport.calls
-    assert head.startswith(b"HTTP/1.1 500 ") and b"connection: close\r\n" in head and body == b"Internal Server Error"
-    assert close == ("close", None) and proto.completed == 1
+    for mode in ("now", "await"):
+        proto, call = _Proto(), _Call(RuntimeError("bug"), mode=mode)
+        cycle = LeanCycle(proto, call, keep_alive=True)
+        if cycle.start():
+            await cycle.run_asgi(None)
+        (_, (head, body)), close = proto.transport.calls
+        assert head.startswith(b"HTTP/1.1 500 ") and b"connection: close\r\n" in head
+        assert body == b"Internal Server Error" and close == ("close", None) and proto.completed == 1
 
 
 async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> None:
@@ -196,11 +220,16 @@ async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> 
     cycle.message_event.set()
     cycle.message_event.set()
     assert call.abandoned == 1 and cycle.proto is None and proto.transport.calls == []
-    # lost while the answer was being computed: nothing is written
-    proto, call = _Proto(), _Call()
-    cycle = LeanCycle(proto, call, keep_alive=True)
-    cycle.more_body = False
-    task = asyncio.ensure_future(cycle.run_asgi(None))
-    cycle.disconnected = True
-    await task
-    assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0
+    # lost while the answer was being computed (awaited, or waiting for the records): nothing is written
+    for mode in ("await", "later"):
+        proto, call = _Proto(), _Call(mode=mode)
+        cycle = LeanCycle(proto, call, keep_alive=True)
+        if cycle.start():
+            task = asyncio.ensure_future(cycle.run_asgi(None))
+            cycle.disconnected = True
+            await task
+        else:
+            cycle.disconnected = True
+            call.respond(*call.answers)  # type: ignore[operator]
+        assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0
+        assert call.abandoned == 0 and cycle.proto is None

@@ -198,7 +198,11 @@ class Producer:
 
         def done() -> None:
             if queued:  # (records failed at once, while being queued, are answered below)
-                on_done(self._settled(queued.pop()))
+                results = self._settled(queued.pop())
+                try:
+                    on_done(results)
+                except Exception:  # never into the answer loop: the other callers of the batch wait for it
+                    log.exception("a produce callback failed")
 
         delivery = self._enqueue(topic, records, num, done)
         queued.append(delivery)

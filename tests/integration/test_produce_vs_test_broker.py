@@ -365,6 +365,16 @@ async def test_submit_queues_without_awaiting_once_metadata_is_fresh() -> None:
         assert p.submit("t", recs(2, partition=7), answers.append) is True
         assert len(answers) == 2 and all(isinstance(r, ProduceFailure) for r in answers[1])
         assert p.submit("t", [], answers.append) is False
+        # a callback that fails does not keep the other callers of the same batch waiting
+        def broken(results: list[Any]) -> None:
+            raise RuntimeError("a bug in a caller")
+
+        before = len(produce_requests(cluster))
+        assert p.submit("t", recs(1, partition=0, tag="x"), broken) is True
+        assert p.submit("t", recs(1, partition=0, tag="y"), answers.append) is True  # (the same batch)
+        await until(lambda: len(answers) == 3)
+        assert len(produce_requests(cluster)) == before + 1
+        assert [r.offset for r in ok(answers[2])] == [2] and stored(cluster, "t", 0)[1:] == [b"x0", b"y0"]
         await p.close()
         assert p.submit("t", recs(1), answers.append) is False
-        assert len(answers) == 2 and p.records_acked == 4 and p.records_failed == 2
+        assert len(answers) == 3 and p.records_acked == 6 and p.records_failed == 2

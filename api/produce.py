@@ -250,6 +250,7 @@ def producer_for(request: Request, tenant: Tenant) -> Producer:
             request_timeout_ms=s.request_timeout_ms,
             delivery_timeout_ms=s.producer_delivery_timeout_ms,
             idempotent=s.producer_idempotent,
+            max_in_flight_per_broker=s.producer_max_in_flight_per_broker,
         ))
     return producer
 

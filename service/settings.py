@@ -238,6 +238,11 @@ class Settings(BaseSettings):
         60000, gt=0, description="A produced record not acknowledged within this fails (retriable)")
     producer_idempotent: bool = Field(
         True, description="Idempotent producer (producer id + sequences: retries never duplicate)")
+    producer_max_in_flight_per_broker: int = Field(
+        1, ge=1, le=5, description="Produce requests in flight per broker (each partition has one batch in flight "
+        "whatever this is). 1: the next request leaves when the previous one answered and carries every "
+        "partition's queued records (fewer, larger requests: the least CPU for the gateway and the broker); more "
+        "may lower latency for partitions queued behind a slow request on a high-latency network")
     auto_create_topics: bool | None = Field(
         None, description="Produce to a missing topic creates it (CreateTopics with auto_create_partitions and "
         "auto_create_replication_factor) instead of answering 404/40401; the tenant's topic patterns and Kafka's "

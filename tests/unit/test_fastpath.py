@@ -210,3 +210,23 @@ async def test_lean_produce_charges_the_memory_budget_and_observes_the_request(g
         free_before = budget.total - budget.used
         served, status, _, _ = await lean_call(guarded_app, "/topics/t", b"{}")
         assert served and status == 422 and budget.total - budget.used == free_before
+
+
+async def test_the_producer_takes_the_producer_settings() -> None:
+    """GATEWAY_PRODUCER_* reach the tenant's producer (api/produce.producer_for)."""
+    from starlette.requests import Request
+
+    from api.app import create_app
+    from api.produce import producer_for
+
+    app = create_app(Settings(kafka_bootstrap="127.0.0.1:1", producer_max_in_flight_per_broker=3,
+                              producer_linger_ms=2, producer_compression="lz4", producer_idempotent=False),
+                     "127.0.0.1:1")
+    async with app.router.lifespan_context(app):
+        tenant = app.state.tenants.authenticate({})
+        request = Request({"type": "http", "app": app, "headers": [], "state": {}})
+        cfg = producer_for(request, tenant).config
+        assert (cfg.max_in_flight_per_broker, cfg.linger_ms, cfg.idempotent) == (3, 2, False)
+        assert cfg.compression == 3  # lz4
+    with pytest.raises(ValueError):
+        Settings(kafka_bootstrap="127.0.0.1:1", producer_max_in_flight_per_broker=0)

@@ -87,6 +87,7 @@ from service.producer import (
     encoding,
     parse_compression,
 )
+from service.producer.accumulator import Delivery
 from service.schemas import produce as schema_produce
 from service.schemas.produce import ProduceSchemaError
 from service.tenants import Tenant
@@ -550,9 +551,20 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
     _check_partitions(topic, set(producer.client.metadata.partitions(topic)), () if body is None else records,
                       path_partition)
 
-    def done(results: list[Any]) -> None:
+    def done(delivery: Delivery) -> None:
         try:
-            content, status = _answer_results(request, tenant, results, sizes)
+            content = None
+            if not delivery.failed and encoding.native is not None:  # every record written: from the runs
+                offsets = delivery.offsets or []
+                offsets.sort()
+                content = encoding.native.render_offset_runs(offsets, len(delivery.results))
+            if content is not None:
+                status = 200
+                metrics = request.app.state.metrics
+                labelled(metrics.produced_records, tenant.id).inc(len(delivery.results))
+                labelled(metrics.produced_bytes, tenant.id).inc(sum(sizes))
+            else:
+                content, status = _answer_results(request, tenant, delivery.metadata(), sizes)
         except Exception as exc:  # a bug: answered 500 by the caller, never raised into the producer
             failed(exc)
             return

@@ -635,6 +635,71 @@ none:
     Py_RETURN_NONE;
 }
 
+/* render_offset_runs(runs, n) -> the ProduceResponse body of n records all written, from runs (first index,
+ * partition, base offset, count) sorted by first index and covering 0..n-1 exactly (no RecordMetadata per
+ * record); None if they do not (the caller then renders record by record). Schema ids are null. */
+static PyObject *render_offset_runs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *runs;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &runs, &n))
+        return NULL;
+    static const char head[] = "{\"offsets\":[";
+    static const char item1[] = "{\"partition\":";
+    static const char item2[] = ",\"offset\":";
+    static const char item3[] = ",\"error_code\":null,\"error\":null}";
+    static const char tail[] = "],\"key_schema_id\":null,\"value_schema_id\":null}";
+    out_t o = {NULL, 0, 0};
+    if (n < 0 || n > PY_SSIZE_T_MAX / 256)
+        Py_RETURN_NONE;
+    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 96 + (Py_ssize_t)sizeof tail) < 0)
+        return NULL;
+    put_bytes(&o, head, (Py_ssize_t)sizeof head - 1);
+    Py_ssize_t next = 0;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs); r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 4)
+            goto none;
+        long long first = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 0));
+        long long p = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 1));
+        long long off = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 2));
+        long long count = PyLong_AsLongLong(PyTuple_GET_ITEM(run, 3));
+        if (PyErr_Occurred()) {
+            PyMem_Free(o.buf);
+            return NULL;
+        }
+        if (first != next || count < 0 || count > n - next || p < 0 || off < 0)
+            goto none;
+        for (long long i = 0; i < count; i++) {
+            if (out_reserve(&o, 96) < 0) {
+                PyMem_Free(o.buf);
+                return NULL;
+            }
+            if (next + i)
+                o.buf[o.len++] = ',';
+            put_bytes(&o, item1, (Py_ssize_t)sizeof item1 - 1);
+            put_decimal(&o, p);
+            put_bytes(&o, item2, (Py_ssize_t)sizeof item2 - 1);
+            put_decimal(&o, off + i);
+            put_bytes(&o, item3, (Py_ssize_t)sizeof item3 - 1);
+        }
+        next += count;
+    }
+    if (next != n)
+        goto none;
+    if (out_reserve(&o, (Py_ssize_t)sizeof tail) < 0) {
+        PyMem_Free(o.buf);
+        return NULL;
+    }
+    put_bytes(&o, tail, (Py_ssize_t)sizeof tail - 1);
+    PyObject *body = PyBytes_FromStringAndSize(o.buf, o.len);
+    PyMem_Free(o.buf);
+    return body;
+none:
+    PyMem_Free(o.buf);
+    Py_RETURN_NONE;
+}
+
 /* plain_sizes(records, overhead) -> [overhead + len(value), ...] when every record is a tuple of at least five
  * fields with no key, no partition and no headers (the sticky-partition fast path of send_many), else None. */
 static PyObject *plain_sizes(PyObject *self, PyObject *args) {
@@ -736,6 +801,8 @@ static PyMethodDef methods[] = {
      "plain_sizes(records, overhead) -> record sizes if no record has a key, partition or headers, else None"},
     {"render_offsets", render_offsets, METH_VARARGS,
      "render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> body or None"},
+    {"render_offset_runs", render_offset_runs, METH_VARARGS,
+     "render_offset_runs(runs, n) -> body or None (runs: (first index, partition, base offset, count))"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -110,16 +110,33 @@ def parse_compression(name: str | int) -> int:
         raise ValueError(f"unknown compression {name!r}; use none, gzip, snappy, lz4 or zstd") from None
 
 
+#: the result of a record acknowledged within Delivery.offsets (see Delivery.metadata)
+ACKED = RecordMetadata(-1, -1)
+_ACKED_RUN = [ACKED] * 1024
+
+
 class Delivery:
     """The results of one ``send_many`` call, filled as records are acknowledged or fail."""
 
-    __slots__ = ("failed", "on_done", "remaining", "results")
+    __slots__ = ("failed", "offsets", "on_done", "remaining", "results")
 
     def __init__(self, n: int, on_done: Callable[[], None] | None = None) -> None:
         self.results: list[ProduceResult | None] = [None] * n
         self.remaining = n
         self.failed = 0  # results that are ProduceFailure (successes are written in place, in bulk)
         self.on_done = on_done
+        # when a list (Producer.submit): acknowledged runs of consecutive records as (first index, partition,
+        # base offset, count), their results left ACKED, instead of a RecordMetadata per record
+        self.offsets: list[tuple[int, int, int, int]] | None = None
+
+    def metadata(self) -> list[ProduceResult]:
+        """The results with a RecordMetadata for every record of the acknowledged runs."""
+        res = self.results
+        if self.offsets:
+            for first, p, off, n in self.offsets:
+                res[first:first + n] = encoding.metas(RecordMetadata, p, off, n)
+            self.offsets = []
+        return res  # type: ignore[return-value]  # all set when done
 
     def resolve(self, index: int, result: ProduceResult) -> None:
         if self.results[index] is not None:
@@ -394,12 +411,21 @@ class Accumulator:
                 res = d.results
                 idx = run.indices
                 n = len(idx)
+                contiguous = type(idx) is range and idx.step == 1 and res[idx.start:idx.stop].count(None) == n
+                if known and contiguous and d.offsets is not None:
+                    d.offsets.append((idx.start, p, off, n))  # no object per record (Producer.submit)
+                    res[idx.start:idx.stop] = _ACKED_RUN[:n] if n <= len(_ACKED_RUN) else [ACKED] * n
+                    d.remaining -= n
+                    off += n
+                    if d.remaining == 0:
+                        completed.append(d)
+                    continue
                 if known:
                     metas = encoding.metas(RecordMetadata, p, off, n)
                     off += n
                 else:
                     metas = [dup] * n
-                if type(idx) is range and idx.step == 1 and res[idx.start:idx.stop].count(None) == n:
+                if contiguous:
                     res[idx.start:idx.stop] = metas
                     d.remaining -= n
                 else:  # scattered (keyed records) or, defensively, partly resolved already

@@ -184,13 +184,15 @@ class Producer:
             await fut  # a cancelled caller cancels only its own future (done() then skips it)
         return self._settled(delivery)
 
-    def submit(self, topic: str, records: Sequence[Any], on_done: Callable[[list[ProduceResult]], None]) -> bool:
+    def submit(self, topic: str, records: Sequence[Any], on_done: Callable[[Delivery], None]) -> bool:
         """:meth:`send_many` for a caller that answers from a callback (the protocol-level produce path, issue
         24: no task, future or await per request). When nothing must be awaited first — the topic's partition
         count is in fresh metadata, the buffer has room, the producer is open — ``records`` are queued and True
-        is returned; ``on_done(results)`` is then called once, from the event loop, when every record was
-        acknowledged or failed (possibly before this returns, for records failed at once). Otherwise nothing
-        is done and False is returned: use send_many."""
+        is returned; ``on_done(delivery)`` is then called once, from the event loop, when every record was
+        acknowledged or failed (possibly before this returns, for records failed at once). The delivery keeps
+        acknowledged runs in ``delivery.offsets`` (first index, partition, base offset, count) rather than a
+        RecordMetadata per record: ``delivery.metadata()`` gives the per-record results. Otherwise nothing is
+        done and False is returned: use send_many."""
         num = self.cached_partition_count(topic) if records else None
         if num is None or self._closing or self.acc.queued_bytes >= self.config.buffer_bytes:
             return False
@@ -198,13 +200,14 @@ class Producer:
 
         def done() -> None:
             if queued:  # (records failed at once, while being queued, are answered below)
-                results = self._settled(queued.pop())
+                delivery = queued.pop()
+                self._count(delivery)
                 try:
-                    on_done(results)
+                    on_done(delivery)
                 except Exception:  # never into the answer loop: the other callers of the batch wait for it
                     log.exception("a produce callback failed")
 
-        delivery = self._enqueue(topic, records, num, done)
+        delivery = self._enqueue(topic, records, num, done, offsets=True)
         queued.append(delivery)
         if delivery.done:
             done()
@@ -216,12 +219,16 @@ class Producer:
             loop = self._loop = asyncio.get_running_loop()
         return loop
 
-    def _enqueue(self, topic: str, records: Sequence[Any], num: int, on_done: Callable[[], None]) -> Delivery:
-        """Queue ``records`` (partitions chosen) and wake the sender; ``on_done`` once all are answered."""
+    def _enqueue(self, topic: str, records: Sequence[Any], num: int, on_done: Callable[[], None],
+                 offsets: bool = False) -> Delivery:
+        """Queue ``records`` (partitions chosen) and wake the sender; ``on_done`` once all are answered;
+        ``offsets``: acknowledged runs kept as Delivery.offsets."""
         loop = self._running_loop()
         n = len(records)
         parts = self.client.metadata.topics[topic].partitions
         delivery = Delivery(n, on_done)
+        if offsets:
+            delivery.offsets = []
         now = loop.time()
         now_ms = int(time.time() * 1000)
         acc = self.acc
@@ -245,10 +252,13 @@ class Producer:
 
     def _settled(self, delivery: Delivery) -> list[ProduceResult]:
         """A completed delivery's results, counted."""
+        self._count(delivery)
+        return delivery.results  # type: ignore[return-value]  # all set when done
+
+    def _count(self, delivery: Delivery) -> None:
         failed = delivery.failed
         self.records_failed += failed
         self.records_acked += len(delivery.results) - failed
-        return delivery.results  # type: ignore[return-value]  # all set when done
 
     def _queue_records(self, topic: str, records: list[Any], num: int, parts: dict[int, Any], delivery: Delivery,
                        now: float, now_ms: int) -> None:

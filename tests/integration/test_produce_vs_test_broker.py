@@ -349,32 +349,46 @@ async def test_close_sends_what_is_queued_and_is_bounded() -> None:
 
 async def test_submit_queues_without_awaiting_once_metadata_is_fresh() -> None:
     """Producer.submit (the protocol-level produce path): False and nothing queued while the topic is not in
-    fresh metadata or the producer is closed; else the records are queued at once and on_done gets their results
-    exactly once (also when every record failed while being queued)."""
+    fresh metadata or the producer is closed; else the records are queued at once and on_done gets their
+    delivery exactly once (also when every record failed while being queued); acknowledged runs of plain
+    records are kept as (first index, partition, base offset, count), per-record results on demand."""
+    from service.producer.accumulator import ACKED, Delivery
+
     async with TestCluster(topics={"t": 2}, registry=default_registry(transactions=True)) as cluster, \
             running(cluster) as p:
-        answers: list[list[Any]] = []
+        answers: list[Delivery] = []
         assert p.submit("t", recs(2), answers.append) is False  # metadata not fetched yet
         assert p.acc.queued_records == 0 and answers == []
         ok(await p.send_many("t", recs(1, partition=0)))  # fetches it
         assert p.submit("t", recs(3, partition=1, tag="s"), answers.append) is True
         await until(lambda: len(answers) == 1)
-        assert [r.offset for r in ok(answers[0])] == [0, 1, 2]
+        assert [r.offset for r in ok(answers[0].metadata())] == [0, 1, 2]
         assert stored(cluster, "t", 1) == [b"s0", b"s1", b"s2"]
+        # plain records (no key, partition or headers): one run, no RecordMetadata until asked for
+        plain = [(None, b"p%d" % i, (), None, None) for i in range(5)]
+        assert p.submit("t", plain, answers.append) is True
+        await until(lambda: len(answers) == 2)
+        d = answers[1]
+        assert d.failed == 0 and len(d.offsets) == 1 and d.results == [ACKED] * 5
+        first, partition, base, count = d.offsets[0]
+        assert (first, count) == (0, 5)
+        assert [(r.partition, r.offset) for r in ok(d.metadata())] == [(partition, base + i) for i in range(5)]
+        assert stored(cluster, "t", partition)[base:] == [b"p%d" % i for i in range(5)]
         # every record asks for a partition that does not exist: failed while queued, answered once, at once
         assert p.submit("t", recs(2, partition=7), answers.append) is True
-        assert len(answers) == 2 and all(isinstance(r, ProduceFailure) for r in answers[1])
+        assert len(answers) == 3 and all(isinstance(r, ProduceFailure) for r in answers[2].metadata())
         assert p.submit("t", [], answers.append) is False
+
         # a callback that fails does not keep the other callers of the same batch waiting
-        def broken(results: list[Any]) -> None:
+        def broken(delivery: Delivery) -> None:
             raise RuntimeError("a bug in a caller")
 
         before = len(produce_requests(cluster))
         assert p.submit("t", recs(1, partition=0, tag="x"), broken) is True
         assert p.submit("t", recs(1, partition=0, tag="y"), answers.append) is True  # (the same batch)
-        await until(lambda: len(answers) == 3)
+        await until(lambda: len(answers) == 4)
         assert len(produce_requests(cluster)) == before + 1
-        assert [r.offset for r in ok(answers[2])] == [2] and stored(cluster, "t", 0)[1:] == [b"x0", b"y0"]
+        assert ok(answers[3].metadata())[0].offset == stored(cluster, "t", 0).index(b"y0")
         await p.close()
         assert p.submit("t", recs(1), answers.append) is False
-        assert len(answers) == 3 and p.records_acked == 6 and p.records_failed == 2
+        assert len(answers) == 4 and p.records_acked == 11 and p.records_failed == 2

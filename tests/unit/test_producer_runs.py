@@ -4,6 +4,7 @@ answering every record of a run exactly once."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -445,3 +446,28 @@ def test_parse_body_binary_declines_every_corrupted_base64_value() -> None:
                     assert got is None, corrupted
                 else:
                     assert got is None or got[0][0][1] == expected, corrupted
+
+
+def test_render_offset_runs_is_render_offsets_of_the_same_records() -> None:
+    """The answer rendered from acknowledged runs (Delivery.offsets) is byte for byte the one rendered from a
+    RecordMetadata per record; runs that do not cover 0..n-1 in order are declined (None)."""
+    if encoding.native is None:
+        if REQUIRE_CEXT:
+            pytest.fail("service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1)")
+        pytest.skip("C helpers not built")
+    rng = random.Random(3)
+    for _ in range(300):
+        runs, metas, first = [], [], 0
+        for _ in range(rng.randrange(0, 5)):
+            count = rng.randrange(0, 40)
+            p, off = rng.randrange(0, 2**31 - 1), rng.choice([0, rng.randrange(0, 2**62)])
+            runs.append((first, p, off, count))
+            metas += [RecordMetadata(p, off + i) for i in range(count)]
+            first += count
+        got = encoding.native.render_offset_runs(runs, first)
+        assert got == encoding.native.render_offsets(metas, RecordMetadata, None, None)
+        assert json.loads(got)["offsets"] == [{"partition": m.partition, "offset": m.offset, "error_code": None,
+                                               "error": None} for m in metas]
+    for runs, n in (([(0, 1, 1, 2)], 3), ([(0, 1, 1, 2)], 1), ([(1, 1, 1, 2)], 3), ([(0, 1, 1, 1), (0, 1, 1, 1)], 2),
+                    ([(0, -1, 1, 1)], 1), ([(0, 1, -1, 1)], 1), ([(0, 1, 1)], 1), ([[0, 1, 1, 1]], 1), ([], 1)):
+        assert encoding.native.render_offset_runs(runs, n) is None, runs

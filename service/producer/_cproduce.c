@@ -568,6 +568,25 @@ static inline void put_decimal(out_t *o, long long v) {
         o->buf[o->len++] = tmp[--k];
 }
 
+static const char OFFSETS_HEAD[] = "{\"offsets\":[";
+
+/* One written record's entry of a ProduceResponse body: [","]{"partition":P,"offset":O,"error_code":null,...} */
+static int put_offset_item(out_t *o, int comma, long long p, long long off) {
+    static const char item1[] = "{\"partition\":";
+    static const char item2[] = ",\"offset\":";
+    static const char item3[] = ",\"error_code\":null,\"error\":null}";
+    if (out_reserve(o, 128) < 0)
+        return -1;
+    if (comma)
+        o->buf[o->len++] = ',';
+    put_bytes(o, item1, (Py_ssize_t)sizeof item1 - 1);
+    put_decimal(o, p);
+    put_bytes(o, item2, (Py_ssize_t)sizeof item2 - 1);
+    put_decimal(o, off);
+    put_bytes(o, item3, (Py_ssize_t)sizeof item3 - 1);
+    return 0;
+}
+
 /* render_offsets(results, RecordMetadata, key_schema_id, value_schema_id) -> the ProduceResponse body, or None
  * when a result is not exactly a RecordMetadata (a failure: the Python renderer handles those). */
 static PyObject *render_offsets(PyObject *self, PyObject *args) {
@@ -577,13 +596,9 @@ static PyObject *render_offsets(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(results);
     out_t o = {NULL, 0, 0};
-    static const char head[] = "{\"offsets\":[";
-    static const char item1[] = "{\"partition\":";
-    static const char item2[] = ",\"offset\":";
-    static const char item3[] = ",\"error_code\":null,\"error\":null}";
-    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 128 + 128) < 0)
+    if (out_reserve(&o, (Py_ssize_t)sizeof OFFSETS_HEAD + n * 128 + 128) < 0)
         return NULL;
-    put_bytes(&o, head, (Py_ssize_t)sizeof head - 1);
+    put_bytes(&o, OFFSETS_HEAD, (Py_ssize_t)sizeof OFFSETS_HEAD - 1);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(results, i);
         if ((PyObject *)Py_TYPE(r) != meta_type || PyTuple_GET_SIZE(r) != 2)
@@ -594,17 +609,10 @@ static PyObject *render_offsets(PyObject *self, PyObject *args) {
             PyMem_Free(o.buf);
             return NULL;
         }
-        if (out_reserve(&o, 128) < 0) {
+        if (put_offset_item(&o, i > 0, p, off) < 0) {
             PyMem_Free(o.buf);
             return NULL;
         }
-        if (i)
-            o.buf[o.len++] = ',';
-        put_bytes(&o, item1, (Py_ssize_t)sizeof item1 - 1);
-        put_decimal(&o, p);
-        put_bytes(&o, item2, (Py_ssize_t)sizeof item2 - 1);
-        put_decimal(&o, off);
-        put_bytes(&o, item3, (Py_ssize_t)sizeof item3 - 1);
     }
     if (out_reserve(&o, 96) < 0) {
         PyMem_Free(o.buf);
@@ -644,17 +652,13 @@ static PyObject *render_offset_runs(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &runs, &n))
         return NULL;
-    static const char head[] = "{\"offsets\":[";
-    static const char item1[] = "{\"partition\":";
-    static const char item2[] = ",\"offset\":";
-    static const char item3[] = ",\"error_code\":null,\"error\":null}";
     static const char tail[] = "],\"key_schema_id\":null,\"value_schema_id\":null}";
     out_t o = {NULL, 0, 0};
     if (n < 0 || n > PY_SSIZE_T_MAX / 256)
         Py_RETURN_NONE;
-    if (out_reserve(&o, (Py_ssize_t)sizeof head + n * 96 + (Py_ssize_t)sizeof tail) < 0)
+    if (out_reserve(&o, (Py_ssize_t)sizeof OFFSETS_HEAD + n * 96 + (Py_ssize_t)sizeof tail) < 0)
         return NULL;
-    put_bytes(&o, head, (Py_ssize_t)sizeof head - 1);
+    put_bytes(&o, OFFSETS_HEAD, (Py_ssize_t)sizeof OFFSETS_HEAD - 1);
     Py_ssize_t next = 0;
     for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs); r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
@@ -671,17 +675,10 @@ static PyObject *render_offset_runs(PyObject *self, PyObject *args) {
         if (first != next || count < 0 || count > n - next || p < 0 || off < 0)
             goto none;
         for (long long i = 0; i < count; i++) {
-            if (out_reserve(&o, 96) < 0) {
+            if (put_offset_item(&o, next + i > 0, p, off + i) < 0) {
                 PyMem_Free(o.buf);
                 return NULL;
             }
-            if (next + i)
-                o.buf[o.len++] = ',';
-            put_bytes(&o, item1, (Py_ssize_t)sizeof item1 - 1);
-            put_decimal(&o, p);
-            put_bytes(&o, item2, (Py_ssize_t)sizeof item2 - 1);
-            put_decimal(&o, off + i);
-            put_bytes(&o, item3, (Py_ssize_t)sizeof item3 - 1);
         }
         next += count;
     }

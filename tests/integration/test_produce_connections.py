@@ -5,41 +5,20 @@ lease pool, without a task per request; a timed-out request closes its connectio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from service.client.client import KafkaClient
-from service.producer import Producer, ProducerConfig, RecordMetadata
+from service.producer import Producer, RecordMetadata
 from service.protocol import messages as M
 from tests.broker import TestCluster
 from tests.broker.handlers import default_registry
+from tests.integration.test_produce_vs_test_broker import running, until
 
 pytestmark = pytest.mark.integration
 PRODUCE = M.ApiKey.PRODUCE
-
-
-@contextlib.asynccontextmanager
-async def running(cluster: TestCluster, **cfg: Any) -> AsyncIterator[Producer]:
-    client = KafkaClient(cluster.bootstrap_servers)
-    producer = Producer(client, ProducerConfig(**cfg))
-    try:
-        yield producer
-    finally:
-        await producer.close(timeout=5)
-        await client.close()
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Yield to the event loop until ``cond()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0)
 
 
 def recs(n: int, partition: int, tag: str = "v") -> list[tuple[Any, ...]]:

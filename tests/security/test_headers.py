@@ -10,7 +10,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -154,23 +154,29 @@ def slow_gw(request: pytest.FixtureRequest, tansu: EmbeddedBroker,
         yield g
 
 
+def _drip_head(sock: socket.socket, meanwhile: Callable[[], bool] = lambda: True) -> bytes:
+    """Send a request head's first lines, then one byte a second until the gateway answers (or 15 s pass):
+    the answer's bytes. ``meanwhile`` (checked each second) must hold."""
+    start = time.monotonic()
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    while time.monotonic() - start < 15:
+        readable, _, _ = select.select([sock], [], [], 1.0)
+        if readable:
+            return _read_all(sock)
+        try:
+            sock.sendall(b"X")
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        assert meanwhile()
+    return b""
+
+
 def test_slow_loris_is_closed_after_the_header_timeout(slow_gw: GatewayProcess) -> None:
     with _connect(slow_gw) as sock, _connect(slow_gw) as idle:
         start = time.monotonic()
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        answer = b""
-        # the attack: one header byte a second (the old server kept such a connection forever)
-        while time.monotonic() - start < 15:
-            readable, _, _ = select.select([sock], [], [], 1.0)
-            if readable:
-                answer = _read_all(sock)
-                break
-            try:
-                sock.sendall(b"X")
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            # meanwhile another client is served
-            assert httpx.get(f"{slow_gw.url}/healthz").status_code == 200
+        # the attack: one header byte a second (the old server kept such a connection forever); meanwhile
+        # another client is served
+        answer = _drip_head(sock, lambda: httpx.get(f"{slow_gw.url}/healthz").status_code == 200)
         elapsed = time.monotonic() - start
         status, _, body = _parse(answer)
         assert status == 408 and body["error_code"] == 40801
@@ -193,17 +199,7 @@ def test_a_slow_head_after_a_kept_alive_request_is_closed_after_the_header_timeo
             first += chunk
         assert first.startswith(b"HTTP/1.1 200 ")
         start = time.monotonic()
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        answer = b""
-        while time.monotonic() - start < 15:
-            readable, _, _ = select.select([sock], [], [], 1.0)
-            if readable:
-                answer = _read_all(sock)
-                break
-            try:
-                sock.sendall(b"X")
-            except (BrokenPipeError, ConnectionResetError):
-                break
+        answer = _drip_head(sock)
         elapsed = time.monotonic() - start
         status, _, body = _parse(answer)
         assert status == 408 and body["error_code"] == 40801

@@ -47,8 +47,12 @@ DEFAULT_LAUNCHER = Path(__file__).resolve().parents[1].parent / "shared" / "regi
 #: Tansu holds the registry's master-election JoinGroup for about half the session timeout: 6 s makes the
 #: registry ready in ~4.5 s instead of ~6.5 s (below ~5 s its 3 s heartbeats would not fit)
 SESSION_TIMEOUT_MS = "6000"
-#: the registry must take writes this long after the launcher exec'd it (install time not included)
+#: the registry must take writes this long after the launcher first exec'd it (install time not included)
 READY_TIMEOUT_S = 60.0
+#: a registry whose HTTP answers but whose master election has not completed this long after is restarted
+#: (Karapace on Tansu now and then never elects itself: "No master set" forever, seen in CI); a healthy one
+#: takes writes ~3 s after its HTTP is up
+ELECTION_TIMEOUT_S = 15.0
 #: how long the first-run install may take before it is given up
 INSTALL_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
@@ -129,6 +133,10 @@ def _tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
     return "".join(text.splitlines(True)[-lines:])
 
 
+class _ElectionStalled(RuntimeError):
+    """The registry's HTTP is up, its master election is not done (a restart helps)."""
+
+
 class EmbeddedRegistry:
     """One embedded registry: :meth:`start` returns at once (a task installs, launches and waits for it);
     :meth:`stop` cancels that and stops the registry. Processes are started from the event loop's thread
@@ -136,7 +144,7 @@ class EmbeddedRegistry:
 
     def __init__(self, launcher: Path, bootstrap: str, schemas: SchemaService, settings: Settings,
                  *, port: int = 0, host: str = "127.0.0.1", python: str = sys.executable,
-                 ready_timeout: float = READY_TIMEOUT_S) -> None:
+                 ready_timeout: float = READY_TIMEOUT_S, election_timeout: float = ELECTION_TIMEOUT_S) -> None:
         self.launcher = launcher
         self.bootstrap = bootstrap
         self.schemas = schemas
@@ -145,6 +153,8 @@ class EmbeddedRegistry:
         self.port = port or free_port(host)
         self.python = python
         self.ready_timeout = ready_timeout
+        self.election_timeout = election_timeout
+        self.launches = 0
         self.log_file: Path | None = None
         self.ready = False
         self._proc: subprocess.Popen[bytes] | None = None  # the registry (after exec) or the installer
@@ -224,17 +234,28 @@ class EmbeddedRegistry:
         env.setdefault("KARAPACE_SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS)
         cmd = [self.python, str(self.launcher), "--bootstrap", self.bootstrap, "--host", self.host,
                "--port", str(self.port), "--venv", str(venv), "--log-level", "WARNING"]
-        self._proc = self._spawn(cmd, env=env, log_file=self.log_file)
-        log.info("embedded schema registry starting: %s (pid %d, log %s)", self.url, self._proc.pid, self.log_file)
-        await self._wait_ready()
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            self._proc = self._spawn(cmd, env=env, log_file=self.log_file)
+            self.launches += 1
+            log.info("embedded schema registry starting: %s (pid %d, log %s)", self.url, self._proc.pid,
+                     self.log_file)
+            try:
+                await self._wait_ready(deadline)
+                break
+            except _ElectionStalled as exc:
+                log.warning("the embedded schema registry %s; restarting it", exc)
+                await self._terminate()
         config = self.settings.model_copy(update={"schema_registry_url": self.url}).schema_registry_config()
         self.schemas.set_default(config)
         self.ready = True
         print(f"embedded schema registry (Karapace) ready: {self.url} (the gateway's default "
               f"GATEWAY_SCHEMA_REGISTRY_URL; log {self.log_file})", flush=True)
 
-    async def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
+    async def _wait_ready(self, deadline: float) -> None:
+        """Until the registry takes writes; RuntimeError at ``deadline`` or when it exits, _ElectionStalled
+        when its HTTP has answered for ``election_timeout`` seconds without a master (and time is left)."""
+        http_up: float | None = None
         while True:
             proc = self._proc
             if proc is None or proc.poll() is not None:
@@ -246,9 +267,14 @@ class EmbeddedRegistry:
                     status, body = await self._get("/master_available")
                     if status == 200 and orjson.loads(body).get("master_available") is True:
                         return
-            if time.monotonic() > deadline:
+                    http_up = http_up or time.monotonic()
+            now = time.monotonic()
+            if now > deadline:
                 raise RuntimeError(f"the registry did not take writes at {self.url} within "
                                    f"{self.ready_timeout:.0f}s")
+            if http_up is not None and now - http_up > self.election_timeout and deadline - now > self.election_timeout:
+                raise _ElectionStalled(f"answers at {self.url} but elected no master within "
+                                       f"{self.election_timeout:g}s")
             await asyncio.sleep(0.2)
 
     async def _get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:

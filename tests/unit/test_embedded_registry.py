@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,51 @@ def test_required_without_a_launcher_refuses_to_start(tmp_path: Path, launcher: 
     # not needed (an external broker or registry): no problem even when required
     assert start_problem(settings(registry_launcher=missing, embedded_registry=True, kafka_bootstrap="k:9092")) is None
     assert start_problem(settings(registry_launcher=str(launcher), embedded_registry=True)) is None
+
+
+FAKE_REGISTRY = r"""
+import http.server, json, sys
+import asyncio
+from pathlib import Path
+args = sys.argv[1:]
+if "--install-only" in args:
+    print(VENV)
+    sys.exit(0)
+launches = Path(VENV) / "launches"
+n = int(launches.read_text()) + 1 if launches.exists() else 1
+launches.write_text(str(n))
+port = int(args[args.index("--port") + 1])
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"[]" if self.path == "/subjects" else json.dumps({"master_available": n >= 2}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+async def test_a_registry_without_a_master_is_restarted(tmp_path: Path) -> None:
+    """Karapace on Tansu now and then never elects itself a master: a registry whose HTTP answers without a
+    master for election_timeout is restarted (here the second launch elects), and then it is the default."""
+    from service.embedded_registry import EmbeddedRegistry
+    from service.schemas.formats import SchemaService
+
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    launcher = tmp_path / "start"
+    launcher.write_text(f"VENV = {str(venv)!r}\n" + FAKE_REGISTRY)
+    schemas = SchemaService()
+    reg = EmbeddedRegistry(launcher, "127.0.0.1:1", schemas, settings(), ready_timeout=30, election_timeout=1.0)
+    try:
+        await asyncio.wait_for(reg.start(), 30)
+        assert reg.ready and reg.launches == 2 and (venv / "launches").read_text() == "2"
+        assert schemas.default is not None and schemas.pending is None
+    finally:
+        await reg.stop()

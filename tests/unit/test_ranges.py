@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.fetch.ranges import RangePage, arrow_schema, arrow_table, cut_page, effective_end, to_arrow_ipc
@@ -112,6 +112,7 @@ def test_arrow_ipc_stream_roundtrip_and_empty_page() -> None:
 _headers = st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=3)
 
 
+@settings(deadline=None)  # the first example pays pyarrow's lazy initialisation (317 ms once in CI)
 @given(st.lists(_headers, min_size=1, max_size=30))
 def test_headers_column_equals_pyarrows_own_conversion(hs: list[list[tuple[str, bytes | None]]]) -> None:
     rs = [Record(i, 1000 + i, None, b"v", tuple(h)) for i, h in enumerate(hs)]

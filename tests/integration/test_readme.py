@@ -13,11 +13,14 @@ the README's word that ``make run``'s gateway creates a missing topic on produce
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,3 +194,72 @@ def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: Gat
             found = done.stdout.find(fragment, position)
             assert found >= 0, f"README's expected output {fragment!r} not printed (in order)\n{report}"
             position = found + len(fragment)
+
+
+def readme_commands(blocks: list[str], needle: str) -> list[str]:
+    """The README's shell commands (a line plus its ``\\`` and open-quote continuations) that contain ``needle``."""
+    commands, pending = [], ""
+    for block in blocks:
+        for line in block.splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            if pending.endswith("\\"):
+                continue
+            try:
+                shlex.split(pending, comments=True)
+            except ValueError:  # an open quote: the command goes on
+                continue
+            if needle in pending:
+                commands.append(pending)
+            pending = ""
+    return commands
+
+
+def test_readme_registry_retry_prints_only_the_final_answer(tmp_path: Path) -> None:
+    """The README's schema'd produce retries while ``make run``'s registry is still starting: run verbatim
+    against a stand-in that answers 503/50307 + Retry-After twice, then 200, it prints the 200 body alone
+    (CI once printed twelve 503 bodies glued to the answer) and exits 0; a stand-in that never gets ready
+    makes it exit non-zero (under ``set -e`` the walkthrough stops there) without printing a partial answer."""
+    commands = readme_commands(shell_blocks(README.read_text()), "$BASE/topics/payments")
+    assert len(commands) == 1 and "--retry" in commands[0], commands
+
+    class Starting(http.server.BaseHTTPRequestHandler):
+        answers = [503, 503, 200]
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            status = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+            body = (b'{"offsets":[{"partition":0,"offset":0,"error_code":null,"error":null}],"key_schema_id":null,'
+                    b'"value_schema_id":1}' if status == 200 else
+                    b'{"error_code":50307,"message":"the embedded schema registry is starting"}')
+            self.send_response(status)
+            if status == 503:
+                self.send_header("Retry-After", "1")
+            self.send_header("Content-Type", "application/vnd.kafka.v2+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    def run(answers: list[int], max_time: str | None = None) -> subprocess.CompletedProcess[str]:
+        Starting.answers = list(answers)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Starting)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        command = commands[0] if max_time is None else commands[0].replace("--retry-max-time 60",
+                                                                            f"--retry-max-time {max_time}")
+        try:
+            return subprocess.run(["bash", "-c", f"set -euo pipefail\nBASE=http://127.0.0.1:{server.server_port}\n"
+                                   f"{command}\n"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    done = run([503, 503, 200])
+    assert done.returncode == 0, done
+    assert orjson.loads(done.stdout)["value_schema_id"] == 1, done  # one JSON value: no 503 bodies before it
+    assert "50307" not in done.stdout + done.stderr, done
+
+    never = run([503], max_time="2")
+    assert never.returncode != 0 and "50307" not in never.stdout, never
+    assert "503" in never.stderr, never  # -S: curl says why it gave up

@@ -519,15 +519,19 @@ def _answer_results(request: Request, tenant: Tenant, results: list[Any], sizes:
                     key_schema_id: int | None = None, value_schema_id: int | None = None) -> tuple[bytes, int]:
     """The answer to produced records (body, status), counted in the produce metrics."""
     content, status, failed, oks = render(results, key_schema_id, value_schema_id)
+    _count_produced(request, tenant, len(results) - failed,
+                    sum(sizes) if oks is None else sum(s for s, ok in zip(sizes, oks, strict=True) if ok), failed)
+    return content, status
+
+
+def _count_produced(request: Request, tenant: Tenant, acked: int, nbytes: int, failed: int = 0) -> None:
+    """The produce metrics for one request: records and bytes acknowledged, records failed."""
     metrics = request.app.state.metrics
-    acked = len(results) - failed
     if acked:
         labelled(metrics.produced_records, tenant.id).inc(acked)
-        labelled(metrics.produced_bytes, tenant.id).inc(
-            sum(sizes) if oks is None else sum(s for s, ok in zip(sizes, oks, strict=True) if ok))
+        labelled(metrics.produced_bytes, tenant.id).inc(nbytes)
     if failed:
         metrics.produce_failures.labels(tenant.id).inc(failed)
-    return content, status
 
 
 def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: int | None,
@@ -560,9 +564,7 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
                 content = encoding.native.render_offset_runs(offsets, len(delivery.results))
             if content is not None:
                 status = 200
-                metrics = request.app.state.metrics
-                labelled(metrics.produced_records, tenant.id).inc(len(delivery.results))
-                labelled(metrics.produced_bytes, tenant.id).inc(sum(sizes))
+                _count_produced(request, tenant, len(delivery.results), sum(sizes))
             else:
                 content, status = _answer_results(request, tenant, delivery.metadata(), sizes)
         except Exception as exc:  # a bug: answered 500 by the caller, never raised into the producer

@@ -112,7 +112,6 @@ def parse_compression(name: str | int) -> int:
 
 #: the result of a record acknowledged within Delivery.offsets (see Delivery.metadata)
 ACKED = RecordMetadata(-1, -1)
-_ACKED_RUN = [ACKED] * 1024
 
 
 class Delivery:
@@ -414,7 +413,7 @@ class Accumulator:
                 contiguous = type(idx) is range and idx.step == 1 and res[idx.start:idx.stop].count(None) == n
                 if known and contiguous and d.offsets is not None:
                     d.offsets.append((idx.start, p, off, n))  # no object per record (Producer.submit)
-                    res[idx.start:idx.stop] = _ACKED_RUN[:n] if n <= len(_ACKED_RUN) else [ACKED] * n
+                    res[idx.start:idx.stop] = [ACKED] * n
                     d.remaining -= n
                     off += n
                     if d.remaining == 0:

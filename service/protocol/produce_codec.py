@@ -124,6 +124,16 @@ def decode_produce_ok(version: int, payload: bytes | bytearray | memoryview) -> 
         return None
 
 
+def _count(b: bytes | bytearray | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's count and the position after it: a one-byte compact count (flexible) or an int32; -1 for a
+    null array or a multi-byte compact count (over 126 entries: not an answer this fast path takes)."""
+    if flexible:
+        n = b[pos] - 1
+        return (n if n < 0x7F else -1), pos + 1
+    (n,) = _I32.unpack_from(b, pos)
+    return n, pos + 4
+
+
 def _decode_ok(version: int, b: bytes | bytearray | memoryview) -> list[tuple[str, int, int]] | None:
     flexible = version >= FIRST_FLEXIBLE
     skip = _PART_SKIP_V5 if version >= 5 else _PART_SKIP_V3
@@ -135,15 +145,9 @@ def _decode_ok(version: int, b: bytes | bytearray | memoryview) -> list[tuple[st
         if b[pos] != 0:  # response header tagged fields
             return None
         pos += 1
-        n = b[pos] - 1
-        if n < 0 or n >= 0x7F:  # null or a multi-byte count: not ours
-            return None
-        pos += 1
-    else:
-        (n,) = _I32.unpack_from(b, pos)
-        if n < 0:
-            return None
-        pos += 4
+    n, pos = _count(b, pos, flexible)
+    if n < 0:
+        return None
     for _ in range(n):
         if flexible:
             size = b[pos] - 1
@@ -159,16 +163,9 @@ def _decode_ok(version: int, b: bytes | bytearray | memoryview) -> list[tuple[st
             return None
         name = str(b[pos:pos + size], "utf-8")
         pos += size
-        if flexible:
-            m = b[pos] - 1
-            if m < 0 or m >= 0x7F:
-                return None
-            pos += 1
-        else:
-            (m,) = _I32.unpack_from(b, pos)
-            if m < 0:
-                return None
-            pos += 4
+        m, pos = _count(b, pos, flexible)
+        if m < 0:
+            return None
         for _ in range(m):
             index, code, base_offset = unpack_part(b, pos)
             if code:

@@ -271,7 +271,7 @@ class LeanCycle:
     uvicorn's queue), shutdown and lost connections behave as for any request."""
 
     __slots__ = ("call", "chunks", "disconnected", "keep_alive", "more_body", "pending", "proto",
-                 "response_complete")
+                 "response_complete", "tasks")
 
     def __init__(self, proto: Any, call: LeanCall, keep_alive: bool) -> None:
         self.proto = proto
@@ -282,6 +282,9 @@ class LeanCycle:
         self.disconnected = False
         self.response_complete = False
         self.pending: Awaitable[Answer] | None = None
+        #: uvicorn's set of request tasks while the answer waits for the records' acknowledgement (no task of
+        #: its own): the shutdown drain's quiet check and uvicorn's concurrency limit count it like a task
+        self.tasks: set[Any] | None = None
 
     @property
     def message_event(self) -> LeanCycle:
@@ -307,7 +310,17 @@ class LeanCycle:
             self.proto.logger.error("Exception in ASGI application", exc_info=exc)
             self.respond(*INTERNAL_ERROR)
             return False
-        return self.pending is not None
+        if self.pending is not None:
+            return True
+        if self.proto is not None:  # not answered yet: respond() comes from the producer's callback
+            self.tasks = self.proto.tasks
+            self.tasks.add(self)
+        return False
+
+    def cancel(self, msg: Any = None) -> bool:
+        """uvicorn cancels its tasks when the graceful shutdown times out: nothing to cancel here (the records
+        are queued; the answer is written if the connection is still there)."""
+        return False
 
     async def run_asgi(self, app: Any) -> None:
         """The awaited answer (started by ``on_message_complete`` through uvicorn's task tracking)."""
@@ -324,6 +337,9 @@ class LeanCycle:
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
         """Write the answer (nothing once the client went away) and finish the request."""
         proto, self.proto = self.proto, None  # no reference cycle with the protocol once answered
+        if self.tasks is not None:
+            self.tasks.discard(self)
+            self.tasks = None
         if self.disconnected or proto is None:
             return
         head = [_STATUS_LINE[status]]

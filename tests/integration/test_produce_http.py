@@ -419,8 +419,12 @@ async def test_sigterm_lets_an_in_flight_produce_finish(gate_gw: tuple[TestClust
                                              headers=HB))
         await cluster.wait_for_requests(M.ApiKey.PRODUCE, since=since)
         assert g.proc is not None
+        t0 = time.monotonic()
         g.proc.terminate()  # SIGTERM while the broker holds the produce request
         await asyncio.to_thread(_wait_until_refused, g.url, 10)
+        # the drain counts the produce in flight (answered from the producer's callback, no task of its own):
+        # the listener stays open for the whole drain window (1.5 s), not only the 0.5 s quiet period
+        assert time.monotonic() - t0 >= 1.2
         release.set()
         r = await post
         assert offsets_ok(r, 1)[0]["offset"] == 1

@@ -162,6 +162,7 @@ class _Proto:
         import logging
         from types import SimpleNamespace
         self.transport = _Recorder()
+        self.tasks: set[object] = set()  # uvicorn's server_state.tasks, which the protocol holds
         self.server_state = SimpleNamespace(default_headers=[(b"server", b"uvicorn"), (b"date", b"today")])
         self.completed = 0
         self.logger = logging.getLogger("test")
@@ -183,9 +184,12 @@ async def test_lean_cycle_answers_in_one_write_with_the_default_headers() -> Non
         assert needs_task is (mode == "await") and call.bodies == [b"abcd"]
         if mode == "later":
             assert proto.transport.calls == [] and not cycle.response_complete
+            # in flight without a task: counted with uvicorn's tasks (the shutdown drain's quiet check)
+            assert proto.tasks == {cycle} and cycle.cancel("graceful shutdown timed out") is False
             call.respond(*call.answers)  # type: ignore[operator]  # the records were acknowledged
         elif mode == "await":
             await cycle.run_asgi(None)
+        assert not proto.tasks, mode
         assert proto.transport.calls == [("writelines", [HEAD_200, b"{}"])], mode
         assert cycle.response_complete and proto.completed == 1 and call.abandoned == 0
         assert cycle.proto is None  # no reference cycle with the protocol that holds it
@@ -229,7 +233,8 @@ async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> 
             cycle.disconnected = True
             await task
         else:
+            assert proto.tasks == {cycle}
             cycle.disconnected = True
             call.respond(*call.answers)  # type: ignore[operator]
-        assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0
+        assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0 and not proto.tasks
         assert call.abandoned == 0 and cycle.proto is None

@@ -14,7 +14,10 @@ Tansu broker (memory://), acks=all and idempotence on for every producer.
 - **direct confluent-kafka**: librdkafka with acks=all, enable.idempotence=true, linger.ms=5
   (its default), in this process.
 
-Each scenario writes a fresh topic. Everything shares this machine's cores (broker, gateway, client).
+Each row of each round runs on a fresh broker (Tansu's in-memory log slows it as it grows) and, with wrk, the
+engine and direct rows write as many records as the HTTP row's timed run did (``--no-equal-volume``: ``--records``
+each), so every row is the time to write the same N records into an empty broker. Everything shares this
+machine's cores (broker, gateway, client).
 
 The HTTP row's time split (issue 24): the gateway process's CPU per record during the wrk run (from /proc),
 next to the engine's CPU per record in-process (same records, no HTTP) and the body's JSON + base64 parse
@@ -23,7 +26,7 @@ next to the engine's CPU per record in-process (same records, no HTTP) and the b
 rows and prints the top frames.
 
 Usage: .venv/bin/python bench/produce.py [--records N] [--batch B] [--connections C] [--rounds R]
-       [--profile DIR]
+       [--seconds S] [--no-equal-volume] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import statistics
@@ -38,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,6 +243,9 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=8, help="HTTP requests (send_many calls) in flight")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of the wrk run (wrk runs for a time)")
+    ap.add_argument("--equal-volume", action=argparse.BooleanOptionalAction, default=True,
+                    help="the engine and direct rows write as many records as the HTTP row's wrk run did "
+                    "(at least --records); --no-equal-volume: --records each")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--profile", type=Path, default=None, help="directory for py-spy profiles of the HTTP rows")
     a = ap.parse_args()
@@ -248,49 +256,85 @@ def main() -> None:
           f"{n:,} x {len(VALUE)}-byte records, {PARTITIONS} partitions, batches of {a.batch}, "
           f"{a.connections} in flight", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-produce-"))
-    broker = EmbeddedBroker()
-    broker.start()
-    gw = GatewayProcess(broker.bootstrap, dict(kv.split("=", 1) for kv in a.gateway_env), tmp / "gateway.log",
-                        base_env={"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}, cwd=ROOT)
-    gw.start()
     rows: dict[str, list[tuple[float, str]]] = {}
     split: dict[str, list[float]] = {}
     try:
         for rnd in range(a.rounds):
+            volume = n
             for name in ("gateway over HTTP", "engine in-process", "direct confluent-kafka"):
-                topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
-                create_topic(broker.bootstrap, topic)
-                assert broker.proc is not None
-                tansu0, busy0, t0 = cpu_seconds(broker.proc.pid), machine_busy_seconds(), time.perf_counter()
-                if name.startswith("gateway"):
-                    assert gw.proc is not None
-                    cpu0 = cpu_seconds(gw.proc.pid)
-                    with Profiler(a.profile, gw.proc.pid, f"produce round {rnd + 1}"):
-                        if shutil.which("wrk"):
-                            rate, ok, note = via_wrk(gw.url, topic, a.seconds, a.batch, a.connections, tmp)
-                        else:
-                            rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
-                    gw_us = (cpu_seconds(gw.proc.pid) - cpu0) / max(1, ok) * 1e6
-                    note += f"; gateway {gw_us:.2f} µs CPU per record"
-                    split.setdefault("gateway", []).append(gw_us)
-                elif name.startswith("engine"):
-                    rate, ok, note = engine(broker.bootstrap, topic, n, a.batch, a.connections)
-                    split.setdefault("engine", []).append(float(note.rsplit("; ", 1)[1].split()[0]))
-                else:
-                    rate, ok, note = direct(broker.bootstrap, topic, n)
-                tansu_us = (cpu_seconds(broker.proc.pid) - tansu0) / max(1, ok) * 1e6
-                busy = (machine_busy_seconds() - busy0) / (time.perf_counter() - t0) / (os.cpu_count() or 1)
-                note += f"; Tansu {tansu_us:.2f} µs CPU per record; machine {busy:.0%} busy"
-                stored = count_stored(broker.bootstrap, topic)
-                # wrk abandons the requests in flight when its time is up: their records may be stored
-                slack = a.batch * a.connections if name.startswith("gateway") else 0
-                check = "ok" if ok <= stored <= ok + slack else f"MISMATCH: {ok} acknowledged, {stored} stored"
-                rows.setdefault(name, []).append((rate, f"{note}; stored {stored:,} ({check})"))
-                print(f"  round {rnd + 1}: {name:<24} {rate:>10,.0f} records/s   {note}; stored {check}", flush=True)
+                # a fresh broker per row: Tansu's in-memory log slows it as it grows, so a shared broker made each
+                # later row pay for the records of the rows before it
+                with fresh_broker(tmp, a.gateway_env, gateway=name.startswith("gateway")) as (broker, gw):
+                    ok = run_row(a, rnd, name, volume, broker, gw, tmp, rows, split)
+                if name.startswith("gateway") and a.equal_volume:
+                    # the other rows write as many records as wrk's timed run did (time to write N records)
+                    unit = a.batch * min(2, a.connections)
+                    volume = max(n, -(-ok // unit) * unit)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(rows, split, a.batch)
+
+
+@contextlib.contextmanager
+def fresh_broker(tmp: Path, gateway_env: list[str], *, gateway: bool
+                 ) -> Iterator[tuple[EmbeddedBroker, GatewayProcess | None]]:
+    """An embedded Tansu broker (memory://), and a gateway on it when ``gateway``, stopped afterwards."""
+    broker = EmbeddedBroker()
+    broker.start()
+    if not gateway:
+        try:
+            yield broker, None
+        finally:
+            broker.stop()
+        return
+    gw = GatewayProcess(broker.bootstrap, dict(kv.split("=", 1) for kv in gateway_env), tmp / "gateway.log",
+                        base_env={"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0",
+                                  "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}, cwd=ROOT)
+    try:
+        gw.start()
+        yield broker, gw
     finally:
         gw.stop()
         broker.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_row(a: argparse.Namespace, rnd: int, name: str, n: int, broker: EmbeddedBroker, gw: GatewayProcess | None,
+            tmp: Path, rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float]]) -> int:
+    """One row of a round; returns the records acknowledged."""
+    topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
+    create_topic(broker.bootstrap, topic)
+    assert broker.proc is not None
+    tansu0, busy0, t0 = cpu_seconds(broker.proc.pid), machine_busy_seconds(), time.perf_counter()
+    if name.startswith("gateway"):
+        assert gw is not None and gw.proc is not None
+        cpu0 = cpu_seconds(gw.proc.pid)
+        with Profiler(a.profile, gw.proc.pid, f"produce round {rnd + 1}"):
+            if shutil.which("wrk"):
+                rate, ok, note = via_wrk(gw.url, topic, a.seconds, a.batch, a.connections, tmp)
+            else:
+                rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
+        gw_us = (cpu_seconds(gw.proc.pid) - cpu0) / max(1, ok) * 1e6
+        note += f"; gateway {gw_us:.2f} µs CPU per record"
+        split.setdefault("gateway", []).append(gw_us)
+    elif name.startswith("engine"):
+        rate, ok, note = engine(broker.bootstrap, topic, n, a.batch, a.connections)
+        split.setdefault("engine", []).append(float(note.rsplit("; ", 1)[1].split()[0]))
+    else:
+        rate, ok, note = direct(broker.bootstrap, topic, n)
+    tansu_us = (cpu_seconds(broker.proc.pid) - tansu0) / max(1, ok) * 1e6
+    busy = (machine_busy_seconds() - busy0) / (time.perf_counter() - t0) / (os.cpu_count() or 1)
+    note += f"; Tansu {tansu_us:.2f} µs CPU per record; machine {busy:.0%} busy"
+    stored = count_stored(broker.bootstrap, topic)
+    # wrk abandons the requests in flight when its time is up: their records may be stored
+    slack = a.batch * a.connections if name.startswith("gateway") else 0
+    check = "ok" if ok <= stored <= ok + slack else f"MISMATCH: {ok} acknowledged, {stored} stored"
+    rows.setdefault(name, []).append((rate, f"{note}; stored {stored:,} ({check})"))
+    print(f"  round {rnd + 1}: {name:<24} {rate:>10,.0f} records/s   {ok:,} records; {note}; stored {check}",
+          flush=True)
+    return ok
+
+
+def report(rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float]], batch: int) -> None:
     base = statistics.median(r for r, _ in rows["direct confluent-kafka"])
     targets = {"gateway over HTTP": "0.6x"}  # issue 24
     print(f"\n{'scenario':<26}{'records/s (median)':>20}{'ratio to direct':>18}{'target':>8}  (rounds)")
@@ -298,7 +342,7 @@ def main() -> None:
         med = statistics.median(r for r, _ in vals)
         each = ", ".join(f"{r / base:.2f}" for r, _ in vals)
         print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}{targets.get(name, ''):>8}  ({each})")
-    gw_us, eng_us, parse_us = statistics.median(split["gateway"]), statistics.median(split["engine"]), parse_cost_us(a.batch)
+    gw_us, eng_us, parse_us = statistics.median(split["gateway"]), statistics.median(split["engine"]), parse_cost_us(batch)
     print(f"\nHTTP row, gateway CPU per record (median): {gw_us:.2f} µs = JSON + base64 parse {parse_us:.2f} µs "
           f"+ engine {eng_us:.2f} µs (in-process row) + HTTP handling and the rest {gw_us - parse_us - eng_us:.2f} µs")
 

@@ -544,13 +544,13 @@ class BrokerConnection:
             return
         p.future.set_result(resp)
 
-    def _write(self, frame: bytes) -> None:
+    def _write(self, frame: bytes, immediate: bool = False) -> None:
         """Queue a request frame; the frames queued during one event-loop iteration are written with one
         write() call at its end. Thousands of idle members heartbeat over a few shared connections, and
         on loopback a write() also runs the receiving side's TCP processing, so one syscall per request
         costs more than the request itself. Large frames (produce, fetch with many partitions) go out at
-        once, after what is queued (order is the correlation ids' order)."""
-        if len(frame) >= COALESCE_MAX_BYTES:
+        once, after what is queued (order is the correlation ids' order), as does an ``immediate`` one."""
+        if immediate or len(frame) >= COALESCE_MAX_BYTES:
             self._flush()
             assert self._writer is not None
             self._writer.write(frame)
@@ -762,14 +762,16 @@ class _BatchWaiter:
 
 
 def send_frames_nowait(conn: BrokerConnection, api_key: int, version: int, bodies: Sequence[bytes],
-                       items: list[Any], on_done: BatchCallback, timeout: float | None = None) -> None:
+                       items: list[Any], on_done: BatchCallback, timeout: float | None = None,
+                       immediate: bool = False) -> None:
     """Send one request per encoded body (``api_key`` at ``version``) on ``conn``, all queued at once (they
     leave in the connection's one write of this loop iteration), without a task or future per request:
     ``on_done(items[i], raw answer, None)`` is called from the read callback when the answer to ``bodies[i]``
     arrives, ``on_done(items[i], None, error)`` when it cannot be sent, the connection breaks or ``timeout``
     (default: the request timeout) passes. ``items`` is taken over (entries are cleared as they are answered).
     A raw answer starts with the correlation id; the response header's tagged fields (flexible versions)
-    follow it. ``on_done`` must not block: it runs inside the transport's callbacks."""
+    follow it. ``on_done`` must not block: it runs inside the transport's callbacks. ``immediate``: written
+    now rather than with the loop iteration's other requests (a produce request the broker should start on)."""
     if not bodies:
         return
     if len(items) != len(bodies):
@@ -802,7 +804,7 @@ def send_frames_nowait(conn: BrokerConnection, api_key: int, version: int, bodie
     if conn._sweep_handle is None:
         conn._sweep_handle = loop.call_later(TIMEOUT_SWEEP_S, conn._sweep)
     data = b"".join(parts)
-    conn._write(data)
+    conn._write(data, immediate)
     conn.bytes_sent += len(data)
 
 

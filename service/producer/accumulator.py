@@ -392,8 +392,10 @@ class Accumulator:
         return st
 
     def on_response(self, b: ProducerBatch, code: int, base_offset: int, now: float,
-                    message: str | None = None) -> Outcome:
-        """The broker answered for this batch's partition."""
+                    message: str | None = None, completed: list[Delivery] | None = None) -> Outcome:
+        """The broker answered for this batch's partition. ``completed``: a successful answer's completed
+        deliveries are appended to it, their callbacks left to the caller (Producer: after it sent the next
+        request), instead of being called here."""
         st = self._landed(b)
         if st is None:
             return Outcome()
@@ -404,7 +406,9 @@ class Accumulator:
             known = code == 0 and base_offset >= 0
             off = base_offset
             dup = new(RecordMetadata, (p, -1))
-            completed = []
+            deferred = completed is not None
+            if completed is None:
+                completed = []
             for run in b.runs:
                 d = run.delivery
                 res = d.results
@@ -434,9 +438,10 @@ class Accumulator:
                             d.remaining -= 1
                 if d.remaining == 0:
                     completed.append(d)
-            for d in completed:
-                if d.on_done is not None:
-                    d.on_done()
+            if not deferred:
+                for d in completed:
+                    if d.on_done is not None:
+                        d.on_done()
             return Outcome()
         err = failure(code, message or "", p)
         b.last_error = err

@@ -359,7 +359,6 @@ class Producer:
 
     async def _step(self, now: float) -> float | None:
         acc = self.acc
-        cfg = self.config
         _, wake_at = acc.expire(now)
         self._settle_space()
         if acc.needs_producer_id:
@@ -372,8 +371,14 @@ class Producer:
         if self._refresh_wanted and now >= self._meta_retry_at:
             await self._refresh_metadata()
             now = asyncio.get_running_loop().time()
-        ready, ready_at = acc.ready(now)
-        wake_at = _earliest(wake_at, ready_at)
+        return _earliest(wake_at, self._send_ready(now))
+
+    def _send_ready(self, now: float) -> float | None:
+        """Send what is ready to every broker with room in its in-flight window; returns when something else
+        becomes ready (a backoff or linger ending), if anything does."""
+        acc = self.acc
+        cfg = self.config
+        ready, wake_at = acc.ready(now)
         if not ready:
             return wake_at
         md = self.client.metadata
@@ -537,7 +542,7 @@ class Producer:
             return
         self.requests_sent += 1
         send_frames_nowait(conn, _PRODUCE, version, [body], [(node, batches, version, conn)], self._on_answer,
-                           self._timeout)
+                           self._timeout, immediate=True)
 
     def _body(self, version: int, batches: list[ProducerBatch]) -> bytes:
         """The request body: by hand for the versions produce_codec writes, else by the generated encoder."""
@@ -580,6 +585,7 @@ class Producer:
         except Exception as exc:  # a malformed answer (KafkaProtocolError) or a bug
             self._request_failed(node, batches, exc, sent=True)
             return
+        counted = answers is None  # else _on_ok uncounts the request itself, before the callbacks
         try:
             if answers is not None:
                 self._on_ok(answers, batches, node)
@@ -591,7 +597,8 @@ class Producer:
             for b in batches:  # those already settled are ignored
                 self.acc.on_request_error(b, now, f"internal error: {exc!r}", retriable=False)
         finally:
-            self._node_in_flight[node] -= 1
+            if counted:
+                self._node_in_flight[node] -= 1
             self._wake.set()
 
     def _request_failed(self, node: int, batches: list[ProducerBatch], exc: BaseException, *, sent: bool) -> None:
@@ -614,21 +621,39 @@ class Producer:
             self._wake.set()
 
     def _on_ok(self, answers: list[tuple[str, int, int]], batches: list[ProducerBatch], node: int) -> None:
-        """Every partition of the request answered without an error (``(topic, partition, base_offset)``)."""
+        """Every partition of the request answered without an error (``(topic, partition, base_offset)``).
+
+        The next request to the broker leaves before the completed deliveries' callbacks run (they write the
+        HTTP answers): the broker works on it meanwhile instead of waiting for those writes and for the sender
+        task's next turn of the loop (issue 24: one request in flight per broker)."""
         now = (self._loop or asyncio.get_running_loop()).time()
         on_response = self.acc.on_response
-        if len(answers) == len(batches) and all(a[0] == b.tp[0] and a[1] == b.tp[1]
-                                                for a, b in zip(answers, batches, strict=True)):
-            for a, b in zip(answers, batches, strict=True):  # the usual order: the request's
-                on_response(b, 0, a[2], now)
-            return
-        offsets = {(a[0], a[1]): a[2] for a in answers}
-        for b in batches:
-            off = offsets.get(b.tp)
-            if off is None:
-                self.acc.on_request_error(b, now, f"broker {node} answered without partition {b.tp[0]}-{b.tp[1]}")
-                continue
-            on_response(b, 0, off, now)
+        completed: list[Delivery] = []
+        uncounted = False
+        try:
+            if len(answers) == len(batches) and all(a[0] == b.tp[0] and a[1] == b.tp[1]
+                                                    for a, b in zip(answers, batches, strict=True)):
+                for a, b in zip(answers, batches, strict=True):  # the usual order: the request's
+                    on_response(b, 0, a[2], now, None, completed)
+            else:
+                offsets = {(a[0], a[1]): a[2] for a in answers}
+                for b in batches:
+                    off = offsets.get(b.tp)
+                    if off is None:
+                        self.acc.on_request_error(b, now, f"broker {node} answered without partition "
+                                                  f"{b.tp[0]}-{b.tp[1]}")
+                        continue
+                    on_response(b, 0, off, now, None, completed)
+            self._node_in_flight[node] -= 1
+            uncounted = True
+            if not self._closing and not self._refresh_wanted:
+                self._send_ready(now)
+        finally:
+            if not uncounted:
+                self._node_in_flight[node] -= 1
+            for d in completed:
+                if d.on_done is not None:
+                    d.on_done()
 
     def _on_response(self, resp: Any, batches: list[ProducerBatch], node: int) -> None:
         answers: dict[tuple[str, int], Any] = {}

@@ -134,3 +134,36 @@ async def test_a_cancelled_caller_leaves_the_others_and_the_producer_working() -
         assert [r.offset for r in await p.send_many("t", recs(1, 0, "d"))] == [6]
         assert [r.value for r in cluster.partition_log("t", 0).records()] == [b"a0", b"a1", b"b0", b"b1", b"c0",
                                                                               b"c1", b"d0"]
+
+
+async def test_the_next_request_leaves_before_the_answered_records_are_called_back() -> None:
+    """One request in flight per broker: when its answer arrives, the records queued meanwhile are sent before
+    the answered deliveries' callbacks run (they write the HTTP answers), so the broker works on them meanwhile;
+    the callbacks still see their records acknowledged, and the next answer calls back the second delivery."""
+    async with TestCluster(topics={"t": 1}, registry=default_registry(transactions=True)) as cluster, \
+            running(cluster, max_in_flight_per_broker=1) as p:
+        assert all(isinstance(r, RecordMetadata) for r in await p.send_many("t", recs(1, 0, "w")))
+        release = asyncio.Event()
+        cluster.delay(PRODUCE, until=release, count=1)
+        seen: list[tuple[str, int, int]] = []
+        done = asyncio.Event()
+
+        def on_done(tag: str) -> Any:
+            def cb(delivery: Any) -> None:
+                seen.append((tag, p.requests_sent, len(cluster.requests(PRODUCE))))
+                assert not delivery.failed and delivery.metadata()[0].offset >= 1
+                if tag == "b":
+                    done.set()
+            return cb
+
+        assert p.submit("t", recs(2, 0, "a"), on_done("a"))
+        await cluster.wait_for_requests(PRODUCE, count=2)
+        assert p.submit("t", recs(3, 0, "b"), on_done("b"))  # queued behind the request in flight
+        await until(lambda: p.acc.queued_records == 3)
+        sent = p.requests_sent
+        release.set()
+        await asyncio.wait_for(done.wait(), 10)
+        assert seen[0][:2] == ("a", sent + 1)  # b's request was written before a's callback ran
+        assert [s[0] for s in seen] == ["a", "b"]
+        log = [r.value for r in cluster.partition_log("t", 0).records()]
+        assert log == [b"w0", b"a0", b"a1", b"b0", b"b1", b"b2"]

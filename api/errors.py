@@ -47,6 +47,10 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (403, 40301, "topic or group outside the tenant's allowed patterns, or an internal topic (the operator's "
                  "deny-list: __*, _schemas, _confluent*, GATEWAY_DENIED_TOPICS)"),
     (403, 40302, 'replica-to-replica request (/internal, forwarded) without the right peer token'),
+    (403, 40303, "v3 topic create or delete (or produce's auto-creation) of a topic outside the tenant's "
+                 "admin_topics patterns (a tenant of a tenants file has none unless given)"),
+    (403, 40304, "produce (avro, protobuf, jsonschema): a schema subject that is not the tenant's (its subjects "
+                 "patterns, or <topic>-<suffix> of its topics), or a schema id registered under none of its subjects"),
     (404, 404, 'v3: no such cluster, topic, partition, replica, broker or config (Confluent v3 answers the '
                'bare HTTP status as the code)'),
     (404, 40400, 'no such endpoint'),
@@ -86,6 +90,10 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'set GATEWAY_SCHEMA_REGISTRY_URL or the tenant\'s schema_registry'),
     (422, 42212, 'the schema registry refused the request (e.g. an incompatible or invalid schema); its error code '
                  'and message are in the message'),
+    (422, 42213, 'v3 topic create: partitions_count (or replicas_assignments) above '
+                 'GATEWAY_MAX_PARTITIONS_PER_TOPIC (also with validate_only)'),
+    (422, 42214, "v3 topic create: a topic config outside GATEWAY_TOPIC_CONFIGS_ALLOWED (or the tenant's "
+                 "admin_topic_configs); the message names it"),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),

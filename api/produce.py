@@ -32,7 +32,8 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
   creates the missing topic itself (CreateTopics with ``GATEWAY_AUTO_CREATE_PARTITIONS`` and
   ``GATEWAY_AUTO_CREATE_REPLICATION_FACTOR``) and writes; the tenant's topic patterns apply first (403), and
   names Kafka forbids (other than ``[a-zA-Z0-9._-]{1,249}``, ``.``, ``..``) or starting with ``__`` (internal
-  topics) are never created (404/40401). The producer's own metadata requests never ask the broker to
+  topics) are never created (404/40401), nor, with a tenants file, a topic outside the tenant's
+  ``admin_topics`` (404/40401, as with auto-creation off). The producer's own metadata requests never ask the broker to
   auto-create (Tansu would, with 4 partitions). An unknown partition (path, or a record's ``partition``) is
   **404/40402** before anything is produced (Confluent's older v2 checked the path partition the same
   way; a bad record partition made its Java producer throw, a 500).
@@ -90,7 +91,9 @@ from service.producer import (
 from service.producer.accumulator import Delivery
 from service.schemas import produce as schema_produce
 from service.schemas.produce import ProduceSchemaError
-from service.tenants import Tenant
+from service.schemas.subjects import SubjectForbidden, require_spec_subject
+from service.tenants import Tenant, TenantError
+from service.tenants.errors import SUBJECT_FORBIDDEN
 from service.topics import require_legal_topic_name
 
 router = APIRouter(tags=["produce"])
@@ -440,6 +443,23 @@ def _strategy(settings: Any, is_key: bool) -> str:
     return str(specific or settings.schema_subject_name_strategy)
 
 
+async def _require_subjects(resolver: Any, tenant: Tenant, fmt: str, topic: str, settings: Any,
+                            *specs: schema_produce.SchemaSpec | None) -> None:
+    """403/40304 unless every schema the body names is the tenant's (a subject of its own for a schema text,
+    an id registered under one of its subjects), checked before anything is registered or resolved. No check
+    for a tenant without subject patterns (open mode, a registry of its own)."""
+    if tenant.subject_patterns is None:
+        return
+    for spec in specs:
+        if spec is None:
+            continue
+        try:
+            await require_spec_subject(resolver, fmt, spec, topic, _strategy(settings, spec.is_key),
+                                       tenant.allows_subject)
+        except SubjectForbidden as exc:
+            raise TenantError(403, SUBJECT_FORBIDDEN, exc.message) from None
+
+
 async def _encode_schema_records(request: Request, tenant: Tenant, fmt: str, topic: str, body: Any,
                                  records: list[tuple[Any, ...]], sizes: list[int]) -> tuple[int | None, int | None]:
     """Resolve the body's key/value schemas (registering schema text) and replace every record's JSON key and
@@ -452,6 +472,7 @@ async def _encode_schema_records(request: Request, tenant: Tenant, fmt: str, top
         schema_produce.require_schemas(keys, values, key_spec, value_spec)
         settings = request.app.state.settings
         key_enc = value_enc = None
+        await _require_subjects(resolver, tenant, fmt, topic, settings, key_spec, value_spec)
         if key_spec is not None:
             key_enc = await schema_produce.resolve_encoder(resolver, fmt, key_spec, topic, _strategy(settings, True))
         if value_spec is not None:
@@ -487,7 +508,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
     key_schema_id = value_schema_id = None
     if fmt in ("binary", "json"):
         try:
-            partitions = await partitions_or_create(settings, producer, topic, catalog(request, tenant))
+            partitions = await partitions_or_create(settings, producer, topic, catalog(request, tenant), tenant)
         except UnknownTopicError:
             raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
         # (a plain body has no per-record partitions: only the path's partition is checked)
@@ -499,7 +520,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
         try:
             known = set(await producer.partitions(topic))
         except UnknownTopicError:
-            if not may_create_topic(settings, topic):
+            if not may_create_topic(settings, topic, tenant):
                 raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
         if known is not None:
             _check_partitions(topic, known, records, path_partition)
@@ -507,7 +528,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
                                                                       sizes)
         if known is None:
             try:
-                known = await partitions_or_create(settings, producer, topic, catalog(request, tenant))
+                known = await partitions_or_create(settings, producer, topic, catalog(request, tenant), tenant)
             except UnknownTopicError:
                 raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
             _check_partitions(topic, known, records, path_partition)

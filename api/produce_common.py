@@ -44,21 +44,26 @@ def failure_code(f: ProduceFailure) -> int:
     return 50003 if f.retriable else 50002
 
 
-def may_create_topic(settings: Any, topic: str) -> bool:
-    """Whether produce creates ``topic`` when it is missing (``GATEWAY_AUTO_CREATE_TOPICS``; never ``__*``)."""
-    return bool(settings.auto_create_topics_enabled()) and not topic.startswith("__")
+def may_create_topic(settings: Any, topic: str, tenant: Any = None) -> bool:
+    """Whether produce creates ``topic`` when it is missing (``GATEWAY_AUTO_CREATE_TOPICS``; never ``__*``;
+    and only a topic one of the ``tenant``'s ``admin_topics`` patterns matches: creating a topic is topic
+    administration, whichever route does it)."""
+    return (bool(settings.auto_create_topics_enabled()) and not topic.startswith("__")
+            and (tenant is None or tenant.allows_topic_admin(topic)))
 
 
-async def partitions_or_create(settings: Any, producer: Producer, topic: str, catalog: Any = None) -> set[int]:
+async def partitions_or_create(settings: Any, producer: Producer, topic: str, catalog: Any = None,
+                               tenant: Any = None) -> set[int]:
     """The partitions of ``topic``; a missing one is created when ``GATEWAY_AUTO_CREATE_TOPICS`` is on
-    (never a name starting with ``__``: internal topics). Raises UnknownTopicError otherwise.
+    (never a name starting with ``__``: internal topics; only one of the ``tenant``'s ``admin_topics``).
+    Raises UnknownTopicError otherwise.
 
     ``catalog``: the tenant's :class:`~service.topics.TopicCatalog` (or None), which forgets what it
     cached about the topic once it was created, so ``GET /topics`` lists it at once."""
     try:
         return set(await producer.partitions(topic))
     except UnknownTopicError:
-        if not may_create_topic(settings, topic):
+        if not may_create_topic(settings, topic, tenant):
             raise
         created = set(await producer.create_topic(topic, settings.auto_create_partitions,
                                                   settings.auto_create_replication_factor))

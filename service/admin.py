@@ -10,6 +10,10 @@ and replication factor of at least 1 (or -1: the broker's default), a replicatio
 brokers in the metadata. A dry run (``validate_only``) is answered from these checks and the catalog; it never
 sends CreateTopics, since a broker that ignores the flag would create the topic.
 
+Tenant limits are checked before any of this (:func:`check_partitions_cap`: 422/42213 past
+``GATEWAY_MAX_PARTITIONS_PER_TOPIC``; :func:`check_configs_allowed`: 422/42214 for a config outside the allow-list),
+so a dry run answers them too.
+
 Broker refusals map to Confluent's codes: 400/40002 for a topic that exists and for invalid partitions,
 replication factors, configs, names or policy violations; 404 for a topic that does not exist.
 """
@@ -17,7 +21,7 @@ replication factors, configs, names or policy violations; 404 for a topic that d
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +60,20 @@ class AdminRefused(GatewayError):
 
     status = 400
     error_code = 40002
+
+
+class TooManyPartitions(GatewayError):
+    """A create asks for more partitions than ``GATEWAY_MAX_PARTITIONS_PER_TOPIC`` (422, 42213)."""
+
+    status = 422
+    error_code = 42213
+
+
+class ConfigNotAllowed(GatewayError):
+    """A create sets a topic config outside the allow-list (422, 42214); the message names it."""
+
+    status = 422
+    error_code = 42214
 
 
 class ResourceNotFound(GatewayError):
@@ -128,6 +146,23 @@ def check_counts(partitions: int, replication_factor: int, brokers: int) -> None
     if brokers and replication_factor > brokers:
         raise AdminRefused(f"replication_factor {replication_factor} is larger than the {brokers} available "
                            f"broker{'s' if brokers != 1 else ''}")
+
+
+def check_partitions_cap(partitions: int, cap: int) -> None:
+    """At most ``cap`` partitions (``GATEWAY_MAX_PARTITIONS_PER_TOPIC``): 422/42213 beyond."""
+    if partitions > cap:
+        raise TooManyPartitions(f"partitions_count {partitions} is more than the {cap} partitions a topic may have "
+                                "here (GATEWAY_MAX_PARTITIONS_PER_TOPIC)")
+
+
+def check_configs_allowed(names: Sequence[str], allowed: Set[str]) -> None:
+    """Every config name in ``allowed`` (``*`` in it: any); else 422/42214 naming the first one that is not."""
+    if "*" in allowed:
+        return
+    for name in names:
+        if name not in allowed:
+            shown = ", ".join(sorted(allowed)) or "none"
+            raise ConfigNotAllowed(f"topic config {name[:255]!r} may not be set through the gateway (allowed: {shown})")
 
 
 def check_assignments(assignments: Mapping[int, Sequence[int]], brokers: set[int]) -> None:

@@ -243,10 +243,22 @@ class Settings(BaseSettings):
         "whatever this is). 1: the next request leaves when the previous one answered and carries every "
         "partition's queued records (fewer, larger requests: the least CPU for the gateway and the broker); more "
         "may lower latency for partitions queued behind a slow request on a high-latency network")
+    max_partitions_per_topic: int = Field(
+        1000, ge=1, le=2**31 - 1, description="Most partitions a v3 topic create may ask for (partitions_count or "
+        "replicas_assignments); more is 422/42213, also with validate_only")
+    topic_configs_allowed: str = Field(
+        "cleanup.policy,compression.type,delete.retention.ms,max.compaction.lag.ms,message.timestamp.type,"
+        "min.cleanable.dirty.ratio,min.compaction.lag.ms,min.insync.replicas,retention.bytes,retention.ms",
+        description="Comma-separated topic configs a v3 topic create may set (a tenant's admin_topic_configs "
+        "replaces it); another is 422/42214. '*': any. Left out by default: configs that can hurt the broker or "
+        "other tenants (segment.*, flush.*, index.*, file.delete.delay.ms, preallocate, "
+        "unclean.leader.election.enable, throttled replicas, tiered storage) or that only matter to writers "
+        "other than the gateway (max.message.bytes)")
     auto_create_topics: bool | None = Field(
         None, description="Produce to a missing topic creates it (CreateTopics with auto_create_partitions and "
-        "auto_create_replication_factor) instead of answering 404/40401; the tenant's topic patterns and Kafka's "
-        "topic-name rules still apply. Default: on with the embedded broker (make run), else off")
+        "auto_create_replication_factor) instead of answering 404/40401; the tenant's topic patterns, its admin_topics "
+        "(with a tenants file) and Kafka's topic-name rules still apply. Default: on with the embedded broker (make "
+        "run), else off")
     auto_create_partitions: int = Field(
         1, ge=1, le=100_000, description="Partitions of a topic created by produce (Kafka's num.partitions default)")
     auto_create_replication_factor: int = Field(
@@ -340,6 +352,10 @@ class Settings(BaseSettings):
         if self.consumer_long_poll_fetch_max_wait_ms is not None:
             return self.consumer_long_poll_fetch_max_wait_ms
         return EMBEDDED_LONG_POLL_FETCH_WAIT_MS if not self.kafka_bootstrap else None
+
+    def topic_configs_allowed_set(self) -> frozenset[str]:
+        """GATEWAY_TOPIC_CONFIGS_ALLOWED as a set of names (``*`` in it: any)."""
+        return frozenset(n.strip() for n in self.topic_configs_allowed.split(",") if n.strip())
 
     def auto_create_topics_enabled(self) -> bool:
         if self.auto_create_topics is not None:

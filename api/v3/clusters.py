@@ -4,7 +4,9 @@ configs.
 Thin routes: the tenant's cluster id and the envelopes come from :mod:`api.v3.common`, topic metadata from
 the tenant's :class:`~service.topics.TopicCatalog` (as v2's ``/topics``), administration from
 :class:`~service.admin.TopicAdmin`. Tenant rules are v2's: a tenant's one cluster is its own, it sees and
-touches only topics its patterns allow (403, 40301), internal topics are left out of lists. An unknown cluster,
+touches only topics its patterns allow (403, 40301), internal topics are left out of lists. Creating and
+deleting a topic also needs one of the tenant's ``admin_topics`` patterns (403, 40303), and a create is held to
+``GATEWAY_MAX_PARTITIONS_PER_TOPIC`` (422, 42213) and the topic-config allow-list (422, 42214). An unknown cluster,
 topic, partition, replica, broker or config is 404 with error code 404, as Confluent's v3 answers it.
 """
 
@@ -33,7 +35,7 @@ from api.v3.common import (
     v3_url,
 )
 from api.v3.common import cluster_id as tenant_cluster_id
-from service.admin import ConfigEntry, TopicAdmin
+from service.admin import ConfigEntry, TopicAdmin, check_configs_allowed, check_partitions_cap
 from service.client.metadata import BrokerInfo
 from service.tenants import Tenant
 from service.topics import PartitionView, TopicView
@@ -340,12 +342,20 @@ async def v3_list_topics(request: Request, cluster_id: ClusterId,
              operation_id="createKafkaTopic", summary="Create a topic",
              description="201 with the topic and a `Location` header; with `validate_only: true` 200 and nothing "
                          "created. A topic that exists, an invalid name, partitions count, replication factor "
-                         "or config is 400 (40002); a topic outside the tenant's patterns 403 (40301).")
+                         "or config is 400 (40002); a topic outside the tenant's patterns 403 (40301), outside "
+                         "its admin_topics 403 (40303); more partitions than GATEWAY_MAX_PARTITIONS_PER_TOPIC "
+                         "422 (42213); a config outside the allow-list 422 (42214).")
 async def v3_create_topic(request: Request, cluster_id: ClusterId, body: Annotated[CreateTopicRequest, Body()],
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     cid = await require_cluster(request, tenant, cluster_id)
-    tenant.require_topic(body.topic_name)
+    tenant.require_topic_admin(body.topic_name)
+    settings = request.app.state.settings
     assignments = {a.partition_id: a.broker_ids for a in body.replicas_assignments or ()}
+    check_partitions_cap(len(assignments) if assignments else body.partitions_count or -1,
+                         settings.max_partitions_per_topic)
+    allowed = tenant.admin_topic_configs
+    check_configs_allowed([c.name for c in body.configs],
+                          settings.topic_configs_allowed_set() if allowed is None else frozenset(allowed))
     created = await admin(request, tenant).create_topic(
         body.topic_name, -1 if body.partitions_count is None else body.partitions_count,
         -1 if body.replication_factor is None else body.replication_factor,
@@ -369,11 +379,13 @@ async def v3_get_topic(request: Request, cluster_id: ClusterId, topic_name: Topi
 
 @router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}", status_code=204, response_class=Response,
                responses=_errors(400, 401, 403, 404, 429, 500, 503), operation_id="deleteKafkaTopic",
-               summary="Delete a topic")
+               summary="Delete a topic",
+               description="204. A topic outside the tenant's patterns is 403 (40301), outside its admin_topics "
+                           "403 (40303).")
 async def v3_delete_topic(request: Request, cluster_id: ClusterId, topic_name: TopicName,
                           tenant: Tenant = Depends(current_tenant)) -> Response:
     await require_cluster(request, tenant, cluster_id)
-    tenant.require_topic(topic_name)
+    tenant.require_topic_admin(topic_name)
     await admin(request, tenant).delete_topic(topic_name)
     return Response(status_code=204)
 

@@ -656,7 +656,7 @@ class _Producing:
             if not is_legal_topic_name(topic):
                 raise UnknownTopicError(topic)
             partitions = await partitions_or_create(self.request.app.state.settings, self.producer, topic,
-                                                    catalog(self.request, self.tenant))
+                                                    catalog(self.request, self.tenant), self.tenant)
         except UnknownTopicError:
             return error_result(40401, f"topic {topic!r} not found") * len(records)
         except KafkaError as exc:

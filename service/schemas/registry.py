@@ -455,6 +455,26 @@ class RegistryClient:
         self._ids.put((subject, schema, normalize), reg.schema_id)
         return reg
 
+    # -- the subjects of an id (not cached here: service/schemas/subjects.py keeps them with a TTL)
+
+    async def get_id_versions(self, schema_id: int) -> list[tuple[str, int]]:
+        """``GET /schemas/ids/{id}/versions``: the (subject, version) pairs the schema with this id is registered
+        under (:class:`SchemaNotFound` if there is no such id)."""
+        return await self._once(("id-versions", schema_id), lambda: self._fetch_id_versions(schema_id))
+
+    async def _fetch_id_versions(self, schema_id: int) -> list[tuple[str, int]]:
+        return parse_id_versions(await self._request("GET", f"/schemas/ids/{int(schema_id)}/versions"))
+
+
+def parse_id_versions(body: bytes) -> list[tuple[str, int]]:
+    """``[{"subject": s, "version": v}, ...]`` as (subject, version) pairs."""
+    doc = _json(body)
+    if not isinstance(doc, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("subject"), str) and isinstance(d.get("version"), int)
+            for d in doc):
+        raise _bad("schema id versions", doc)
+    return [(d["subject"], d["version"]) for d in doc]
+
 
 def _q(segment: str) -> str:
     return quote(segment, safe="")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ class JwtIssuer:
 # ---------------------------------------------------------------------------------------------------------
 _ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_CONFIG_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,254}")
 
 
 class _Model(BaseModel):
@@ -245,6 +247,13 @@ class TenantModel(_Model):
     groups: list[str] | None = None
     quotas: QuotasModel = QuotasModel()
     schema_registry: SchemaRegistryModel | None = None
+    #: topics the tenant may create, delete and alter (v3, and produce's auto-creation); unset: none
+    admin_topics: list[str] | None = None
+    #: the topic configs it may set on create (names; "*": any); unset: GATEWAY_TOPIC_CONFIGS_ALLOWED
+    admin_topic_configs: list[str] | None = None
+    #: schema subjects of its own besides <topic>-<suffix> of its topics; unset: "<id>.*" with the shared
+    #: registry, every subject with a registry of its own
+    subjects: list[str] | None = None
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -253,10 +262,18 @@ class TenantModel(_Model):
             return [{"hash": v} if isinstance(v, str) else v for v in value]
         return value
 
-    @field_validator("topics", "groups")
+    @field_validator("topics", "groups", "admin_topics", "subjects")
     @classmethod
     def _patterns(cls, value: list[str] | None) -> list[str] | None:
         return _check_patterns(value)
+
+    @field_validator("admin_topic_configs")
+    @classmethod
+    def _config_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or ():
+            if name != "*" and not _CONFIG_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a topic config name (lower-case words separated by '.', or '*')")
+        return value
 
 
 class DefaultsModel(_Model):
@@ -382,6 +399,8 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
             t.id, bootstrap, connection, _merge_quotas(model.defaults.quotas, t.quotas, default_quotas),
             topics=t.topics, groups=t.groups, description=t.description, denied_topics=denied_topics, clock=clock,
             schema_registry=_registry(t.schema_registry, base, f"{what} schema_registry"),
+            admin_topics=t.admin_topics or (), admin_topic_configs=t.admin_topic_configs,
+            subjects=default_subjects(t.id, t.subjects, own_registry=t.schema_registry is not None),
         )
 
     issuers: list[JwtIssuer] = []
@@ -400,6 +419,15 @@ def _load(path: Path, default_bootstrap: str, default_connection: ConnectionConf
                         where, tid)
     log.info("loaded %d tenant(s) from %s: %s", len(tenants), path, ", ".join(tenants))
     return _LoadedTenants(tenants, api_keys, issuers, model.jwt.leeway_seconds, str(path))
+
+
+def default_subjects(tenant_id: str, subjects: Sequence[str] | None, *, own_registry: bool) -> tuple[str, ...] | None:
+    """A tenant's ``subjects`` patterns: the file's, else ``<id>.*`` (record names in the tenant's namespace)
+    when it uses the gateway-wide registry, else ``None`` (a registry of its own: every subject). Subjects
+    ``<topic>-<suffix>`` of the tenant's topics are its own besides these (see ``Tenant.allows_subject``)."""
+    if subjects is not None:
+        return tuple(subjects)
+    return None if own_registry else (f"{tenant_id}.*",)
 
 
 def _merge_quotas(defaults: QuotasModel, own: QuotasModel, gateway: Quotas | None = None) -> Quotas:

@@ -6,11 +6,16 @@ from __future__ import annotations
 # Error codes (HTTP status * 100 + n), Confluent REST Proxy style.
 UNAUTHENTICATED = 40101
 FORBIDDEN = 40301
+#: creating, deleting or altering a topic outside the tenant's ``admin_topics`` patterns
+ADMIN_FORBIDDEN = 40303
+#: a schema subject (or a schema id registered only under subjects) outside the tenant's subjects
+SUBJECT_FORBIDDEN = 40304
 RATE_LIMITED = 42901
 
 
 class TenantError(Exception):
-    """A request-level refusal: 401/40101 unauthenticated, 403/40301 forbidden, 429/42901 rate limited.
+    """A request-level refusal: 401/40101 unauthenticated, 403/40301 forbidden (40303: topic administration,
+    40304: a schema subject or id), 429/42901 rate limited.
 
     ``message`` is safe to return to the client: it never contains a credential. ``retry_after`` (whole
     seconds) is set for 429s and belongs in a ``Retry-After`` header; :attr:`headers` has the headers

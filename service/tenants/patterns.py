@@ -12,7 +12,7 @@ import re2
 
 from service.java_regex import re2_refusal
 
-from .errors import FORBIDDEN, TenantError
+from .errors import ADMIN_FORBIDDEN, FORBIDDEN, SUBJECT_FORBIDDEN, TenantError
 
 _REGEX_PREFIX = "re:"
 _RE2_OPTIONS = re2.Options()
@@ -163,10 +163,17 @@ class TenantPatterns:
     id: str
 
     def _init_patterns(self, topics: Sequence[str] | None, groups: Sequence[str] | None,
-                       denied_topics: TopicDenyList = DEFAULT_DENY_LIST) -> None:
+                       denied_topics: TopicDenyList = DEFAULT_DENY_LIST, *,
+                       admin_topics: Sequence[str] | None = None,
+                       admin_topic_configs: Sequence[str] | None = None,
+                       subjects: Sequence[str] | None = None) -> None:
         self._topics = _Patterns(topics)
         self._groups = _Patterns(groups)
         self.denied_topics = denied_topics
+        self._admin = _Patterns(admin_topics)
+        #: the topic configs the tenant may set on create (None: the gateway's GATEWAY_TOPIC_CONFIGS_ALLOWED)
+        self.admin_topic_configs = None if admin_topic_configs is None else tuple(admin_topic_configs)
+        self._subjects = _Patterns(subjects)
 
     # -- patterns ---------------------------------------------------------------------------------------
     @property
@@ -198,3 +205,45 @@ class TenantPatterns:
     def require_group(self, group: str) -> None:
         if not self.allows_group(group):
             raise TenantError(403, FORBIDDEN, f"consumer group {group!r} is not allowed for tenant {self.id!r}")
+
+    # -- topic administration -------------------------------------------------------------------------------
+    @property
+    def admin_topic_patterns(self) -> tuple[str, ...] | None:
+        """The ``admin_topics`` patterns; ``None``: no restriction (open mode, no tenants file)."""
+        return self._admin.patterns
+
+    def allows_topic_admin(self, topic: str) -> bool:
+        """May the tenant create, delete or alter ``topic`` (it may also use it, and an admin pattern matches)."""
+        return self.allows_topic(topic) and self._admin.matches(topic)
+
+    def require_topic_admin(self, topic: str) -> None:
+        """Raise 403/40301 when the tenant may not use ``topic`` at all, 403/40303 when it may use it but none
+        of its ``admin_topics`` patterns matches (a tenant of a tenants file has none unless given)."""
+        self.require_topic(topic)
+        if not self._admin.matches(topic):
+            raise TenantError(403, ADMIN_FORBIDDEN,
+                              f"tenant {self.id!r} may not create, delete or alter topic {topic!r}: it matches none "
+                              "of the tenant's admin_topics patterns")
+
+    # -- schema subjects ------------------------------------------------------------------------------------
+    @property
+    def subject_patterns(self) -> tuple[str, ...] | None:
+        """The ``subjects`` patterns; ``None``: every subject (open mode, or a tenant with its own registry)."""
+        return self._subjects.patterns
+
+    def allows_subject(self, subject: str) -> bool:
+        """Whether ``subject`` is the tenant's: no restriction, or it matches one of its ``subjects`` patterns,
+        or it is ``<topic>-<suffix>`` for a topic the tenant may use and a suffix without ``-`` (the
+        TopicNameStrategy's ``-key``/``-value`` and the TopicRecordNameStrategy's ``-<record name>``: splitting
+        at the last ``-`` keeps another tenant's ``<its topic>-value`` from passing as ``<my topic>-...``)."""
+        if self._subjects.patterns is None or self._subjects.first_match(subject) is not None:
+            return True
+        topic, dash, suffix = subject.rpartition("-")
+        return bool(dash and topic and suffix) and self.allows_topic(topic)
+
+    def require_subject(self, subject: str) -> None:
+        """Raise 403/40304 unless ``subject`` is the tenant's (:meth:`allows_subject`)."""
+        if not self.allows_subject(subject):
+            raise TenantError(403, SUBJECT_FORBIDDEN,
+                              f"schema subject {subject!r} is not allowed for tenant {self.id!r} (it is neither "
+                              "<topic>-<suffix> of one of its topics nor matched by its subjects patterns)")

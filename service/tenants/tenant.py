@@ -30,6 +30,9 @@ class Tenant(TenantPatterns, TenantQuotas):
         denied_topics: TopicDenyList = DEFAULT_DENY_LIST,
         clock: Callable[[], float] = time.monotonic,
         schema_registry: RegistryConfig | None = None,
+        admin_topics: Sequence[str] | None = None,
+        admin_topic_configs: Sequence[str] | None = None,
+        subjects: Sequence[str] | None = None,
     ) -> None:
         self.id = id
         #: the tenant's own Schema Registry (tenants file); None: the gateway-wide one
@@ -37,7 +40,9 @@ class Tenant(TenantPatterns, TenantQuotas):
         self.bootstrap = bootstrap
         self.connection_config = connection_config
         self.description = description
-        self._init_patterns(topics, groups, denied_topics)
+        # admin_topics / subjects None: no restriction (open mode); the tenants file passes its own (see config)
+        self._init_patterns(topics, groups, denied_topics, admin_topics=admin_topics,
+                            admin_topic_configs=admin_topic_configs, subjects=subjects)
         self._init_quotas(quotas, clock)
 
     def __repr__(self) -> str:

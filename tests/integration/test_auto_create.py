@@ -1,7 +1,7 @@
 """Produce to a missing topic, against Tansu: 404/40401 and nothing created by default (external brokers),
 or, with ``GATEWAY_AUTO_CREATE_TOPICS`` on (the default of ``make run``'s embedded broker), the topic is
 created with ``GATEWAY_AUTO_CREATE_PARTITIONS`` partitions and the records are written; tenant patterns
-and Kafka's topic-name rules still apply. Tansu creates a missing topic (4 partitions) for a Metadata
+(with a tenants file: its ``admin_topics``) and Kafka's topic-name rules still apply. Tansu creates a missing topic (4 partitions) for a Metadata
 request that allows auto-creation: the topic listings here prove the gateway's requests never do."""
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ tenants:
   - id: writer
     api_keys: ["sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"]
     topics: ["w-*"]
+    admin_topics: ["w-auto-*"]
 """)
     env = {"GATEWAY_AUTO_CREATE_TOPICS": "true", "GATEWAY_AUTO_CREATE_PARTITIONS": "3",
            "GATEWAY_AUTO_CREATE_REPLICATION_FACTOR": "1",
@@ -187,6 +188,11 @@ async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: Gate
         assert r.status_code == 401 and r.json()["error_code"] == 40101, r.text
         topics = await topics_on_broker(kclient)
         assert f"other-{topic_name}" not in topics and f"w-{topic_name}" not in topics
+        # creating a topic is topic administration: a topic the tenant may write but not administer is not
+        # created (as with auto-creation off), one of its admin_topics is
         r = await http.post(f"/topics/w-{topic_name}", json=body, headers=auth)
+        assert r.status_code == 404 and r.json()["error_code"] == 40401, r.text
+        assert f"w-{topic_name}" not in await topics_on_broker(kclient)
+        r = await http.post(f"/topics/w-auto-{topic_name}", json=body, headers=auth)
         assert r.status_code == 200 and r.json()["offsets"][0]["error_code"] is None, r.text
-    assert (await topics_on_broker(kclient))[f"w-{topic_name}"] == 3
+    assert (await topics_on_broker(kclient))[f"w-auto-{topic_name}"] == 3

@@ -228,9 +228,11 @@ tenants:
   - id: tenant-a
     api_keys: ["{_sha(KEY_A)}"]
     topics: ["a-*"]
+    admin_topics: ["a-*"]
   - id: tenant-b
     api_keys: ["{_sha(KEY_B)}"]
     topics: ["b-*"]
+    admin_topics: ["b-*"]
 """
 
 

@@ -59,6 +59,8 @@ class IdSubjects:
 
     async def _fetch(self, schema_id: int) -> tuple[str, ...]:
         subjects = tuple(dict.fromkeys(s for s, _ in await self.client.get_id_versions(schema_id)))
+        if not subjects:  # Karapace answers [] for an unknown id (Confluent 404/40403): the same here
+            raise SchemaNotFound(404, 40403, f"schema id {schema_id} is registered under no subject")
         self._cache.put(schema_id, (self._clock(), subjects))
         return subjects
 

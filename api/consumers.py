@@ -63,6 +63,7 @@ from service.protocol.records import InflatedSizeError
 from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
 from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
 from service.schemas.registry import RegistryUnavailable
+from service.schemas.subjects import tenant_view
 from service.subscription import (
     SubscriptionError,
     TopicPartition,
@@ -803,7 +804,8 @@ def schema_resolver(request: Request, inst: ConsumerInstance, tenant: Tenant) ->
     fmt = inst.options.format
     if fmt not in SCHEMA_FORMATS:
         return None
-    return schema_service(request).resolver(tenant.schema_registry, fmt)
+    # as the tenant may see it: a schema id none of whose subjects is the tenant's is a per-record error
+    return tenant_view(schema_service(request).resolver(tenant.schema_registry, fmt), tenant)
 
 
 async def render_schema(inst: ConsumerInstance, resolver: SchemaResolver,

@@ -27,6 +27,7 @@ from service.fetch.ranges import (
 )
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.gateway import GatewayError
+from service.schemas.subjects import TenantSchemas
 from service.subscription import TopicPartition
 from service.tenants import Tenant
 from service.topics import TopicCatalog, visible_topic_names
@@ -271,7 +272,8 @@ async def read_partition_records(
     if end_offset is not None and end_offset <= offset:  # an empty range: nothing to ask the broker
         page = RangePage(topic, partition, offset, [], offset, end_offset)
         if typed:  # the typed schema alone (a reader learns the columns of a pinned or latest schema)
-            body, extra = await typed_ipc(page, request.app.state.schemas, tenant.schema_registry, **typed)
+            body, extra = await typed_ipc(page, TenantSchemas(request.app.state.schemas, tenant),
+                                          tenant.schema_registry, **typed)
             payload = 0
         else:
             body, payload = _page_json(page, media) if media != ARROW else (to_arrow_ipc(page), 0)
@@ -284,7 +286,8 @@ async def read_partition_records(
             page = await read_page(rt.client, TopicPartition(topic, partition), offset, end_offset,
                                    isolation_level=iso, max_bytes=max_bytes)
             if typed:
-                body, extra = await typed_ipc(page, request.app.state.schemas, tenant.schema_registry, **typed)
+                body, extra = await typed_ipc(page, TenantSchemas(request.app.state.schemas, tenant),
+                                          tenant.schema_registry, **typed)
                 payload = 0
             elif media == ARROW:
                 body = (await asyncio.to_thread(to_arrow_ipc, page) if len(page.records) > 50_000

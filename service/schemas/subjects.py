@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from service.schemas.codecs import DecodeError
 from service.schemas.produce import TOPIC_NAME, SchemaSpec, record_name, subject_name
 from service.schemas.registry import LRUCache, RegistryClient, SchemaNotFound
 
@@ -107,3 +108,120 @@ async def require_spec_subject(resolver: Any, fmt: str, spec: SchemaSpec, topic:
     if not ok:
         raise SubjectForbidden(f"{spec.field}_schema_id {spec.schema_id} is not registered under any of this "
                                "tenant's schema subjects")
+
+
+# -- consuming: what a tenant may decode -------------------------------------------------------------------------
+#: the message of a key or value framed with a schema id that is not the tenant's (a per-record error)
+NOT_READABLE = "schema id {} is not readable by this tenant"
+#: decisions remembered per tenant view (ids; a forgotten one is asked again at the next prepare)
+DECISIONS = 10_000
+
+
+def framed_schema_ids(payloads: Any) -> set[int]:
+    """The schema ids of the framed payloads (as ``SchemaResolver.schema_ids``)."""
+    ids: set[int] = set()
+    for p in payloads:
+        if p is not None and len(p) >= 5 and p[0] == 0:
+            ids.add(int.from_bytes(p[1:5], "big"))
+    return ids
+
+
+class TenantSchemaView:
+    """A :class:`~service.schemas.formats.SchemaResolver` as one tenant sees it when consuming: a schema id none
+    of whose subjects is the tenant's is as good as unknown (:meth:`cached` says ``None``, so neither the C
+    renderer nor the typed readers use it) and its keys and values become per-record errors
+    (:data:`NOT_READABLE`) instead of JSON rendered with its field names. The records of a topic the tenant
+    may read were written by tenants allowed to: their schemas are under subjects of that topic and pass;
+    only a record framed with a foreign id (bytes written by a binary produce, say) is refused.
+
+    :meth:`prepare` resolves as the resolver does, then asks the registry for the subjects of each newly seen
+    id (:class:`IdSubjects`, cached per registry); nothing else differs, so the caches stay the resolver's."""
+
+    def __init__(self, inner: Any, allows: Callable[[str], bool]) -> None:
+        self.inner = inner
+        self.client = inner.client
+        self.codecs = inner.codecs
+        self.avro_rendering = inner.avro_rendering
+        self._allows = allows
+        self._readable: LRUCache[int, bool] = LRUCache(DECISIONS)
+
+    schema_ids = staticmethod(framed_schema_ids)
+
+    async def prepare(self, schema_ids: Any) -> None:
+        ids = set(schema_ids)
+        await self.inner.prepare(ids)
+        subjects = id_subjects(self.client)
+        for sid in ids:
+            if self.inner.cached(sid) is None:
+                continue  # unknown to the registry: the resolver's own per-record error
+            try:
+                ok = await subjects.allowed(sid, self._allows)
+            except SchemaNotFound:  # its subjects are gone (deleted): nobody can show it is theirs
+                ok = False
+            self._readable.put(sid, ok)
+
+    def readable(self, schema_id: int) -> bool:
+        return self._readable.get(schema_id) is True
+
+    def cached(self, schema_id: int) -> Any:
+        return self.inner.cached(schema_id) if self.readable(schema_id) else None
+
+    def avro_program(self, schema_id: int, rendering: str | None = None) -> Any:
+        return self.inner.avro_program(schema_id, rendering) if self.readable(schema_id) else None
+
+    def decode(self, fmt: str, payloads: Any, *, rendering: str | None = None) -> list[Any]:
+        refused: dict[int, Any] = {}
+        keep: list[int] = []
+        for i, p in enumerate(payloads):
+            if p is not None and len(p) >= 5 and p[0] == 0:
+                sid = int.from_bytes(p[1:5], "big")
+                if self.inner.cached(sid) is not None and not self.readable(sid):
+                    refused[i] = DecodeError(fmt, sid, NOT_READABLE.format(sid))
+                    continue
+            keep.append(i)
+        if not refused:
+            return list(self.inner.decode(fmt, payloads, rendering=rendering))
+        decoded = self.inner.decode(fmt, [payloads[i] for i in keep], rendering=rendering) if keep else []
+        out: list[Any] = [None] * len(payloads)
+        for i, v in zip(keep, decoded, strict=True):
+            out[i] = v
+        for i, err in refused.items():
+            out[i] = err
+        return out
+
+    async def decode_all(self, fmt: str, payloads: Any, *, rendering: str | None = None) -> list[Any]:
+        await self.prepare(self.schema_ids(payloads))
+        return self.decode(fmt, payloads, rendering=rendering)
+
+    async def close(self) -> None:  # the resolver is the service's: it closes it
+        return None
+
+
+_VIEWS: weakref.WeakKeyDictionary[Any, dict[str, TenantSchemaView]] = weakref.WeakKeyDictionary()
+
+
+def tenant_view(resolver: Any, tenant: Any) -> Any:
+    """The resolver as ``tenant`` may use it when consuming: the resolver itself for a tenant without subject
+    patterns (open mode, a registry of its own), else its :class:`TenantSchemaView` (one per tenant and
+    resolver, so per-resolver caches keyed by it, the typed readers', stay put)."""
+    if resolver is None or tenant.subject_patterns is None:
+        return resolver
+    views = _VIEWS.get(resolver)
+    if views is None:
+        views = _VIEWS[resolver] = {}
+    view = views.get(tenant.id)
+    if view is None:
+        view = views[tenant.id] = TenantSchemaView(resolver, tenant.allows_subject)
+    return view
+
+
+class TenantSchemas:
+    """The gateway's ``SchemaService`` as ``tenant`` consumes through it: :meth:`resolver` answers
+    :func:`tenant_view` of the service's resolver (typed range reads take a service)."""
+
+    def __init__(self, service: Any, tenant: Any) -> None:
+        self.service = service
+        self.tenant = tenant
+
+    def resolver(self, tenant_config: Any, fmt: str = "avro") -> Any:
+        return tenant_view(self.service.resolver(tenant_config, fmt), self.tenant)

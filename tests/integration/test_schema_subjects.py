@@ -6,6 +6,7 @@ fields; each tenant keeps using its own subjects (its namespace ``<id>.*``, ``<t
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import uuid
@@ -144,3 +145,59 @@ async def test_each_tenant_keeps_its_own_subjects(http: httpx.AsyncClient, setup
     r = await http.post(f"/topics/{setup['tb_topic']}", headers=avro(KEY_B), json={
         "value_schema_id": 987654, "records": [{"value": {"x": 1}}]})
     assert r.status_code == 422 and r.json()["error_code"] == 42210, r.text
+
+
+async def consume_avro(url: str, key: str, topic: str, n: int) -> tuple[list[dict[str, Any]], str]:
+    """n records of ``topic`` consumed as avro (assign partition 0, from the beginning), and the answers' text."""
+    accept = "application/vnd.kafka.avro.v2+json"
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
+        group = f"g-{uuid.uuid4().hex[:8]}"
+        r = await http.post(f"/consumers/{group}", headers={"Content-Type": V2},
+                            json={"format": "avro", "auto.offset.reset": "earliest"})
+        assert r.status_code == 200, r.text
+        base = r.json()["base_uri"]
+        r = await http.post(f"{base}/assignments", headers={"Content-Type": V2},
+                            json={"partitions": [{"topic": topic, "partition": 0}]})
+        assert r.status_code == 204, r.text
+        got: list[dict[str, Any]] = []
+        text = ""
+        try:
+            for _ in range(60):
+                r = await http.get(f"{base}/records", headers={"Accept": accept}, params={"timeout": 1000})
+                assert r.status_code == 200, r.text
+                text += r.text
+                got += r.json()
+                if len(got) >= n:
+                    return got, text
+            raise AssertionError(f"{len(got)} of {n} records")
+        finally:
+            await http.delete(base, headers={"Content-Type": V2})
+
+
+async def test_b_cannot_read_a_schema_of_a_through_its_own_records(
+        http: httpx.AsyncClient, gw: GatewayProcess, setup: dict[str, Any]) -> None:
+    """B writes bytes framed with A's schema id into its own topic (a binary produce may write any bytes) and
+    consumes them as avro: main rendered them with A's field names. Now that value is a per-record error;
+    B's own records in the same answer decode."""
+    own = ok(await http.post(f"/topics/{setup['tb_topic']}", headers=avro(KEY_B), json={
+        "value_schema": record(f"tb.n{uuid.uuid4().hex[:8]}.Mine", ("x", "int")), "records": [{"value": {"x": 7}}]}))
+    forged = b"\x00" + setup["id"].to_bytes(4, "big") + b"\x02s"  # A's record with the string "s"
+    r = await http.post(f"/topics/{setup['tb_topic']}", headers={
+        "Content-Type": "application/vnd.kafka.binary.v2+json", "Accept": V2, "Authorization": f"Bearer {KEY_B}"},
+        json={"records": [{"value": base64.b64encode(forged).decode()}]})
+    assert r.status_code == 200, r.text
+    got, text = await consume_avro(gw.url, KEY_B, setup["tb_topic"], 2)
+    assert SECRET_FIELD not in text
+    assert got[0]["value"] == {"x": 7} and own["value_schema_id"] != setup["id"]
+    assert got[1]["value"] is None
+    assert got[1]["value_error"] == f"schema id {setup['id']} is not readable by this tenant"
+    assert base64.b64decode(got[1]["value_base64"]) == forged
+    # A reads its own records with its schema
+    got, text = await consume_avro(gw.url, KEY_A, setup["ta_topic"], 1)
+    assert got[0]["value"] == {SECRET_FIELD: "s"}
+    # a typed range read pinned to A's id: its columns would be A's field names
+    r = await http.get(f"/topics/{setup['tb_topic']}/partitions/0/records", params={
+        "offset": 0, "format": "avro", "value_schema_id": str(setup["id"])},
+        headers={"Accept": "application/vnd.apache.arrow.stream", "Authorization": f"Bearer {KEY_B}"})
+    assert r.status_code == 422 and r.json()["error_code"] == 42210, r.text
+    assert SECRET_FIELD.encode() not in r.content

@@ -239,3 +239,54 @@ async def test_require_spec_subject_names_no_foreign_subject() -> None:
     with pytest.raises(SchemaNotFound) as nf:
         await require_spec_subject(resolver, "avro", SchemaSpec("key", schema_id=99), "a.t", TOPIC_NAME, mine)
     assert nf.value.error_code == 40403 and "key_schema_id 99" in nf.value.message
+
+
+# -- consuming ------------------------------------------------------------------------------------------------
+class FakeInner:
+    """A resolver that knows ids 1 and 2 and decodes a payload to its schema id."""
+
+    def __init__(self, registry: FakeRegistry) -> None:
+        self.client = registry
+        self.codecs = FakeCodecs(None)
+        self.avro_rendering = "confluent"
+        self.prepared: list[set[int]] = []
+
+    async def prepare(self, ids: Any) -> None:
+        self.prepared.append(set(ids))
+
+    def cached(self, sid: int) -> Any:
+        return f"resolved-{sid}" if sid in (1, 2) else None
+
+    def avro_program(self, sid: int, rendering: str | None = None) -> Any:
+        return f"program-{sid}"
+
+    def decode(self, fmt: str, payloads: Any, *, rendering: str | None = None) -> list[Any]:
+        return [None if p is None else ("value-of", int.from_bytes(p[1:5], "big")) for p in payloads]
+
+
+def framed(sid: int) -> bytes:
+    return b"\x00" + sid.to_bytes(4, "big") + b"\x02s"
+
+
+async def test_tenant_view_makes_foreign_ids_per_record_errors() -> None:
+    from service.schemas.codecs import DecodeError
+    from service.schemas.subjects import TenantSchemas, tenant_view
+
+    inner = FakeInner(FakeRegistry({1: ["a.Order"], 2: ["b.Secret"]}))
+    a = Tenant("a", "k:9092", CONN, topics=["a.*"], subjects=["a.*"])
+    view = tenant_view(inner, a)
+    assert tenant_view(inner, a) is view  # one per tenant and resolver
+    assert tenant_view(inner, Tenant("open", "k:9092", CONN)) is inner  # no subject patterns: the resolver
+    payloads = [framed(1), None, framed(2), framed(3), b"not framed"]
+    await view.prepare(view.schema_ids(payloads))
+    assert inner.prepared == [{1, 2, 3}]
+    assert view.cached(1) == "resolved-1" and view.cached(2) is None and view.cached(3) is None
+    assert view.avro_program(1) == "program-1" and view.avro_program(2) is None
+    out = view.decode("avro", payloads)
+    assert out[0] == ("value-of", 1) and out[1] is None and out[3] == ("value-of", 3) and out[4][0] == "value-of"
+    assert isinstance(out[2], DecodeError) and out[2].message == "schema id 2 is not readable by this tenant"
+    assert await view.decode_all("avro", [framed(1)]) == [("value-of", 1)]
+    # an id seen by no prepare of this view is not readable either (the safe side)
+    other = tenant_view(inner, Tenant("c", "k:9092", CONN, topics=["c.*"], subjects=["b.*"]))
+    assert isinstance(other.decode("avro", [framed(1)])[0], DecodeError)
+    assert TenantSchemas(type("S", (), {"resolver": lambda self, c, f: inner})(), a).resolver(None, "avro") is view

@@ -12,6 +12,10 @@ tenant's rule comes in as a predicate, ``Tenant.allows_subject``).
 
 Both checks run before the schema is resolved or any record encoded, so a refused id's schema is never
 fetched for the request and no error message can carry its field names.
+
+Consuming, :func:`tenant_view` wraps the resolver a tenant's polls, streams and typed range reads use
+(:class:`TenantSchemaView`): a key or value framed with an id none of whose subjects is the tenant's becomes a
+per-record error instead of JSON (or Arrow columns) with that schema's field names.
 """
 
 from __future__ import annotations
@@ -135,7 +139,9 @@ class TenantSchemaView:
     only a record framed with a foreign id (bytes written by a binary produce, say) is refused.
 
     :meth:`prepare` resolves as the resolver does, then asks the registry for the subjects of each newly seen
-    id (:class:`IdSubjects`, cached per registry); nothing else differs, so the caches stay the resolver's."""
+    id (:class:`IdSubjects`, cached per registry); nothing else differs, so the caches stay the resolver's.
+    It has only the methods the consume paths call; a new one must filter as these do (there is deliberately
+    no delegation of unknown attributes: a path that bypassed the check would fail loudly, not leak)."""
 
     def __init__(self, inner: Any, allows: Callable[[str], bool]) -> None:
         self.inner = inner
@@ -147,9 +153,9 @@ class TenantSchemaView:
 
     schema_ids = staticmethod(framed_schema_ids)
 
-    async def prepare(self, schema_ids: Any) -> None:
+    async def prepare(self, schema_ids: Any, **kwargs: Any) -> None:
         ids = set(schema_ids)
-        await self.inner.prepare(ids)
+        await self.inner.prepare(ids, **kwargs)
         subjects = id_subjects(self.client)
         for sid in ids:
             if self.inner.cached(sid) is None:
@@ -166,10 +172,10 @@ class TenantSchemaView:
     def cached(self, schema_id: int) -> Any:
         return self.inner.cached(schema_id) if self.readable(schema_id) else None
 
-    def avro_program(self, schema_id: int, rendering: str | None = None) -> Any:
-        return self.inner.avro_program(schema_id, rendering) if self.readable(schema_id) else None
+    def avro_program(self, schema_id: int, rendering: str | None = None, **kwargs: Any) -> Any:
+        return self.inner.avro_program(schema_id, rendering, **kwargs) if self.readable(schema_id) else None
 
-    def decode(self, fmt: str, payloads: Any, *, rendering: str | None = None) -> list[Any]:
+    def decode(self, fmt: str, payloads: Any, *, rendering: str | None = None, **kwargs: Any) -> list[Any]:
         refused: dict[int, Any] = {}
         keep: list[int] = []
         for i, p in enumerate(payloads):
@@ -180,8 +186,8 @@ class TenantSchemaView:
                     continue
             keep.append(i)
         if not refused:
-            return list(self.inner.decode(fmt, payloads, rendering=rendering))
-        decoded = self.inner.decode(fmt, [payloads[i] for i in keep], rendering=rendering) if keep else []
+            return list(self.inner.decode(fmt, payloads, rendering=rendering, **kwargs))
+        decoded = self.inner.decode(fmt, [payloads[i] for i in keep], rendering=rendering, **kwargs) if keep else []
         out: list[Any] = [None] * len(payloads)
         for i, v in zip(keep, decoded, strict=True):
             out[i] = v
@@ -189,9 +195,9 @@ class TenantSchemaView:
             out[i] = err
         return out
 
-    async def decode_all(self, fmt: str, payloads: Any, *, rendering: str | None = None) -> list[Any]:
+    async def decode_all(self, fmt: str, payloads: Any, *, rendering: str | None = None, **kwargs: Any) -> list[Any]:
         await self.prepare(self.schema_ids(payloads))
-        return self.decode(fmt, payloads, rendering=rendering)
+        return self.decode(fmt, payloads, rendering=rendering, **kwargs)
 
     async def close(self) -> None:  # the resolver is the service's: it closes it
         return None

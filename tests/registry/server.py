@@ -1,7 +1,7 @@
 """A small real HTTP Schema Registry on a free loopback port, for the fault cases a real registry cannot show.
 
 It implements the subset of the Confluent Schema Registry REST API that ``service.schemas.registry`` uses, in
-memory: ``GET /schemas/ids/{id}``, ``GET /subjects``, ``GET /subjects/{s}/versions``,
+memory: ``GET /schemas/ids/{id}``, ``GET /schemas/ids/{id}/versions``, ``GET /subjects``, ``GET /subjects/{s}/versions``,
 ``GET /subjects/{s}/versions/{v|latest}``, ``POST /subjects/{s}/versions`` (register: one global id per
 distinct schema, as Confluent's) and ``POST /subjects/{s}`` (lookup), with Confluent's error bodies
 (40401 subject, 40402 version, 40403 schema not found, 42201 invalid schema).
@@ -185,6 +185,12 @@ class TestRegistry:
             if stored is None:
                 return 404, {"error_code": 40403, "message": "Schema not found"}
             return 200, stored.doc()
+        if method == "GET" and len(p) == 4 and p[:2] == ["schemas", "ids"] and p[2].isdigit() and p[3] == "versions":
+            sid = int(p[2])
+            if sid not in self._schemas:
+                return 404, {"error_code": 40403, "message": "Schema not found"}
+            return 200, [{"subject": s, "version": versions.index(sid) + 1}
+                         for s, versions in sorted(self._subjects.items()) if sid in versions]
         if method == "GET" and p == ["subjects"]:
             return 200, sorted(self._subjects)
         if len(p) >= 2 and p[0] == "subjects":

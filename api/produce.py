@@ -76,7 +76,7 @@ from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
-from api.produce_common import may_create_topic, partitions_or_create
+from api.produce_common import may_create_topic, missing_topic, partitions_or_create
 from api.topics import catalog
 from service.gateway import GatewayError
 from service.metrics import labelled
@@ -510,7 +510,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
         try:
             partitions = await partitions_or_create(settings, producer, topic, catalog(request, tenant), tenant)
         except UnknownTopicError:
-            raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+            raise GatewayError(missing_topic(settings, topic, tenant), status=404, error_code=40401) from None
         # (a plain body has no per-record partitions: only the path's partition is checked)
         _check_partitions(topic, partitions, () if plain else records, path_partition)
     else:
@@ -521,7 +521,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
             known = set(await producer.partitions(topic))
         except UnknownTopicError:
             if not may_create_topic(settings, topic, tenant):
-                raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+                raise GatewayError(missing_topic(settings, topic, tenant), status=404, error_code=40401) from None
         if known is not None:
             _check_partitions(topic, known, records, path_partition)
         key_schema_id, value_schema_id = await _encode_schema_records(request, tenant, fmt, topic, body, records,
@@ -530,7 +530,7 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
             try:
                 known = await partitions_or_create(settings, producer, topic, catalog(request, tenant), tenant)
             except UnknownTopicError:
-                raise GatewayError(f"topic {topic!r} not found", status=404, error_code=40401) from None
+                raise GatewayError(missing_topic(settings, topic, tenant), status=404, error_code=40401) from None
             _check_partitions(topic, known, records, path_partition)
     results = await producer.send_many(topic, records)
     return _answer_results(request, tenant, results, sizes, key_schema_id, value_schema_id)

@@ -52,6 +52,16 @@ def may_create_topic(settings: Any, topic: str, tenant: Any = None) -> bool:
             and (tenant is None or tenant.allows_topic_admin(topic)))
 
 
+def missing_topic(settings: Any, topic: str, tenant: Any = None) -> str:
+    """The message of 404/40401 for a missing topic; it says why when auto-creation is on and only the tenant's
+    ``admin_topics`` kept the topic from being created."""
+    if tenant is not None and settings.auto_create_topics_enabled() and not topic.startswith("__") \
+            and tenant.allows_topic(topic) and not tenant.allows_topic_admin(topic):
+        return (f"topic {topic!r} not found (produce creates missing topics only of the tenant's admin_topics "
+                "patterns)")
+    return f"topic {topic!r} not found"
+
+
 async def partitions_or_create(settings: Any, producer: Producer, topic: str, catalog: Any = None,
                                tenant: Any = None) -> set[int]:
     """The partitions of ``topic``; a missing one is created when ``GATEWAY_AUTO_CREATE_TOPICS`` is on

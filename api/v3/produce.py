@@ -70,7 +70,7 @@ from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
 from api.kafka_texts import failure_text, failure_texts
 from api.produce import producer_for
-from api.produce_common import LONG_DIGITS, failure_code, json_bytes, partitions_or_create
+from api.produce_common import LONG_DIGITS, failure_code, json_bytes, missing_topic, partitions_or_create
 from api.topics import catalog
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
@@ -658,7 +658,8 @@ class _Producing:
             partitions = await partitions_or_create(self.request.app.state.settings, self.producer, topic,
                                                     catalog(self.request, self.tenant), self.tenant)
         except UnknownTopicError:
-            return error_result(40401, f"topic {topic!r} not found") * len(records)
+            return error_result(40401, missing_topic(self.request.app.state.settings, topic, self.tenant)) \
+                * len(records)
         except KafkaError as exc:
             return error_result(*_exception_result(exc)) * len(records)
         out: list[bytes | None] = [None] * len(records)

@@ -191,7 +191,11 @@ async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: Gate
         # creating a topic is topic administration: a topic the tenant may write but not administer is not
         # created (as with auto-creation off), one of its admin_topics is
         r = await http.post(f"/topics/w-{topic_name}", json=body, headers=auth)
-        assert r.status_code == 404 and r.json()["error_code"] == 40401, r.text
+        assert r.status_code == 404 and r.json()["error_code"] == 40401 and "admin_topics" in r.text, r.text
+        cluster = (await http.get("/v3/clusters", headers=auth)).json()["data"][0]["cluster_id"]
+        r = await http.post(f"/v3/clusters/{cluster}/topics/w-{topic_name}/records", headers=auth,
+                            json={"value": {"type": "STRING", "data": "x"}})
+        assert r.status_code == 200 and r.json()["error_code"] == 40401 and "admin_topics" in r.text, r.text
         assert f"w-{topic_name}" not in await topics_on_broker(kclient)
         r = await http.post(f"/topics/w-auto-{topic_name}", json=body, headers=auth)
         assert r.status_code == 200 and r.json()["offsets"][0]["error_code"] is None, r.text

@@ -63,23 +63,28 @@ class IdSubjects:
         self._cache: LRUCache[int, tuple[float, tuple[str, ...]]] = LRUCache(size)
 
     async def _fetch(self, schema_id: int) -> tuple[str, ...]:
-        subjects = tuple(dict.fromkeys(s for s, _ in await self.client.get_id_versions(schema_id)))
-        if not subjects:  # Karapace answers [] for an unknown id (Confluent 404/40403): the same here
-            raise SchemaNotFound(404, 40403, f"schema id {schema_id} is registered under no subject")
-        self._cache.put(schema_id, (self._clock(), subjects))
+        try:
+            subjects = tuple(dict.fromkeys(s for s, _ in await self.client.get_id_versions(schema_id)))
+        except SchemaNotFound:
+            subjects = ()
+        self._cache.put(schema_id, (self._clock(), subjects))  # an unknown id too: not asked again at once
         return subjects
 
     async def allowed(self, schema_id: int, allows: Callable[[str], bool]) -> bool:
-        """Whether one of the subjects of ``schema_id`` passes ``allows``; raises SchemaNotFound (no such id)
-        or RegistryUnavailable."""
+        """Whether one of the subjects of ``schema_id`` passes ``allows``; raises SchemaNotFound (no such id:
+        Confluent's 404, Karapace's ``[]``) or RegistryUnavailable."""
         hit = self._cache.get(schema_id)
+        subjects: tuple[str, ...] | None = None
         if hit is not None:
-            at, subjects = hit
-            ok = any(allows(s) for s in subjects)
-            age = self._clock() - at
-            if age < (ALLOWED_TTL_S if ok else REFUSED_TTL_S):
-                return ok
-        return any(allows(s) for s in await self._fetch(schema_id))
+            at, cached = hit
+            ok = any(allows(s) for s in cached)
+            if self._clock() - at < (ALLOWED_TTL_S if ok else REFUSED_TTL_S):
+                subjects = cached
+        if subjects is None:
+            subjects = await self._fetch(schema_id)
+        if not subjects:
+            raise SchemaNotFound(404, 40403, f"schema id {schema_id} is registered under no subject")
+        return any(allows(s) for s in subjects)
 
 
 _BY_CLIENT: weakref.WeakKeyDictionary[RegistryClient, IdSubjects] = weakref.WeakKeyDictionary()

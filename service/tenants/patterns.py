@@ -1,7 +1,8 @@
 """Topic and group patterns: ``re:<regex>`` (RE2) or shell-style globs, compiled once with RE2 (linear-time
 matching: no operator pattern can stall the event loop), the operator's deny-list of internal topics
 (:class:`TopicDenyList`, checked before any tenant pattern) and the tenant's allow/require checks built on
-them (mixed into :class:`~service.tenants.tenant.Tenant`)."""
+them (mixed into :class:`~service.tenants.tenant.Tenant`): topics and groups it may use, topics it may
+administer (``admin_topics``) and the schema subjects that are its own (``subjects``)."""
 
 from __future__ import annotations
 

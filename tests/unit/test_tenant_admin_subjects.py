@@ -214,9 +214,10 @@ async def test_id_subjects_cache_and_refusal_refresh() -> None:
     clock.now += REFUSED_TTL_S + 1
     assert await ids.allowed(2, mine)
     assert reg.asked == [1, 2, 2]
-    for unknown in (3, 4):  # Confluent's 404 and Karapace's []
+    for unknown in (3, 4, 3, 4):  # Confluent's 404 and Karapace's []: remembered for a while too
         with pytest.raises(SchemaNotFound):
             await ids.allowed(unknown, mine)
+    assert reg.asked == [1, 2, 2, 3, 4]
 
 
 class FakeResolver:
@@ -290,3 +291,14 @@ async def test_tenant_view_makes_foreign_ids_per_record_errors() -> None:
     other = tenant_view(inner, Tenant("c", "k:9092", CONN, topics=["c.*"], subjects=["b.*"]))
     assert isinstance(other.decode("avro", [framed(1)])[0], DecodeError)
     assert TenantSchemas(type("S", (), {"resolver": lambda self, c, f: inner})(), a).resolver(None, "avro") is view
+
+
+def test_missing_topic_says_when_admin_topics_kept_it_from_being_created() -> None:
+    from api.produce_common import missing_topic
+
+    on, off = Settings(auto_create_topics=True), Settings(auto_create_topics=False)
+    a = Tenant("a", "k:9092", CONN, topics=["a.*"], admin_topics=["a.auto.*"])
+    assert "admin_topics" in missing_topic(on, "a.x", a)
+    assert missing_topic(on, "a.auto.x", a) == "topic 'a.auto.x' not found"  # it could be created: another cause
+    assert missing_topic(off, "a.x", a) == "topic 'a.x' not found"
+    assert missing_topic(on, "a.x", Tenant("open", "k:9092", CONN)) == "topic 'a.x' not found"

@@ -214,6 +214,16 @@ INVALID = [b"", b" ", b"01", b"1.", b".5", b"-", b"1e", b"+1", b"NaN", b"Infinit
            b"0." + str(2**1024 - 2**970).encode() + b"e309", b"12345678901234567890e290"]
 
 
+def test_json_render_twins_agree_on_depth(impl: str) -> None:
+    """512 levels are embedded (pretty-printed ones too, past the 254 orjson writes), 513 are not JSON here."""
+    ok, deep = b"[" * 512 + b"]" * 512, b"[" * 513 + b"]" * 513
+    recs = [Record(0, 1, None, ok, ()), Record(1, 2, None, deep, ()), Record(2, 3, None, b"[\n" * 300 + b"]" * 300, ())]
+    got = [orjson.loads(x) for x in Rd.render_json([(TP, recs)], Rd.NDJSON_SEP).ndjson().splitlines()]
+    assert got[0]["value"] == orjson.loads(ok) and "value_error" not in got[0]
+    assert got[1]["value"] is None and got[1]["value_error"] == "not valid JSON"
+    assert got[2]["value"] == orjson.loads(b"[" * 300 + b"]" * 300)
+
+
 def test_json_validator_examples() -> None:
     c = _need_c()
     for v in VALID:

@@ -268,3 +268,24 @@ def test_protobuf_payloads_without_a_json_form_are_record_errors() -> None:
     out = codec.decode_many([b"\x12" + bytes([len(nan)]) + nan, b"\x1a" + bytes([len(unknown_any)]) + unknown_any])
     assert [type(x) for x in out] == [ProtobufDecodeError, ProtobufDecodeError]
     assert "NaN" in str(out[0]) and "nope.X" in str(out[1])
+
+
+# -- json format: produce side ---------------------------------------------------------------------------------
+def test_json_values_past_the_render_depth_are_refused_not_a_recursion() -> None:
+    from api.produce_common import JSON_MAX_DEPTH, JsonTooDeep, json_bytes, loads_exact
+
+    assert json_bytes([[]]) == b"[[]]"
+    ok = orjson_loads(b"[" * JSON_MAX_DEPTH + b"]" * JSON_MAX_DEPTH)
+    assert json_bytes(ok) == b"[" * JSON_MAX_DEPTH + b"]" * JSON_MAX_DEPTH  # past orjson's 254: the stdlib
+    too_deep = orjson_loads(b"[" * (JSON_MAX_DEPTH + 1) + b"]" * (JSON_MAX_DEPTH + 1))
+    with pytest.raises(JsonTooDeep):
+        json_bytes(too_deep)
+    with pytest.raises(JsonTooDeep):  # orjson's 1000 levels would exhaust the stdlib's recursion
+        loads_exact(b"[" * 1000 + b"123456789012345678901234567890" + b"]" * 1000)
+    assert loads_exact(b"[123456789012345678901234567890]") == [123456789012345678901234567890]
+
+
+def orjson_loads(b: bytes) -> Any:
+    import orjson
+
+    return orjson.loads(b)

@@ -289,3 +289,23 @@ def orjson_loads(b: bytes) -> Any:
     import orjson
 
     return orjson.loads(b)
+
+
+# -- typed range reads -----------------------------------------------------------------------------------------
+def test_typed_jsonschema_reader_refuses_a_schema_that_did_not_compile() -> None:
+    from service.schemas.arrow import ArrowMappingError, decode_column
+    from service.schemas.formats import ResolvedSchema
+    from service.schemas.registry import Schema
+    from service.schemas.wire import frame
+
+    text = json.dumps({"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}})
+    try:
+        Codecs().codec("jsonschema", 5, text)
+        raise AssertionError("compiled")
+    except SchemaError as exc:
+        codec: Any = exc
+    bad = ResolvedSchema(5, "JSON", Schema(text, "JSON"), {}, codec)
+    col = decode_column("jsonschema", [frame(5, b'{"a": 1}')], {5: bad}.get)  # the row's error
+    assert col.errors[0] is not None and "#/properties/a/$ref" in col.errors[0]
+    with pytest.raises(ArrowMappingError, match=r"#/properties/a/\$ref"):  # pinned: a 422 of the read, not a 500
+        decode_column("jsonschema", [frame(5, b'{"a": 1}')], {5: bad}.get, reader_id=5)

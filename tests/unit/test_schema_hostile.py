@@ -309,3 +309,19 @@ def test_typed_jsonschema_reader_refuses_a_schema_that_did_not_compile() -> None
     assert col.errors[0] is not None and "#/properties/a/$ref" in col.errors[0]
     with pytest.raises(ArrowMappingError, match=r"#/properties/a/\$ref"):  # pinned: a 422 of the read, not a 500
         decode_column("jsonschema", [frame(5, b'{"a": 1}')], {5: bad}.get, reader_id=5)
+
+
+def test_protobuf_depth_walk_only_for_types_that_can_nest_past_the_limit() -> None:
+    f = descriptor_pb2.FileDescriptorProto(name="s.proto", package="p", syntax="proto3",
+                                           dependency=["google/protobuf/timestamp.proto"])
+    leaf = f.message_type.add(name="Leaf")
+    leaf.field.add(name="xs", number=1, type=F.TYPE_INT32, label=F.LABEL_REPEATED)
+    flat = f.message_type.add(name="Flat")
+    flat.field.add(name="leaves", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED, type_name=".p.Leaf")
+    flat.field.add(name="at", number=2, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                   type_name=".google.protobuf.Timestamp")
+    shallow = ProtobufCodec(f)
+    assert shallow._may_nest_past_limit(shallow.message_class([1]).DESCRIPTOR) is False  # 4 levels at most
+    assert ProtobufCodec(f, max_depth=8)._may_nest_past_limit(shallow.message_class([1]).DESCRIPTOR) is False
+    recursive = _recursive_proto()
+    assert recursive._may_nest_past_limit(recursive.message_class([0]).DESCRIPTOR) is True

@@ -323,13 +323,17 @@ def _timestamp_bytes(ms: int) -> bytes:
 
 
 def _has_float(v: Any) -> bool:
-    t = type(v)
-    if t is float:
-        return True
-    if t is dict:
-        return any(_has_float(x) for x in v.values())
-    if t is list:
-        return any(_has_float(x) for x in v)
+    """Whether a float is anywhere in ``v`` (iterative: data nests up to orjson's 1024 levels)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is float:
+            return True
+        if t is dict:
+            stack.extend(x.values())
+        elif t is list:
+            stack.extend(x)
     return False
 
 

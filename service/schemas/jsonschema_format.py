@@ -13,9 +13,9 @@ Hostile schemas and values (every check names the schema path, ``#/properties/na
   :mod:`service.schemas.ecma_regex`), never on Python's backtracking ``re``; a pattern RE2 cannot run
   (backreferences, lookaround) is refused when the schema compiles;
 * every ``$ref`` must resolve (in the schema or its references) when the schema compiles;
-* subschemas nest at most ``max_depth`` levels (GATEWAY_SCHEMA_MAX_DEPTH), and a value validated against
-  the schema at most ``max_depth`` levels of arrays and objects; a ``$ref`` cycle that never reaches a value
-  is an error of the value it was validating, never a crash.
+* subschemas nest at most ``max_depth`` levels (GATEWAY_SCHEMA_MAX_DEPTH), and a value (encoded, or
+  decoded, validated or not) at most ``max_depth`` levels of arrays and objects; a ``$ref`` cycle that
+  never reaches a value is an error of the value it was validating, never a crash.
 """
 
 from __future__ import annotations
@@ -285,11 +285,22 @@ class JsonSchemaCodec:
         except TypeError as exc:  # e.g. an integer beyond 64 bits
             raise JsonSchemaEncodeError("$", str(exc)) from None
 
+    def _too_deep(self, payload: bytes | bytearray | memoryview, value: Any) -> JsonSchemaDecodeError | None:
+        """Nested past ``max_depth`` (also without validation: the answer must stay renderable); a value that
+        deep takes at least two bytes per level, so short payloads are not walked."""
+        if len(payload) > 2 * self.max_depth and value_depth(value, self.max_depth):
+            return JsonSchemaDecodeError(f"arrays and objects nested deeper than {self.max_depth} levels "
+                                         f"(GATEWAY_SCHEMA_MAX_DEPTH)")
+        return None
+
     def decode(self, payload: bytes | bytearray | memoryview) -> Any:
         try:
             value = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise JsonSchemaDecodeError(f"not valid JSON: {exc}") from None
+        deep = self._too_deep(payload, value)
+        if deep is not None:
+            raise deep
         if self.validate_on_decode:
             error = self.errors(value)
             if error is not None:
@@ -306,6 +317,10 @@ class JsonSchemaCodec:
                 value = loads(payload)
             except orjson.JSONDecodeError as exc:
                 append(JsonSchemaDecodeError(f"not valid JSON: {exc}"))
+                continue
+            deep = self._too_deep(payload, value)
+            if deep is not None:
+                append(deep)
                 continue
             if validate:
                 error = self.errors(value)

@@ -253,3 +253,24 @@ async def test_json_values_deeper_than_the_renderers_are_refused(http: httpx.Asy
     assert r.status_code == 200, r.text
     got = await _poll(http, topic, "json", JSONFMT, 1)
     assert got[0]["value"] == orjson.loads(b"[" * 500 + b"]" * 500)
+
+
+async def test_v3_json_data_deeper_than_the_renderers_is_a_record_error(http: httpx.AsyncClient) -> None:
+    r = await http.get("/v3/clusters")
+    assert r.status_code == 200, r.text
+    cluster = r.json()["data"][0]["cluster_id"]
+    topic = _topic()
+    r = await http.post(f"/topics/{topic}", headers={"Content-Type": JSONFMT, "Accept": V2},
+                        json={"records": [{"value": 1}]})  # creates the topic
+    assert r.status_code == 200, r.text
+    body = b"\n".join([
+        b'{"value":{"type":"JSON","data":' + b"[" * 600 + b"]" * 600 + b"}}",
+        b'{"value":{"type":"JSON","data":' + b"[" * 990 + b"1.5," + b"1" * 30 + b"]" * 990 + b"}}",
+        b'{"value":{"type":"JSON","data":[1]}}',
+    ])
+    r = await http.post(f"/v3/clusters/{cluster}/topics/{topic}/records", content=body,
+                        headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    out = [orjson.loads(line) for line in r.content.split(b"\r\n") if line]
+    assert [x["error_code"] for x in out] == [42206, 42206, 200], out
+    assert "nested deeper than 512 levels" in out[0]["message"]

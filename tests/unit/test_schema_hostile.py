@@ -216,6 +216,10 @@ def test_value_depth_is_bounded_on_encode_and_decode() -> None:
     assert isinstance(codec.decode_many([deep])[0], JsonSchemaDecodeError)
     with pytest.raises(JsonSchemaDecodeError, match="deeper than 64"):
         codec.decode(deep)
+    plain = JsonSchemaCodec(recursive)  # no validation on decode: the depth is still bounded
+    out = plain.decode_many([deep, b'{"a": {}}', b"[" * 64 + b"]" * 64, b"[" * 65 + b"]" * 65])
+    assert isinstance(out[0], JsonSchemaDecodeError) and out[1] == {"a": {}}
+    assert not isinstance(out[2], JsonSchemaDecodeError) and isinstance(out[3], JsonSchemaDecodeError)
     assert value_depth([[[]]], 2) is True and value_depth([[[]]], 3) is False and value_depth(5, 0) is False
 
 

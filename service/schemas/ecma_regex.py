@@ -45,6 +45,7 @@ _GC_LONG = {"Letter": "L", "Cased_Letter": "L", "Uppercase_Letter": "Lu", "Lower
 _GC_SHORT = {"L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No", "P", "Pc", "Pd",
              "Ps", "Pe", "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So", "Z", "Zs", "Zl", "Zp", "C", "Cc", "Cf",
              "Cs", "Co", "Cn"}
+_NOT_WS_MARK = "\x00\\S\x00"  # \S inside a class, until the class closes (no pattern text holds it)
 _HEX = set("0123456789abcdefABCDEF")
 _SYNTAX = set("^$\\.*+?()[]{}|/-")
 #: longest pattern compiled (RE2 compiles in linear time, but the program's memory grows with it)
@@ -109,10 +110,8 @@ def _escape(p: str, i: int, in_class: bool) -> tuple[str, int]:
         return "\\" + c, i + 1
     if c == "s":
         return (_WS if in_class else f"[{_WS}]"), i + 1
-    if c == "S":
-        if in_class:
-            raise _refuse("\\S inside a character class")
-        return f"[^{_WS}]", i + 1
+    if c == "S":  # inside a class: a marker the class rewrites (RE2 classes cannot hold a negated set)
+        return (_NOT_WS_MARK if in_class else f"[^{_WS}]"), i + 1
     if c == "b":
         return ("\\x08" if in_class else "\\b"), i + 1
     if c == "B":
@@ -173,6 +172,7 @@ def ecma_to_re2(pattern: str) -> str:
     out: list[str] = []
     i, n = 0, len(pattern)
     in_class = False
+    class_at = 0  # where the open class starts in out
     while i < n:
         c = pattern[i]
         if c == "\\":
@@ -182,6 +182,14 @@ def ecma_to_re2(pattern: str) -> str:
         if in_class:
             if c == "]":
                 in_class = False
+                if _NOT_WS_MARK in out[class_at + 1:]:  # [x\S] = x or not ECMA white space
+                    if out[class_at] == "[^":
+                        raise _refuse("\\S inside a negated character class")
+                    rest = [part for part in out[class_at + 1:] if part != _NOT_WS_MARK]
+                    del out[class_at:]
+                    out.append(f"(?:[{''.join(rest)}]|[^{_WS}])" if rest else f"[^{_WS}]")
+                    i += 1
+                    continue
             elif c == "[":
                 c = "\\["
             out.append(c)
@@ -197,6 +205,7 @@ def ecma_to_re2(pattern: str) -> str:
                 i += 2
                 continue
             in_class = True
+            class_at = len(out)
             if pattern.startswith("[^", i):
                 out.append("[^")
                 i += 2

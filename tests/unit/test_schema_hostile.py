@@ -33,6 +33,8 @@ F = descriptor_pb2.FieldDescriptorProto
     ("^\\s$", [" ", "\t", "\u00a0", "\u3000", "\ufeff", "\x0b"], ["a", "\u200b"]),
     ("^\\S+$", ["ab"], ["a b"]),
     ("^[\\s\\d]+$", ["1 2"], ["a"]),
+    ("^[\\s\\S]*$", ["a\nb", "", "\u00a0\u2028"], []),  # JavaScript's "any character" idiom
+    ("^[a\\S]$", ["a", "b"], [" ", "\u00a0", "ab"]),
     ("^\\d+$", ["123"], ["\u0661"]),  # ASCII digits only in ECMA-262 (Python's re: any Unicode digit)
     ("^\\u00e9$", ["\u00e9"], ["e"]),
     ("^\\uD83D\\uDE00$", ["\U0001f600"], ["\u00e9"]),
@@ -67,7 +69,7 @@ def test_ecma_patterns_run_on_re2(pattern: str, matches: list[str], misses: list
     ("\\a", "\\a is not an ECMA-262 escape"), ("\\z", "\\z is not"), ("\\Qx\\E", "\\Q is not"), ("\\A", "\\A is not"),
     ("[a", "not closed"), ("a\\", "end with a backslash"), ("\\u12", "four hex digits"),
     ("\\uD800", "lone surrogate"), ("\\p{Greek}", "\\p{Greek}"), ("\\p{Nope=X}", "\\p{Nope=X}"),
-    ("(?i)a", "'(?'"), ("a{1001}", "repetition"), ("a**", "repetition operator"), ("(", "missing"),
+    ("(?i)a", "'(?'"), ("[^\\S]", "negated character class"), ("a{1001}", "repetition"), ("a**", "repetition operator"), ("(", "missing"),
     ("x" * 10_001, "longer than"),
 ])
 def test_patterns_re2_cannot_run_are_refused(pattern: str, named: str) -> None:

@@ -331,3 +331,22 @@ def test_protobuf_depth_walk_only_for_types_that_can_nest_past_the_limit() -> No
     assert ProtobufCodec(f, max_depth=8)._may_nest_past_limit(shallow.message_class([1]).DESCRIPTOR) is False
     recursive = _recursive_proto()
     assert recursive._may_nest_past_limit(recursive.message_class([0]).DESCRIPTOR) is True
+
+
+def test_schema_max_depth_setting_reaches_every_codec() -> None:
+    from pydantic import ValidationError as SettingsError
+
+    from service.schemas.formats import SchemaService
+    from service.schemas.registry import RegistryConfig
+    from service.settings import Settings
+
+    assert Settings(kafka_bootstrap="x:1").schema_max_depth == 64
+    for bad in (7, 1001):
+        with pytest.raises(SettingsError):
+            Settings(kafka_bootstrap="x:1", schema_max_depth=bad)
+    service = SchemaService(RegistryConfig("http://127.0.0.1:1"), max_depth=9)
+    codecs = service.resolver(None, "jsonschema").codecs
+    assert codecs.max_depth == 9
+    with pytest.raises(SchemaError, match="deeper than 9 levels"):
+        codecs.codec("jsonschema", None, json.dumps(_deep_schema(10)))
+    assert codecs.codec("protobuf", None, _recursive_proto()._fdp).max_depth == 9

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from jsonschema import Draft7Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7, specification_with
@@ -243,10 +244,12 @@ class JsonSchemaCodec:
             root = spec.create_resource(loaded)
         except Exception as exc:  # e.g. an $id that is not a string
             raise JsonSchemaSchemaError(f"not a valid JSON Schema: {exc}") from None
-        # before check_schema: that one recurses (a deep schema would exhaust the stack there)
-        _check_document(loaded, "", registry.resolver_with_root(root), spec, max_depth)
+        # before check_schema: that one recurses (a deep schema would exhaust the stack there). $refs resolve
+        # as the validator resolves them: the references, and the drafts' metaschemas (bundled, no network)
+        known = SPECIFICATIONS.combine(registry)
+        _check_document(loaded, "", known.resolver_with_root(root), spec, max_depth)
         for name, resource in loaded_refs.items():
-            _check_document(resource.contents, f"reference {name!r} ", registry.resolver(base_uri=name),
+            _check_document(resource.contents, f"reference {name!r} ", known.resolver(base_uri=name),
                             resource._specification, max_depth)
         try:
             cls.check_schema(loaded, format_checker=_meta_format_checker(cls))

@@ -161,6 +161,9 @@ def test_resolvable_refs_still_work() -> None:
           "$defs": {"a": {"$anchor": "A", "type": "string"}}, "properties": {"p": {"$ref": "#A"}}}, None),
         ({"properties": {"p": {"$ref": "lib.json#/definitions/s"}}}, {"lib.json": '{"definitions": {"s": '
                                                                                    '{"type": "string"}}}'}),
+        # the drafts' metaschemas resolve (bundled with jsonschema, as the validator resolves them)
+        ({"properties": {"p": {"anyOf": [{"$ref": "http://json-schema.org/draft-07/schema#"},
+                                         {"type": "string"}]}}}, None),
     ]
     for schema, refs in ok:
         codec = JsonSchemaCodec(json.dumps(schema), references=refs)

@@ -76,8 +76,10 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'message names each bad record and path (records[2].value.$.age); nothing was produced'),
     (422, 42204, 'unknown or invalid consumer configuration key'),
     (422, 42205, 'produce (avro, protobuf, jsonschema): invalid schema (does not parse, the registry refused it '
-                 'as invalid, a schema id of another type than the content type, or a record-name subject '
-                 'strategy and a schema without a record name)'),
+                 'as invalid, a schema id of another type than the content type, a record-name subject '
+                 'strategy and a schema without a record name, or a JSON Schema with a pattern RE2 cannot run, '
+                 'a $ref that does not resolve or subschemas nested past GATEWAY_SCHEMA_MAX_DEPTH: the message '
+                 'names the schema path, e.g. #/properties/name/pattern)'),
     (422, 42206, 'invalid request field'),
     (422, 42207, 'invalid offset, partition or timestamp value'),
     (422, 42208, 'v3 produce: empty body, or a record whose key/value needs a schema registry (AVRO, PROTOBUF, '

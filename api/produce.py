@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import asyncio
 import binascii
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,9 +73,10 @@ from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
 from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
+from api.produce_common import JsonTooDeep, may_create_topic, missing_topic, partitions_or_create
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
-from api.produce_common import may_create_topic, missing_topic, partitions_or_create
+from api.produce_common import loads_exact as _loads_exact
 from api.topics import catalog
 from service.gateway import GatewayError
 from service.metrics import labelled
@@ -267,7 +267,10 @@ def _parse_body(raw: bytes, fmt: str) -> Any:
     except orjson.JSONDecodeError as exc:
         raise GatewayError(f"malformed JSON: {exc}", status=400, error_code=40001) from None
     if fmt in ("json", "jsonschema") and _LONG_DIGITS.search(raw):
-        body = json.loads(raw)  # exact integers beyond 64 bits (orjson would make them floats)
+        try:
+            body = _loads_exact(raw)  # exact integers beyond 64 bits (orjson would make them floats)
+        except JsonTooDeep as exc:
+            raise _invalid(f"the body: {exc}") from None
     return body
 
 
@@ -364,8 +367,14 @@ def _parse_record(r: Any, i: int, mode: str, path_partition: int | None) -> tupl
         key = r.get("key")
         value = r.get("value")
     else:
-        key = _json_bytes(r.get("key"))
-        value = _json_bytes(r.get("value"))
+        try:
+            key = _json_bytes(r.get("key"))
+        except JsonTooDeep as exc:
+            raise _invalid(f"records[{i}].key: {exc}") from None
+        try:
+            value = _json_bytes(r.get("value"))
+        except JsonTooDeep as exc:
+            raise _invalid(f"records[{i}].value: {exc}") from None
     partition = _int_field(r.get("partition"), i, "partition", 2**31 - 1)
     if path_partition is not None:  # the path's partition wins, as in Confluent
         partition = path_partition

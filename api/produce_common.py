@@ -2,7 +2,7 @@
 error code of a record the producer could not deliver.
 
 - :func:`json_bytes`: a JSON value as the bytes stored in Kafka (compact JSON text, UTF-8; integers
-  beyond 64 bits exactly);
+  beyond 64 bits exactly; at most :data:`JSON_MAX_DEPTH` levels deep, else :class:`JsonTooDeep`);
 - :data:`LONG_DIGITS`: a number that might not fit 64 bits (orjson would read it as a float): such JSON
   text is parsed again with the standard library;
 - :func:`failure_code`: the REST error code of a :class:`~service.producer.ProduceFailure` (Confluent's
@@ -20,20 +20,50 @@ from typing import Any
 import orjson
 
 from service.producer import ProduceFailure, Producer, UnknownTopicError
+from service.schemas.jsonschema_format import value_depth
 
 LONG_DIGITS = re.compile(rb"\d{19}")  # a number orjson might turn into a float (beyond 64 bits)
 _AUTHZ_CODES = frozenset({29, 30, 31, 53})  # TOPIC/GROUP/CLUSTER/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 _AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
 
 
+#: the deepest nesting of arrays and objects in a json-format key or value: what the consume side renders as
+#: JSON (service/protocol/_crecords.c JSON_MAX_DEPTH, api/render.py); request bodies themselves stop at
+#: orjson's 1024 levels
+JSON_MAX_DEPTH = 512
+
+
+class JsonTooDeep(ValueError):
+    """A json-format key or value nests arrays and objects deeper than :data:`JSON_MAX_DEPTH` levels."""
+
+    def __init__(self) -> None:
+        super().__init__(f"arrays and objects nested deeper than {JSON_MAX_DEPTH} levels")
+
+
 def json_bytes(v: Any) -> bytes | None:
-    """``v`` as compact JSON text (UTF-8); None (a null key or value) for a JSON null."""
+    """``v`` as compact JSON text (UTF-8); None (a null key or value) for a JSON null. Raises
+    :class:`JsonTooDeep` past :data:`JSON_MAX_DEPTH` levels (orjson writes 254 at most; the rest goes
+    through the standard library, which would recurse until the interpreter's limit)."""
     if v is None:
         return None
     try:
         return orjson.dumps(v)
-    except TypeError:  # an integer beyond 64 bits
-        return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+    except TypeError:  # an integer beyond 64 bits, or deeper than orjson writes
+        if value_depth(v, JSON_MAX_DEPTH):
+            raise JsonTooDeep() from None
+        try:
+            return json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()
+        except RecursionError:
+            raise JsonTooDeep() from None
+
+
+def loads_exact(raw: bytes | str) -> Any:
+    """JSON text parsed with the standard library (exact integers beyond 64 bits); :class:`JsonTooDeep` where
+    it would exhaust the interpreter's stack (orjson, which parsed ``raw`` first, allows 1024 levels)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise JsonTooDeep() from None
 
 
 def failure_code(f: ProduceFailure) -> int:

@@ -17,6 +17,7 @@ by the pure-Python fallbacks below; tests run both against the same records.
 from __future__ import annotations
 
 import binascii
+import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -25,6 +26,7 @@ import orjson
 from service.protocol import records as _records
 from service.protocol.records import Record
 from service.schemas.codecs import DecodeError
+from service.schemas.jsonschema_format import value_depth
 from service.subscription import TopicPartition
 
 Chunks = list[tuple[TopicPartition, list[Record]]]
@@ -135,16 +137,25 @@ _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
 
 
+#: the deepest nesting the json format embeds (the C validator's JSON_MAX_DEPTH; orjson alone reads 1024)
+JSON_MAX_DEPTH = 512
+
+
 def _embedded(v: bytes | None, field: bytes) -> bytes:
     if v is None:
         return b'"%s":null' % field
     try:
         parsed = _loads(v)
+        if len(v) > 2 * JSON_MAX_DEPTH and value_depth(parsed, JSON_MAX_DEPTH):  # 513 levels take 1026 bytes
+            raise _JSONDecodeError("too deep", "", 0)
     except _JSONDecodeError:
         return b'"%s":null,"%s_error":"not valid JSON","%s_base64":"%s"' % (
             field, field, field, _b64(v, newline=False))
     if b"\n" in v or b"\r" in v:  # one record per line in ndjson / SSE
-        v = _dumps(parsed)
+        try:
+            v = _dumps(parsed)
+        except TypeError:  # deeper than orjson writes (254): the standard library's compact text
+            v = json.dumps(parsed, separators=(",", ":"), ensure_ascii=False).encode()
     return b'"%s":%s' % (field, v)
 
 

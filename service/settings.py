@@ -292,6 +292,9 @@ class Settings(BaseSettings):
         "registry counts as unavailable (retryable)")
     schema_registry_cache_size: int = Field(
         1000, ge=0, description="Schemas by id (immutable) and ids of registered schemas kept in memory (each)")
+    schema_max_depth: int = Field(64, ge=8, le=1000, description="Deepest nesting the schema'd formats accept: "
+        "JSON Schema subschemas and validated values, Protobuf and Avro values (objects/arrays/records). Past it a "
+        "produce is refused (422) and a polled record is that record's error")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "

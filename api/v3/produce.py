@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
-import json
 import logging
 import re
 import time
@@ -70,7 +69,15 @@ from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
 from api.kafka_texts import failure_text, failure_texts
 from api.produce import producer_for
-from api.produce_common import LONG_DIGITS, failure_code, json_bytes, missing_topic, partitions_or_create
+from api.produce_common import (
+    LONG_DIGITS,
+    JsonTooDeep,
+    failure_code,
+    json_bytes,
+    loads_exact,
+    missing_topic,
+    partitions_or_create,
+)
 from api.topics import catalog
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
@@ -317,13 +324,17 @@ def _timestamp_bytes(ms: int) -> bytes:
 
 
 def _has_float(v: Any) -> bool:
-    t = type(v)
-    if t is float:
-        return True
-    if t is dict:
-        return any(_has_float(x) for x in v.values())
-    if t is list:
-        return any(_has_float(x) for x in v)
+    """Whether a float is anywhere in ``v`` (iterative: data nests up to orjson's 1024 levels)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        t = type(x)
+        if t is float:
+            return True
+        if t is dict:
+            stack.extend(x.values())
+        elif t is list:
+            stack.extend(x)
     return False
 
 
@@ -353,9 +364,12 @@ def _data(v: Any, field: str, raw: bytes) -> tuple[bytes | None, str | None]:
     if data is None:
         return None, t
     if t == "JSON":
-        if _has_float(data) and LONG_DIGITS.search(raw):
-            data = json.loads(raw)[field]["data"]
-        return json_bytes(data), t
+        try:
+            if _has_float(data) and LONG_DIGITS.search(raw):
+                data = loads_exact(raw)[field]["data"]
+            return json_bytes(data), t
+        except JsonTooDeep as exc:
+            raise RecordError(42206, f"{field}.data: {exc}") from None
     if type(data) is not str:
         what = "a base64 string" if t == "BINARY" else "a string"
         raise RecordError(42206, f"{field}.data must be {what} for type {t}")

@@ -75,7 +75,12 @@ INFLATE_ERROR_RETRY_S = 30.0
 def _take_budget_py(recs: list[Record], i: int, j: int, budget: int, started: bool) -> tuple[int, int]:
     """How far ``recs[i:j]`` go within ``budget`` key+value bytes: a record larger than what is left ends the
     take, unless it is the very first one taken (``started`` false, ``k == i``): that one is taken whole,
-    leaving 0 (a poll never stalls); the take also ends when the budget reaches 0. Returns (k, budget left)."""
+    leaving 0 (a poll never stalls); the take also ends when the budget reaches 0. Returns (k, budget left).
+    ``i`` must be an index of ``recs`` (or its length) and ``j >= i`` (IndexError, as in the C twin); a ``j``
+    past the end stops at the end."""
+    if not 0 <= i <= len(recs) or j < i:
+        raise IndexError(f"take_budget: records[{i}:{j}] is not a range of the {len(recs)} records")
+    j = min(j, len(recs))
     k = i
     while k < j:
         r = recs[k]
@@ -111,6 +116,8 @@ def _payload_from(recs: Any, i: int) -> int:
     """Key + value bytes of ``recs[i:]`` (a list of records or a RecordRun)."""
     if _RecordRun is not None and type(recs) is _RecordRun:
         return int(recs.payload(i))
+    if not 0 <= i <= len(recs):
+        raise IndexError(f"payload({i}): not an index of the {len(recs)} records")
     n = 0
     for r in recs[i:]:
         n += (len(r.value) if r.value else 0) + (len(r.key) if r.key else 0)

@@ -594,6 +594,10 @@ static PyObject *render_offsets(PyObject *self, PyObject *args) {
     PyObject *results, *meta_type, *ksid, *vsid;
     if (!PyArg_ParseTuple(args, "O!OOO", &PyList_Type, &results, &meta_type, &ksid, &vsid))
         return NULL;
+    if (!PyType_Check(meta_type) || !PyType_IsSubtype((PyTypeObject *)meta_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "render_offsets: RecordMetadata must be a tuple subclass");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(results);
     out_t o = {NULL, 0, 0};
     if (out_reserve(&o, (Py_ssize_t)sizeof OFFSETS_HEAD + n * 128 + 128) < 0)
@@ -654,8 +658,10 @@ static PyObject *render_offset_runs(PyObject *self, PyObject *args) {
         return NULL;
     static const char tail[] = "],\"key_schema_id\":null,\"value_schema_id\":null}";
     out_t o = {NULL, 0, 0};
-    if (n < 0 || n > PY_SSIZE_T_MAX / 256)
-        Py_RETURN_NONE;
+    if (n < 0 || n > PY_SSIZE_T_MAX / 256) {
+        PyErr_Format(PyExc_ValueError, "render_offset_runs: %zd records is not a count", n);
+        return NULL;
+    }
     if (out_reserve(&o, (Py_ssize_t)sizeof OFFSETS_HEAD + n * 96 + (Py_ssize_t)sizeof tail) < 0)
         return NULL;
     put_bytes(&o, OFFSETS_HEAD, (Py_ssize_t)sizeof OFFSETS_HEAD - 1);
@@ -697,6 +703,8 @@ none:
     Py_RETURN_NONE;
 }
 
+#define MAX_OVERHEAD 0x7FFFFFFF /* plain_sizes: a record's fixed overhead (bytes); keeps every size in range */
+
 /* plain_sizes(records, overhead) -> [overhead + len(value), ...] when every record is a tuple of at least five
  * fields with no key, no partition and no headers (the sticky-partition fast path of send_many), else None. */
 static PyObject *plain_sizes(PyObject *self, PyObject *args) {
@@ -705,6 +713,10 @@ static PyObject *plain_sizes(PyObject *self, PyObject *args) {
     Py_ssize_t overhead;
     if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &records, &overhead))
         return NULL;
+    if (overhead < 0 || overhead > MAX_OVERHEAD) {
+        PyErr_Format(PyExc_ValueError, "plain_sizes: overhead %zd is outside 0..%d", overhead, MAX_OVERHEAD);
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(records);
     PyObject *out = PyList_New(n);
     if (out == NULL)
@@ -760,6 +772,10 @@ static PyObject *metas(PyObject *self, PyObject *args) {
     }
     if (n < 0) {
         PyErr_SetString(PyExc_ValueError, "metas: n must be >= 0");
+        return NULL;
+    }
+    if (n > 0 && base > LLONG_MAX - (long long)(n - 1)) {
+        PyErr_SetString(PyExc_OverflowError, "metas: base_offset + n - 1 is beyond a 64-bit offset");
         return NULL;
     }
     PyTypeObject *tp = (PyTypeObject *)cls;

@@ -96,9 +96,16 @@ def _encode_runs_py(runs: list[tuple[list[Any], int]]) -> tuple[bytes, int, int,
     return b"".join(parts), i, base_ts, max_ts
 
 
+#: the largest per-record overhead plain_sizes takes
+MAX_OVERHEAD = 0x7FFFFFFF
+
+
 def _plain_sizes_py(records: list[Any], overhead: int) -> list[int] | None:
     """Each record's size (``overhead`` + its value's length) if no record has a key, a partition or headers
-    (the producer's sticky fast path), else None. Records are tuples of at least five fields."""
+    (the producer's sticky fast path), else None. Records are tuples of at least five fields. ``overhead``
+    outside 0..2**31-1 is a ValueError (as in the C twin)."""
+    if not 0 <= overhead <= MAX_OVERHEAD:
+        raise ValueError(f"plain_sizes: overhead {overhead} is outside 0..{MAX_OVERHEAD}")
     if not all(isinstance(r, tuple) for r in records):
         return None
     if not all(len(r) >= 5 and r[0] is None and r[3] is None and not r[2] for r in records):
@@ -107,7 +114,12 @@ def _plain_sizes_py(records: list[Any], overhead: int) -> list[int] | None:
 
 
 def _metas_py(cls: Any, partition: int, base_offset: int, n: int) -> list[Any]:
-    """``n`` instances of the 2-tuple class ``cls``: ``(partition, base_offset + i)``."""
+    """``n`` instances of the 2-tuple class ``cls``: ``(partition, base_offset + i)``. A negative ``n`` is a
+    ValueError, offsets beyond 64 bits an OverflowError (as in the C twin)."""
+    if n < 0:
+        raise ValueError("metas: n must be >= 0")
+    if n > 0 and base_offset + n - 1 > 2**63 - 1:
+        raise OverflowError("metas: base_offset + n - 1 is beyond a 64-bit offset")
     new = tuple.__new__
     return [new(cls, (partition, o)) for o in range(base_offset, base_offset + n)]
 

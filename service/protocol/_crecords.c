@@ -539,6 +539,62 @@ j_digits(jcur *c)
     return c->i > start;
 }
 
+/* The smallest decimal that rounds to infinity as a double (round-half-even): 2^1024 - 2^970, 309 digits.
+ * A JSON number at or above it in magnitude does not fit a double: orjson (the Python twin) and strict
+ * parsers refuse it, so it is not valid JSON here either. Underflow (1e-400) reads as 0 there: valid. */
+static const char DBL_OVERFLOW_DIGITS[] =
+    "179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017"
+    "977587207096330286416692887910946555547851940402630657488671505820681908902000708383676273"
+    "854845817711531764475730270069855571366959622842914819860834936475292719074168444365510704"
+    "342711559699508093042880177904174497792";
+
+/* Whether the number with integer digits p[a:b], fraction digits p[f:g] and decimal exponent exp (saturated)
+ * fits a double, i.e. its magnitude is below DBL_OVERFLOW_DIGITS x 10^0. */
+static int
+j_number_fits(const unsigned char *p, Py_ssize_t a, Py_ssize_t b, Py_ssize_t f, Py_ssize_t g, int64_t exp)
+{
+    Py_ssize_t first = a; /* the first significant digit, across the integer and fraction digits */
+    int64_t mag;          /* the value is in [10^mag, 10^(mag+1)) */
+    while (first < b && p[first] == '0')
+        first++;
+    if (first < b) {
+        mag = (int64_t)(b - first) - 1 + exp;
+    } else {
+        first = f;
+        while (first < g && p[first] == '0')
+            first++;
+        if (first >= g)
+            return 1; /* zero */
+        mag = -(int64_t)(first - f) - 1 + exp;
+    }
+    if (mag < 308)
+        return 1;
+    if (mag > 308)
+        return 0;
+    /* 309 integer digits: compare the significant digits with the threshold's */
+    const Py_ssize_t tn = (Py_ssize_t)sizeof(DBL_OVERFLOW_DIGITS) - 1;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = first; i < g; i++) {
+        if (i == b) { /* skip the '.' between the integer and the fraction digits */
+            i = f;
+            if (i >= g)
+                break;
+        }
+        unsigned char d = p[i];
+        if (k < tn) {
+            if (d != (unsigned char)DBL_OVERFLOW_DIGITS[k])
+                return d < (unsigned char)DBL_OVERFLOW_DIGITS[k];
+        } else if (d != '0') {
+            return 0; /* above the threshold */
+        }
+        k++;
+    }
+    for (; k < tn; k++) /* the digits ran out first: below unless the threshold's rest is all zeros */
+        if (DBL_OVERFLOW_DIGITS[k] != '0')
+            return 1;
+    return 0; /* equal: rounds to infinity */
+}
+
 static int
 j_number(jcur *c)
 {
@@ -546,23 +602,35 @@ j_number(jcur *c)
         c->i++;
     if (c->i >= c->n)
         return 0;
+    Py_ssize_t a = c->i;
     if (c->p[c->i] == '0')
         c->i++;
     else if (!j_digits(c))
         return 0;
+    Py_ssize_t b = c->i, f = c->i, g = c->i;
     if (c->i < c->n && c->p[c->i] == '.') {
         c->i++;
+        f = c->i;
         if (!j_digits(c))
             return 0;
+        g = c->i;
     }
+    int64_t exp = 0;
     if (c->i < c->n && (c->p[c->i] == 'e' || c->p[c->i] == 'E')) {
         c->i++;
+        int neg = 0;
         if (c->i < c->n && (c->p[c->i] == '+' || c->p[c->i] == '-'))
-            c->i++;
+            neg = c->p[c->i++] == '-';
+        Py_ssize_t e0 = c->i;
         if (!j_digits(c))
             return 0;
+        for (Py_ssize_t i = e0; i < c->i; i++)
+            if (exp < ((int64_t)1 << 48)) /* saturates far beyond any double's range, far below overflow */
+                exp = exp * 10 + (c->p[i] - '0');
+        if (neg)
+            exp = -exp;
     }
-    return 1;
+    return j_number_fits(c->p, a, b, f, g, exp);
 }
 
 static inline int
@@ -1075,8 +1143,12 @@ run_payload(RunObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (i == -1 && PyErr_Occurred())
             return NULL;
     }
+    if (i < 0 || i > self->n) {
+        PyErr_Format(PyExc_IndexError, "payload(%zd): not an index of the %zd records", i, self->n);
+        return NULL;
+    }
     long long total = 0;
-    for (i = i < 0 ? 0 : i; i < self->n; i++) {
+    for (; i < self->n; i++) {
         const rent *e = self->ents + i;
         total += (e->klen > 0 ? e->klen : 0) + (e->vlen > 0 ? e->vlen : 0);
     }
@@ -1495,8 +1567,14 @@ take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int started = PyObject_IsTrue(args[4]);
     if (PyErr_Occurred() || started < 0)
         return NULL;
-    if (j > RECORDS_LEN(recs))
-        j = RECORDS_LEN(recs);
+    Py_ssize_t len = RECORDS_LEN(recs);
+    if (i < 0 || i > len || j < i) {
+        PyErr_Format(PyExc_IndexError, "take_budget: records[%zd:%zd] is not a range of the %zd records", i, j,
+                     len);
+        return NULL;
+    }
+    if (j > len)
+        j = len;
     Py_ssize_t k = i;
     if (Run_Check(recs)) {
         const rent *ents = ((RunObject *)recs)->ents;
@@ -1514,7 +1592,7 @@ take_budget(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         return Py_BuildValue("(nL)", k, budget);
     }
-    while (k < j) {
+    while (k < j && k < PyList_GET_SIZE(recs)) { /* the list's length again: field_len may run Python code */
         PyObject *r = PyList_GET_ITEM(recs, k);
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 4) {
             PyErr_SetString(PyExc_TypeError, "take_budget: records must be Record tuples");

@@ -638,7 +638,12 @@ class Reader:
             self.message_name: str = self._class.DESCRIPTOR.full_name
             self.mapped = protobuf_mapping(self._class.DESCRIPTOR)
         elif fmt == "jsonschema":
-            self.mapped = jsonschema_mapping(resolved.schema.schema, resolved.references or None)
+            if isinstance(resolved.codec, Exception):  # e.g. a $ref that does not resolve, nested too deeply
+                raise ArrowMappingError(str(resolved.codec))
+            try:
+                self.mapped = jsonschema_mapping(resolved.schema.schema, resolved.references or None)
+            except (LookupError, TypeError, ValueError, RecursionError) as exc:  # a pointer into nothing
+                raise ArrowMappingError(f"jsonschema schema {resolved.schema_id}: {exc!r}") from None
         else:
             raise ArrowMappingError(f"unknown format {fmt!r}")
 

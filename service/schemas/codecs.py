@@ -26,7 +26,7 @@ import orjson
 
 from service.schemas.avro import RENDER_CONFLUENT, AvroCodec
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
-from service.schemas.jsonschema_format import JsonSchemaCodec
+from service.schemas.jsonschema_format import DEFAULT_MAX_DEPTH, JsonSchemaCodec
 
 FORMATS = ("avro", "protobuf", "jsonschema")
 
@@ -86,8 +86,10 @@ class Codecs:
         avro_rendering: str = RENDER_CONFLUENT,
         avro_strict_unions: bool = False,
         validate_json_on_decode: bool = False,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         self.max_cached = max_cached
+        self.max_depth = max_depth
         self.avro_rendering = avro_rendering
         self.avro_strict_unions = avro_strict_unions
         self.validate_json_on_decode = validate_json_on_decode
@@ -102,11 +104,13 @@ class Codecs:
                                  references=list((references or {}).values()))
             if fmt == "jsonschema":
                 return JsonSchemaCodec(schema, references=references,
-                                       validate_on_decode=self.validate_json_on_decode)
+                                       validate_on_decode=self.validate_json_on_decode, max_depth=self.max_depth)
             if fmt == "protobuf":
-                return _protobuf().ProtobufCodec(schema, dependencies=references)
+                return _protobuf().ProtobufCodec(schema, dependencies=references, max_depth=self.max_depth)
         except CodecSchemaError as exc:
             raise SchemaError(fmt, str(exc)) from None
+        except RecursionError:  # a backstop: every compile checks depth itself
+            raise SchemaError(fmt, "the schema is nested too deeply") from None
         raise SchemaError(fmt, f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
     def codec(self, fmt: str, schema_id: int | None, schema: Any,

@@ -28,6 +28,7 @@ from service.schemas import proto_text
 from service.schemas.avro import RENDER_CONFLUENT, AvroCodec
 from service.schemas.codecs import Codecs, DecodeError, SchemaError
 from service.schemas.errors import CodecDecodeError, CodecSchemaError
+from service.schemas.jsonschema_format import DEFAULT_MAX_DEPTH
 from service.schemas.registry import (
     LRUCache,
     RegistryClient,
@@ -82,9 +83,10 @@ class SchemaResolver:
     """Schema ids -> compiled codecs for one registry. Decoding is sync, after an async ``prepare``."""
 
     def __init__(self, client: RegistryClient, codecs: Codecs | None = None, *, cache_size: int = 1000,
-                 avro_rendering: str = RENDER_CONFLUENT) -> None:
+                 avro_rendering: str = RENDER_CONFLUENT, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         self.client = client
-        self.codecs = codecs if codecs is not None else Codecs(max_cached=cache_size, avro_rendering=avro_rendering)
+        self.codecs = codecs if codecs is not None else Codecs(max_cached=cache_size, avro_rendering=avro_rendering,
+                                                               max_depth=max_depth)
         self.avro_rendering = self.codecs.avro_rendering
         self._resolved: LRUCache[int, ResolvedSchema] = LRUCache(cache_size)
         self._other_renderings: LRUCache[tuple[int, str], Any] = LRUCache(cache_size)
@@ -263,9 +265,11 @@ class SchemaResolver:
 class SchemaService:
     """The gateway's registries: the default one and the tenants' own, one resolver per distinct config."""
 
-    def __init__(self, default: RegistryConfig | None = None, *, avro_rendering: str = RENDER_CONFLUENT) -> None:
+    def __init__(self, default: RegistryConfig | None = None, *, avro_rendering: str = RENDER_CONFLUENT,
+                 max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         self.default = default
         self.avro_rendering = avro_rendering
+        self.max_depth = max_depth
         #: set while an embedded registry is starting (schema'd requests answer 503 + Retry-After meanwhile)
         self.pending: str | None = None
         self._resolvers: dict[RegistryConfig, SchemaResolver] = {}
@@ -294,7 +298,8 @@ class SchemaService:
         if resolver is None:
             # codecs are cached per schema id, and ids are per registry: a codec cache of its own each
             resolver = self._resolvers[config] = SchemaResolver(
-                RegistryClient(config), cache_size=config.cache_size, avro_rendering=self.avro_rendering)
+                RegistryClient(config), cache_size=config.cache_size, avro_rendering=self.avro_rendering,
+                max_depth=self.max_depth)
         return resolver
 
     async def close(self) -> None:

@@ -6,20 +6,37 @@ Validation errors name the path of the offending value, ``$.items[2].price``, li
 
 Schemas without ``$schema`` are read as draft-07 (Confluent's default); a ``$schema`` naming another draft
 selects it. Schema references (the registry's ``references``: name -> schema) resolve through ``$ref``.
+
+Hostile schemas and values (every check names the schema path, ``#/properties/name/pattern``):
+
+* ``pattern`` and ``patternProperties`` are ECMA-262 regular expressions run on RE2 (linear time,
+  :mod:`service.schemas.ecma_regex`), never on Python's backtracking ``re``; a pattern RE2 cannot run
+  (backreferences, lookaround) is refused when the schema compiles;
+* every ``$ref`` must resolve (in the schema or its references) when the schema compiles;
+* subschemas nest at most ``max_depth`` levels (GATEWAY_SCHEMA_MAX_DEPTH), and a value (encoded, or
+  decoded, validated or not) at most ``max_depth`` levels of arrays and objects; a ``$ref`` cycle that
+  never reaches a value is an error of the value it was validating, never a crash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
 from typing import Any
 
 import orjson
-from jsonschema import Draft7Validator, validators
+from jsonschema import Draft7Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
+from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT7, specification_with
 
+from service.schemas.ecma_regex import EcmaRegexError, compile_pattern
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
+
+#: GATEWAY_SCHEMA_MAX_DEPTH's default: nesting of subschemas, and of arrays/objects in a validated value
+DEFAULT_MAX_DEPTH = 64
 
 
 class JsonSchemaSchemaError(CodecSchemaError):
@@ -55,6 +72,146 @@ def json_path(parts: Iterable[str | int]) -> str:
     return out
 
 
+def _pointer(path: Iterable[str | int]) -> str:
+    """A JSON pointer as a URI fragment: ``#/properties/a~1b/pattern``."""
+    out = "#" + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    return out if len(out) <= 300 else out[:150] + "…" + out[-150:]
+
+
+def value_depth(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects deeper than ``limit`` levels (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, (list, tuple)):
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in v if isinstance(child, (dict, list, tuple)))
+    return False
+
+
+# -- keywords that run patterns on RE2 --------------------------------------------------------------------------
+def _re2_pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "string") or not isinstance(pattern, str):
+        return
+    try:
+        regex = compile_pattern(pattern)
+    except EcmaRegexError as exc:  # a pattern compile did not see (e.g. reached through an unknown keyword)
+        yield ValidationError(f"the pattern {pattern!r} cannot run: {exc}")
+        return
+    try:
+        found = regex.search(instance)
+    except UnicodeEncodeError:  # a lone surrogate: not text RE2 (UTF-8) can read
+        yield ValidationError(f"{instance!r} is not valid Unicode text (a lone surrogate)")
+        return
+    if found is None:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _re2_pattern_properties(validator: Any, pattern_properties: Any, instance: Any,
+                            schema: Any) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object") or not isinstance(pattern_properties, dict):
+        return
+    for pattern, subschema in pattern_properties.items():
+        try:
+            regex = compile_pattern(pattern)
+        except EcmaRegexError as exc:
+            yield ValidationError(f"the pattern {pattern!r} cannot run: {exc}")
+            continue
+        for k, v in instance.items():
+            try:
+                found = regex.search(k)
+            except UnicodeEncodeError:
+                yield ValidationError(f"the property name {k!r} is not valid Unicode text (a lone surrogate)")
+                continue
+            if found is not None:
+                yield from validator.descend(v, subschema, path=k, schema_path=pattern)
+
+
+@cache
+def _re2_validator(cls: Any) -> Any:
+    """The draft's validator class with ``pattern`` and ``patternProperties`` on RE2 (one per draft)."""
+    return validators.extend(cls, {"pattern": _re2_pattern, "patternProperties": _re2_pattern_properties})
+
+
+def _is_regex(value: object) -> bool:
+    if isinstance(value, str):
+        compile_pattern(value)
+    return True
+
+
+@cache
+def _meta_format_checker(cls: Any) -> FormatChecker:
+    """The draft's format checker for ``check_schema``, its ``regex`` format checked as ECMA-262 on RE2."""
+    meta = validators.validator_for(cls.META_SCHEMA, default=cls)
+    checker = FormatChecker(())
+    checker.checkers = {**meta.FORMAT_CHECKER.checkers, "regex": (_is_regex, (EcmaRegexError,))}
+    return checker
+
+
+# subschema keywords (every draft's): one subschema, a list of them, a map name -> subschema
+_SUB_ONE = ("additionalProperties", "additionalItems", "items", "contains", "propertyNames", "if", "then",
+            "else", "not", "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+_SUB_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUB_MAP = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies")
+
+
+def _check_document(root: Any, where: str, resolver: Any, spec: Any, max_depth: int) -> None:
+    """Refuse (JsonSchemaSchemaError naming the schema path) subschemas nested deeper than ``max_depth``,
+    a pattern RE2 cannot run and a ``$ref`` that does not resolve. Iterative: a deep schema cannot
+    overflow the stack here."""
+    stack: list[tuple[Any, tuple[str | int, ...], Any, int]] = [(root, (), resolver, 0)]
+    while stack:
+        node, path, res, depth = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if depth > max_depth:
+            raise JsonSchemaSchemaError(f"{where}{_pointer(path)}: subschemas nested deeper than {max_depth} "
+                                        f"levels (GATEWAY_SCHEMA_MAX_DEPTH)")
+        try:
+            res = res.in_subresource(spec.create_resource(node))
+        except Exception:  # an $id that is not a string: check_schema names it
+            pass
+        pattern = node.get("pattern")
+        if isinstance(pattern, str):
+            try:
+                compile_pattern(pattern)
+            except EcmaRegexError as exc:
+                raise JsonSchemaSchemaError(f"{where}{_pointer((*path, 'pattern'))}: {exc}") from None
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            try:
+                res.lookup(ref)
+            except Unresolvable:
+                raise JsonSchemaSchemaError(f"{where}{_pointer((*path, '$ref'))}: the $ref {ref!r} does not "
+                                            f"resolve (not in the schema nor in its references)") from None
+            except Exception as exc:  # e.g. a malformed URI
+                raise JsonSchemaSchemaError(f"{where}{_pointer((*path, '$ref'))}: the $ref {ref!r} does not "
+                                            f"resolve: {exc}") from None
+        for key in _SUB_ONE:
+            sub = node.get(key)
+            if isinstance(sub, dict):
+                stack.append((sub, (*path, key), res, depth + 1))
+        for key in _SUB_LIST:
+            subs = node.get(key)
+            if isinstance(subs, list):
+                stack.extend((sub, (*path, key, i), res, depth + 1) for i, sub in enumerate(subs))
+        for key in _SUB_MAP:
+            subs = node.get(key)
+            if not isinstance(subs, dict):
+                continue
+            for name, sub in subs.items():
+                if key == "patternProperties":
+                    try:
+                        compile_pattern(name)
+                    except EcmaRegexError as exc:
+                        raise JsonSchemaSchemaError(f"{where}{_pointer((*path, key, name))}: {exc}") from None
+                stack.append((sub, (*path, key, name), res, depth + 1))
+
+
 class JsonSchemaCodec:
     """One schema compiled once into a validator."""
 
@@ -66,23 +223,55 @@ class JsonSchemaCodec:
         *,
         references: Mapping[str, str | bytes | Mapping[str, Any]] | None = None,
         validate_on_decode: bool = False,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
         loaded = _load(schema)
         cls = validators.validator_for(loaded, default=Draft7Validator) if isinstance(loaded, dict) else Draft7Validator
-        try:
-            cls.check_schema(loaded)
-        except SchemaError as exc:
-            raise JsonSchemaSchemaError(f"not a valid JSON Schema: {exc.message}") from None
+        self.max_depth = max_depth
         registry: Registry = Registry()
+        loaded_refs: dict[str, Resource[Any]] = {}
         for name, ref_schema in (references or {}).items():
-            resource = Resource.from_contents(_load(ref_schema), default_specification=DRAFT7)
+            try:
+                resource = Resource.from_contents(_load(ref_schema), default_specification=DRAFT7)
+            except JsonSchemaSchemaError:
+                raise
+            except Exception as exc:  # e.g. an unknown $schema in a reference
+                raise JsonSchemaSchemaError(f"reference {name!r}: {exc}") from None
+            loaded_refs[name] = resource
             registry = registry.with_resource(name, resource)
-        self._validator = cls(loaded, registry=registry)
+        spec = specification_with(cls.META_SCHEMA.get("$id", ""), default=DRAFT7)
+        try:
+            root = spec.create_resource(loaded)
+        except Exception as exc:  # e.g. an $id that is not a string
+            raise JsonSchemaSchemaError(f"not a valid JSON Schema: {exc}") from None
+        # before check_schema: that one recurses (a deep schema would exhaust the stack there). $refs resolve
+        # as the validator resolves them: the references, and the drafts' metaschemas (bundled, no network)
+        known = SPECIFICATIONS.combine(registry)
+        _check_document(loaded, "", known.resolver_with_root(root), spec, max_depth)
+        for name, resource in loaded_refs.items():
+            _check_document(resource.contents, f"reference {name!r} ", known.resolver(base_uri=name),
+                            resource._specification, max_depth)
+        try:
+            cls.check_schema(loaded, format_checker=_meta_format_checker(cls))
+        except SchemaError as exc:
+            where = _pointer(exc.absolute_path)
+            raise JsonSchemaSchemaError(f"not a valid JSON Schema: {where}: {exc.message}") from None
+        except RecursionError:
+            raise JsonSchemaSchemaError("not a valid JSON Schema: nested too deeply") from None
+        self._validator = _re2_validator(cls)(loaded, registry=registry)
         self.validate_on_decode = validate_on_decode
         self.record_name = loaded.get("title") if isinstance(loaded, dict) else None  # RecordNameStrategy
 
     def errors(self, value: Any) -> JsonSchemaEncodeError | None:
-        error: ValidationError | None = best_match(self._validator.iter_errors(value))
+        if value_depth(value, self.max_depth):
+            return JsonSchemaEncodeError("$", f"arrays and objects nested deeper than {self.max_depth} levels "
+                                              f"(GATEWAY_SCHEMA_MAX_DEPTH)")
+        try:
+            error: ValidationError | None = best_match(self._validator.iter_errors(value))
+        except RecursionError:  # a $ref cycle that never descends into the value
+            return JsonSchemaEncodeError("$", "the schema recurses without end ($ref cycle)")
+        except Unresolvable as exc:  # a $ref compile could not see (e.g. $dynamicRef)
+            return JsonSchemaEncodeError("$", f"a $ref of the schema does not resolve: {exc}")
         if error is None:
             return None
         return JsonSchemaEncodeError(json_path(error.absolute_path), error.message)
@@ -99,11 +288,22 @@ class JsonSchemaCodec:
         except TypeError as exc:  # e.g. an integer beyond 64 bits
             raise JsonSchemaEncodeError("$", str(exc)) from None
 
+    def _too_deep(self, payload: bytes | bytearray | memoryview, value: Any) -> JsonSchemaDecodeError | None:
+        """Nested past ``max_depth`` (also without validation: the answer must stay renderable); a value that
+        deep takes at least two bytes per level, so short payloads are not walked."""
+        if len(payload) > 2 * self.max_depth and value_depth(value, self.max_depth):
+            return JsonSchemaDecodeError(f"arrays and objects nested deeper than {self.max_depth} levels "
+                                         f"(GATEWAY_SCHEMA_MAX_DEPTH)")
+        return None
+
     def decode(self, payload: bytes | bytearray | memoryview) -> Any:
         try:
             value = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
             raise JsonSchemaDecodeError(f"not valid JSON: {exc}") from None
+        deep = self._too_deep(payload, value)
+        if deep is not None:
+            raise deep
         if self.validate_on_decode:
             error = self.errors(value)
             if error is not None:
@@ -120,6 +320,10 @@ class JsonSchemaCodec:
                 value = loads(payload)
             except orjson.JSONDecodeError as exc:
                 append(JsonSchemaDecodeError(f"not valid JSON: {exc}"))
+                continue
+            deep = self._too_deep(payload, value)
+            if deep is not None:
+                append(deep)
                 continue
             if validate:
                 error = self.errors(value)

@@ -84,8 +84,11 @@ def subject_name(strategy: str, topic: str, is_key: bool, record_name: str | Non
     return record_name if strategy == RECORD_NAME else f"{topic}-{record_name}"
 
 
+# Linear time on any text: a comment or string left open runs to the end (of the text, or of its line) as one
+# token instead of failing and being rescanned from every later quote or "/*" (quadratic: 200 KB of `"\` took
+# minutes on the event loop).
 _PROTO_TOKEN = re.compile(
-    r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[A-Za-z_][\w.]*|[{};]|\S',
+    r'//[^\n]*|/\*.*?(?:\*/|\Z)|"(?:[^"\\\n]|\\.)*"?|\'(?:[^\'\\\n]|\\.)*\'?|[A-Za-z_][\w.]*|[{};]|\S',
     re.DOTALL)
 
 

@@ -16,6 +16,11 @@ Rendering is protobuf's canonical JSON mapping, as Confluent's ProtobufConverter
 default value included, 64-bit integers as strings, enums by name, bytes base64, well-known types in their
 JSON forms (Timestamp as RFC 3339 text, ...). Encode parses the same JSON (unknown fields rejected, as
 JsonFormat's parser does), so an error names the field chain it failed in.
+
+Depth: a value (the JSON given to encode, or a decoded message's JSON) nests at most ``max_depth`` levels of
+objects and arrays (GATEWAY_SCHEMA_MAX_DEPTH); protobuf's own parser stops at 100 nested messages. A payload
+past either, or one whose JSON rendering fails (a ``google.protobuf.Value`` holding NaN, an ``Any`` of an
+unknown type), is that record's decode error, never an exception out of :meth:`ProtobufCodec.decode_many`.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import EncodeError as _PbEncodeError
 
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
+from service.schemas.jsonschema_format import DEFAULT_MAX_DEPTH, value_depth
 
 F = descriptor_pb2.FieldDescriptorProto
 SchemaInput = bytes | bytearray | memoryview | str | descriptor_pb2.FileDescriptorProto
@@ -183,7 +189,10 @@ class ProtobufCodec:
 
     format = "protobuf"
 
-    def __init__(self, schema: SchemaInput, *, dependencies: Mapping[str, SchemaInput] | None = None) -> None:
+    def __init__(self, schema: SchemaInput, *, dependencies: Mapping[str, SchemaInput] | None = None,
+                 max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+        self.max_depth = max_depth
+        self._deep: dict[str, bool] = {}
         self._fdp = load_descriptor(schema)
         if not self._fdp.name:
             self._fdp.name = "schema.proto"
@@ -264,7 +273,24 @@ class ProtobufCodec:
             msg = cls.FromString(bytes(payload))
         except (_PbDecodeError, RuntimeError) as exc:
             raise ProtobufDecodeError(f"not a valid {cls.DESCRIPTOR.full_name}: {exc}") from None
-        return json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)
+        try:
+            out = json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)
+        except RecursionError:
+            raise ProtobufDecodeError(f"a {cls.DESCRIPTOR.full_name} nested too deeply") from None
+        except Exception as exc:  # e.g. Value(NaN), an Any of an unknown type: this record's error
+            raise ProtobufDecodeError(f"a {cls.DESCRIPTOR.full_name} that has no JSON form: {exc}") from None
+        if self._may_nest_past_limit(cls.DESCRIPTOR) and value_depth(out, self.max_depth):
+            raise ProtobufDecodeError(f"a {cls.DESCRIPTOR.full_name} whose JSON nests objects and arrays deeper "
+                                      f"than {self.max_depth} levels (GATEWAY_SCHEMA_MAX_DEPTH)")
+        return out
+
+    def _may_nest_past_limit(self, descriptor: Any) -> bool:
+        """Whether a message's JSON can nest deeper than ``max_depth`` (a recursive type, Struct/Value, Any, or
+        simply deep); when not, decoded values need no depth walk. Cached per message type."""
+        hit = self._deep.get(descriptor.full_name)
+        if hit is None:
+            hit = self._deep[descriptor.full_name] = _static_depth(descriptor, {}, set()) > self.max_depth
+        return hit
 
     def decode_many(self, items: Iterable[Any]) -> list[Any]:
         """Each item is a payload (the first message) or ``(message_indexes, payload)``."""
@@ -288,14 +314,53 @@ class ProtobufCodec:
             raise ProtobufEncodeError("$", str(exc)) from None
         if not isinstance(value, dict):
             raise ProtobufEncodeError("$", f"expected an object for {cls.DESCRIPTOR.full_name}")
+        if value_depth(value, self.max_depth):
+            raise ProtobufEncodeError("$", f"objects and arrays nested deeper than {self.max_depth} levels "
+                                           f"(GATEWAY_SCHEMA_MAX_DEPTH)")
         try:
             msg = json_format.ParseDict(value, cls())
             return msg.SerializeToString()
+        except RecursionError:
+            raise ProtobufEncodeError("$", "nested too deeply") from None
         except json_format.ParseError as exc:
             path, reason = _parse_error_path(str(exc))
             raise ProtobufEncodeError(path, reason) from None
         except _PbEncodeError as exc:  # e.g. a required proto2 field left unset
             raise ProtobufEncodeError("$", str(exc)) from None
+
+
+_UNBOUNDED = 1 << 30
+_OPAQUE = frozenset({"google.protobuf.Any", "google.protobuf.Struct", "google.protobuf.Value",
+                     "google.protobuf.ListValue"})  # their JSON nests as deep as the data does
+
+
+def _repeated(field: Any) -> bool:
+    rep = getattr(field, "is_repeated", None)  # protobuf 6+; older ones have only the label
+    return bool(rep) if rep is not None else field.label == field.LABEL_REPEATED
+
+
+def _static_depth(descriptor: Any, memo: dict[str, int], stack: set[str]) -> int:
+    """An upper bound of the levels of objects and arrays of a message's JSON (``_UNBOUNDED`` for a recursive
+    type or one whose JSON nests with its data). Recursion here follows the schema, not the data: a schema
+    nests a few levels, and a deep one is bounded (cut at ``_UNBOUNDED``) by the cycle check."""
+    name = descriptor.full_name
+    if name in _OPAQUE or name in stack or len(stack) > 200:
+        return _UNBOUNDED
+    if name in memo:
+        return memo[name]
+    stack.add(name)
+    deepest = 0
+    for field in descriptor.fields:
+        if field.message_type is not None:
+            sub = _static_depth(field.message_type, memo, stack)
+            deepest = max(deepest, sub + (1 if _repeated(field) else 0))
+        elif _repeated(field):
+            deepest = max(deepest, 1)
+        if deepest >= _UNBOUNDED:
+            break
+    stack.discard(name)
+    memo[name] = depth = min(_UNBOUNDED, 1 + deepest)
+    return depth
 
 
 _FIELD_FAILURE = re.compile(r"Failed to parse (\w+) field: ")

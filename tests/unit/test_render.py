@@ -170,17 +170,28 @@ def _need_c() -> Any:
 
 
 def strict_json(b: bytes) -> bool:
-    """The oracle: RFC 8259 JSON text in strict UTF-8, no NaN/Infinity, no lone surrogate escapes."""
+    """The oracle: RFC 8259 JSON text in strict UTF-8, no NaN/Infinity, no lone surrogate escapes, no number
+    that overflows a double (orjson refuses those too; underflow reads as 0)."""
     import json
+    import math
 
     def no_constants(name: str) -> Any:
         raise ValueError(name)
+
+    def finite(text: str) -> float:
+        v = float(text)  # correctly rounded, as orjson's
+        if math.isinf(v):
+            raise ValueError(text)
+        return v
+
+    def finite_int(text: str) -> Any:
+        return int(text) if len(text) < 300 else finite(text)  # orjson reads integers beyond 64 bits as doubles
 
     try:
         text = b.decode("utf-8")
         if text.startswith("\ufeff"):
             return False
-        v = json.loads(text, parse_constant=no_constants)
+        v = json.loads(text, parse_constant=no_constants, parse_float=finite, parse_int=finite_int)
         json.dumps(v, ensure_ascii=False).encode("utf-8")  # lone surrogates cannot be encoded
     except (ValueError, UnicodeError, RecursionError):
         return False
@@ -189,11 +200,28 @@ def strict_json(b: bytes) -> bool:
 
 VALID = [b"0", b"-0", b"1.5e-3", b"-12E+4", b'""', b'"\\u00e9\\ud83d\\ude00\\/\\b\\f\\n\\r\\t"', b"true", b"false",
          b"null", b"[]", b"{}", b' \t\r\n[1, {"a": [null, true]}, "x"] \n', "\"\u00e9\u2603\U0001f600\"".encode(),
-         b"[" * 500 + b"]" * 500, b'{"a":{"b":{"c":[]}}}', b"123456789012345678901234567890"]
+         b"[" * 500 + b"]" * 500, b'{"a":{"b":{"c":[]}}}', b"123456789012345678901234567890",
+         # numbers that fit a double (underflow reads as 0, in orjson too)
+         b"1e-400", b"-1e-400", b"0e999999999", b"1e308", b"1.7976931348623158e308", b"-1.7976931348623157E+308",
+         b"0." + b"0" * 400 + b"1e400", b"1" + b"0" * 308, str(2**1024 - 2**970 - 1).encode(), b"[1e-99999999999999]"]
 INVALID = [b"", b" ", b"01", b"1.", b".5", b"-", b"1e", b"+1", b"NaN", b"Infinity", b"tru", b"nul", b"[1,]",
            b'{"a":1,}', b'{"a" 1}', b"{1:2}", b"[1 2]", b'"\x01"', b'"\\x"', b'"\\u12"', b'"\\ud800"', b'"\\udc00"',
            b'"\\ud800\\u0041"', b'"unterminated', b"[", b"]", b"1 2", b'"\xff"', b'"\xc0\xaf"', b'"\xed\xa0\x80"',
-           b'"\xf4\x90\x80\x80"', b'"\xe2\x82"', b"\xef\xbb\xbf{}", b"[" * 600 + b"]" * 600, b"'a'", b"[1]x"]
+           b'"\xf4\x90\x80\x80"', b'"\xe2\x82"', b"\xef\xbb\xbf{}", b"[" * 600 + b"]" * 600, b"'a'", b"[1]x",
+           # numbers that do not fit a double (orjson: "number is infinity when parsed as double")
+           b"1e400", b"-1e400", b"[1e400]", b'{"a":-1E+400}', b"1.7976931348623159e308", b"1.8e308", b"1" + b"0" * 309,
+           b"1e99999999999999999999999", b"0." + b"0" * 400 + b"1e710", str(2**1024 - 2**970).encode(),
+           b"0." + str(2**1024 - 2**970).encode() + b"e309", b"12345678901234567890e290"]
+
+
+def test_json_render_twins_agree_on_depth(impl: str) -> None:
+    """512 levels are embedded (pretty-printed ones too, past the 254 orjson writes), 513 are not JSON here."""
+    ok, deep = b"[" * 512 + b"]" * 512, b"[" * 513 + b"]" * 513
+    recs = [Record(0, 1, None, ok, ()), Record(1, 2, None, deep, ()), Record(2, 3, None, b"[\n" * 300 + b"]" * 300, ())]
+    got = [orjson.loads(x) for x in Rd.render_json([(TP, recs)], Rd.NDJSON_SEP).ndjson().splitlines()]
+    assert got[0]["value"] == orjson.loads(ok) and "value_error" not in got[0]
+    assert got[1]["value"] is None and got[1]["value_error"] == "not valid JSON"
+    assert got[2]["value"] == orjson.loads(b"[" * 300 + b"]" * 300)
 
 
 def test_json_validator_examples() -> None:
@@ -232,6 +260,61 @@ def test_json_validator_accepts_what_serialisers_write(value: Any, indent: int |
 def test_json_validator_agrees_with_a_strict_parser(data: bytes) -> None:
     c = _need_c()
     assert c.json_valid(data) is strict_json(data), data
+
+
+_OVERFLOW = str(2**1024 - 2**970)  # the smallest decimal that rounds to infinity as a double
+
+
+@st.composite
+def _numbers(draw: st.DrawFn) -> bytes:
+    """JSON numbers around the double's overflow threshold, huge exponents, long digit strings and underflow."""
+    sign = draw(st.sampled_from(["", "-"]))
+    kind = draw(st.integers(0, 3))
+    if kind == 0:  # the threshold's digits nudged, trailing zeros, the point anywhere, the exponent to match
+        digits = str(int(_OVERFLOW) + draw(st.integers(-3, 3)) * 10 ** draw(st.integers(0, 300)))
+        zeros = draw(st.integers(0, 3))
+        digits += "0" * zeros  # value: int(digits) * 10**-zeros
+        if draw(st.booleans()):
+            lead = "0" * draw(st.integers(0, 2))
+            mant, exp = f"0.{lead}{digits}", len(lead) + len(digits) - zeros
+        else:
+            point = draw(st.integers(1, len(digits)))
+            frac = digits[point:]
+            mant, exp = digits[:point] + (f".{frac}" if frac else ""), len(frac) - zeros
+        exp += draw(st.sampled_from([0, 0, 0, -1, 1]))
+        return f"{sign}{mant}e{exp}".encode()
+    if kind == 1:  # d.ddd with exponents from underflow to overflow
+        mant = str(draw(st.integers(1, 9))) + "." + str(draw(st.integers(0, 10**20)))
+        exp = draw(st.one_of(st.integers(-400, 400), st.integers(-(10**30), 10**30)))
+        return f"{sign}{mant}{draw(st.sampled_from(['e', 'E']))}{exp:+d}".encode()
+    if kind == 2:  # long integers and fractions
+        return f"{sign}{draw(st.integers(1, 9))}{'0' * draw(st.integers(300, 320))}".encode()
+    zeros = "0" * draw(st.integers(0, 400))
+    return f"{sign}0.{zeros}{draw(st.integers(1, 99))}e{draw(st.integers(290, 720))}".encode()
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_numbers())
+def test_json_validator_numbers_agree_with_orjson(text: bytes) -> None:
+    """A number that does not fit a double is invalid in C exactly when the Python twin (orjson) refuses it."""
+    c = _need_c()
+    try:
+        orjson.loads(text)
+        twin = True
+    except orjson.JSONDecodeError:
+        twin = False
+    assert c.json_valid(text) is twin, text
+    assert c.json_valid(b"[" + text + b"]") is twin, text
+    assert strict_json(text) is twin, text
+
+
+def test_overflowing_numbers_render_as_record_errors(impl: str) -> None:
+    """1e400 is not embedded raw (strict parsers would refuse the whole answer): the record's error instead."""
+    recs = [Record(0, 1, None, b'{"x": 1e400}', ()), Record(1, 2, b"-1E400", b"1e-400", ())]
+    got = [orjson.loads(x) for x in Rd.render_json([(TP, recs)], Rd.NDJSON_SEP).ndjson().splitlines()]
+    assert got[0]["value"] is None and got[0]["value_error"] == "not valid JSON"
+    assert base64.b64decode(got[0]["value_base64"]) == b'{"x": 1e400}'
+    assert got[1]["key"] is None and got[1]["key_error"] == "not valid JSON" and got[1]["value"] == 0.0
 
 
 def test_c_json_render_never_loses_a_record() -> None:

@@ -246,7 +246,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     collector = GatewayCollector(gateway)
     registry.register(collector)
     # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
-    schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering)
+    schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering,
+                            limits=settings.schema_limits())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -77,11 +77,13 @@ async def pinned_id(resolver: Any, spec: str | None, subject: str) -> int | None
 
 
 async def prepare(resolver: Any, payloads: Sequence[bytes | None], pinned: int | None) -> None:
-    """Fetch every schema the payloads name (and the pinned one) into the resolver's cache."""
+    """Fetch every schema the payloads name (and the pinned one, first) into the resolver's cache: a typed
+    copy of a range is not a poll that a later one completes, so every id is resolved, in rounds of the
+    resolver's per-poll bound (the registry client bounds the requests in flight)."""
     ids = {i for i in framed_ids(payloads) if i is not None}
     if pinned is not None:
-        ids.add(pinned)
-    await resolver.prepare(ids)
+        await resolver.resolve(pinned)
+    await resolver.prepare(ids, every=True)
     if pinned is not None and resolver.cached(pinned) is None:
         raise SchemaNotFound(404, 40403, f"schema id {pinned} not found in the schema registry")
 

@@ -983,6 +983,8 @@ def _frame_error(fmt: str, p: bytes | memoryview, sid: int | None, lookup: Calla
     r = lookup(sid)
     if r is None:
         return f"{fmt}: schema id {sid} not found in the schema registry"
+    if not r.schema_type:  # not even parsed (a schema over GATEWAY_SCHEMA_MAX_BYTES)
+        return f"{fmt}: schema id {sid}: {r.codec}"
     if r.schema_type != SCHEMA_TYPE_OF[fmt]:
         return f"{fmt}: schema id {sid} is a {r.schema_type} schema, not {SCHEMA_TYPE_OF[fmt]}"
     return f"{fmt}: schema id {sid}: {r.codec}"

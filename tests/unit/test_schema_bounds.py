@@ -314,3 +314,20 @@ async def test_one_tenant_uses_at_most_half_the_registry_slots() -> None:
     assert not flood.done()
     await flood
     assert flood_in_flight[1] == 2 and reg.max_in_flight == 3
+
+
+async def test_arrow_readers_are_charged_to_the_registrys_budget() -> None:
+    from service.schemas.arrow import ReaderCache
+
+    reg = Registry()
+    reg.schemas[1] = _schema("R", 20)
+    resolver = reg.resolver()
+    resolved = await resolver.resolve(1)
+    assert resolved is not None
+    cache = ReaderCache(budget=resolver.budget)
+    before = resolver.budget.used
+    cache.get("avro", resolved)
+    assert resolver.budget.used - before >= 64 * resolved.size
+    assert not cache.warm("avro", {1})  # a page naming id 1 was never built: the next one is built off the loop
+    cache.saw("avro", {1})
+    assert cache.warm("avro", {1}) and not cache.warm("avro", {1, 2})

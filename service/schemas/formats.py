@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -93,12 +94,35 @@ def _executor() -> ThreadPoolExecutor:
         return _compiler
 
 
-async def compile_off_loop(fn: Callable[..., T], *args: Any) -> T:
+async def compile_off_loop(fn: Callable[..., T], *args: Any, keep: bool = False) -> T:
     """``fn(*args)`` on the gateway's one schema-compiling thread. One thread: compiles queue rather than run
     side by side, so their peak memory is one compile's and the event loop competes with one thread for the
-    GIL (which it gets back every switch interval; the longest single C step of a compile at the size limit,
-    fastavro's parse or a GC pass, holds it tens of milliseconds)."""
-    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
+    GIL, which it gets back every switch interval (the longest single C step of a compile at the size limit,
+    fastavro's parse, holds it ~20 ms).
+
+    ``keep``: the result is long-lived (a codec for the caches). Then the cyclic GC is paused while it is
+    built and what it built is frozen (``gc.freeze``) when it succeeded: a codec is hundreds of thousands of
+    container objects, and an automatic collection walking them -- in whichever thread allocates -- holds
+    the GIL for a long time (a gen-1 pass over four ~200 KB codecs being built: 0.45 s). The gateway's GC
+    policy (:mod:`service.gcpolicy`) freezes every survivor periodically anyway; this does it at once."""
+    call = functools.partial(_kept, fn, args) if keep else functools.partial(fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_executor(), call)
+
+
+def _kept(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        result = fn(*args)
+    except BaseException:
+        if paused:
+            gc.enable()  # what a failed compile left is collected as usual, never frozen
+        raise
+    if paused:
+        gc.freeze()
+        gc.enable()
+    return result
 
 
 def _texts_size(schema: Schema, references: dict[str, str]) -> int:
@@ -228,9 +252,9 @@ class SchemaResolver:
                 except CodecSchemaError as exc:
                     raise SchemaError(fmt, str(exc)) from None
                 source, deps = main, deps_
-                codec = await compile_off_loop(self.codecs.compile, fmt, main, deps_)
+                codec = await compile_off_loop(self.codecs.compile, fmt, main, deps_, keep=True)
             else:
-                codec = await compile_off_loop(self.codecs.compile, fmt, source, deps)
+                codec = await compile_off_loop(self.codecs.compile, fmt, source, deps, keep=True)
         except SchemaError as exc:
             codec = exc
         resolved = ResolvedSchema(schema_id, schema.schema_type, schema, references, codec, source, deps, size)
@@ -330,12 +354,12 @@ class SchemaResolver:
         try:
             codec = self._codec(resolved, rendering, compile_now=False)
             if codec is None:
-                codec = await compile_off_loop(self._rendering_codec, resolved, rendering)
+                codec = await compile_off_loop(self._rendering_codec, resolved, rendering, keep=True)
                 self._other_renderings.put((schema_id, rendering), codec, COMPILED_COST_PER_BYTE * resolved.size)
         except Exception:  # a rendering that does not compile: avro_program reports it
             return
         from service.schemas.avro_fast import compile_program
-        program = await compile_off_loop(compile_program, codec) or False  # False: cached "no program"
+        program = await compile_off_loop(compile_program, codec, keep=True) or False  # False: "no program"
         self._programs.put((schema_id, rendering), program, PROGRAM_COST_PER_BYTE * resolved.size)
 
     # -- decoding (sync, never raises) --------------------------------------------------------------------

@@ -101,10 +101,12 @@ async def compile_off_loop(fn: Callable[..., T], *args: Any, keep: bool = False)
     fastavro's parse, holds it ~20 ms).
 
     ``keep``: the result is long-lived (a codec for the caches). Then the cyclic GC is paused while it is
-    built and what it built is frozen (``gc.freeze``) when it succeeded: a codec is hundreds of thousands of
-    container objects, and an automatic collection walking them -- in whichever thread allocates -- holds
-    the GIL for a long time (a gen-1 pass over four ~200 KB codecs being built: 0.45 s). The gateway's GC
-    policy (:mod:`service.gcpolicy`) freezes every survivor periodically anyway; this does it at once."""
+    built; when it succeeded, the young generation (what the build left) is collected once and the rest
+    frozen (``gc.freeze``): a codec is hundreds of thousands of container objects, and automatic collections
+    walking them again and again -- in whichever thread allocates -- held the GIL for long (a gen-1 pass
+    over four ~200 KB codecs being built: 0.45 s). The gateway's GC policy (:mod:`service.gcpolicy`)
+    freezes every survivor periodically anyway; this does it at once. A codec holds no reference cycle
+    (but for recursive types), so one dropped from the caches later is freed by refcounting, frozen or not."""
     call = functools.partial(_kept, fn, args) if keep else functools.partial(fn, *args)
     return await asyncio.get_running_loop().run_in_executor(_executor(), call)
 
@@ -120,6 +122,7 @@ def _kept(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
             gc.enable()  # what a failed compile left is collected as usual, never frozen
         raise
     if paused:
+        gc.collect(0)  # the build's own cyclic debris (tens of ms: only what is new since the pause)
         gc.freeze()
         gc.enable()
     return result

@@ -331,3 +331,28 @@ async def test_arrow_readers_are_charged_to_the_registrys_budget() -> None:
     assert not cache.warm("avro", {1})  # a page naming id 1 was never built: the next one is built off the loop
     cache.saw("avro", {1})
     assert cache.warm("avro", {1}) and not cache.warm("avro", {1, 2})
+
+
+def test_a_dropped_avro_codec_is_freed_without_the_cyclic_gc() -> None:
+    """Converters and renderers hold no reference cycle (recursive types aside): a codec dropped from the
+    caches is freed at once, even when the GC froze it (the gateway freezes long-lived objects)."""
+    import gc
+    import weakref
+
+    schema = json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": ["null", "string", "bytes"], "default": None},
+        {"name": "b", "type": {"type": "array", "items": ["null", {"type": "record", "name": "S", "fields": [
+            {"name": "x", "type": "bytes", "default": "ab"}]}]}},
+        {"name": "c", "type": ["int", "null"], "default": 3}]})
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        codec = AvroCodec(schema)
+        assert codec.encode({"b": [None, {}]}) == AvroCodec(schema).encode(
+            {"a": None, "b": [None, {"S": {"x": "ab"}}], "c": {"int": 3}})  # defaults still converted
+        refs = [weakref.ref(codec._convert), weakref.ref(codec._render)]
+        del codec
+        assert [r() for r in refs] == [None, None]
+    finally:
+        if enabled:
+            gc.enable()

@@ -127,6 +127,8 @@ class Codecs:
             return _avro_check(schema)
         except CodecSchemaError as exc:
             raise SchemaError(fmt, str(exc)) from None
+        except RecursionError:
+            raise SchemaError(fmt, "the schema is nested too deeply") from None
 
     # -- compile
     def _compile(self, fmt: str, schema: Any, references: Mapping[str, Any] | None) -> Any:

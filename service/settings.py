@@ -288,16 +288,16 @@ class Settings(BaseSettings):
         "over it are per-record errors. A compile costs ~3 us and ~64 bytes of memory per schema byte (Avro), "
         "so 256 KiB is ~1 s of a worker thread and ~16 MiB at most")
     schema_cache_max_bytes: int = Field(
-        128 * 1024 * 1024, ge=0, description="Byte budget of one registry's schema caches (schemas, registered "
-        "ids, compiled codecs charged 64x their text, C renderer programs): past it the least recently used "
-        "entry of any of them goes")
+        128 * 1024 * 1024, ge=1024 * 1024, description="Byte budget of one registry's schema caches (schemas, "
+        "registered ids, compiled codecs and Arrow readers charged 64x their text, C renderer programs 16x): "
+        "past it the least recently used entry of any of them goes")
     schema_registry_max_concurrent_requests: int = Field(
         8, ge=1, description="HTTP requests in flight to one schema registry at most (the others wait, at most "
         "GATEWAY_SCHEMA_REGISTRY_TIMEOUT_S)")
     schema_registry_max_ids_per_poll: int = Field(
-        100, ge=1, description="New schema ids one poll (or stream chunk, or range read) resolves at most; the "
-        "records of the others are delivered as per-record errors with their bytes (value_base64), a later "
-        "poll resolves them")
+        100, ge=1, description="New schema ids one poll (or stream chunk) resolves at most; the records of "
+        "the others are delivered as per-record errors with their bytes (value_base64), a later poll resolves "
+        "them. A typed range read resolves all of its page's ids, this many at a time")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "

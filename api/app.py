@@ -247,7 +247,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     registry.register(collector)
     # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
     schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering,
-                            max_depth=settings.schema_max_depth)
+                            limits=settings.schema_limits(), max_depth=settings.schema_max_depth)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -816,7 +816,8 @@ async def render_schema(inst: ConsumerInstance, resolver: SchemaResolver,
     skipped) and raises RegistryUnavailable (503/50307)."""
     fmt = inst.options.format
     try:
-        await resolver.prepare(chunk_schema_ids(chunks))
+        await resolver.prepare(chunk_schema_ids(chunks), inst.options.avro_rendering, programs=fmt == "avro",
+                               tenant=inst.tenant)
     except RegistryUnavailable:
         for tp, recs in chunks:
             if recs:

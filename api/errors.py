@@ -30,7 +30,7 @@ from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
 from service.protocol.records import InflatedSizeError
 from service.schemas.formats import RegistryNotConfigured
-from service.schemas.registry import RegistryRequestError, RegistryUnavailable, SchemaNotFound
+from service.schemas.registry import RegistryRequestError, RegistryUnavailable, SchemaNotFound, SchemaTooLarge
 from service.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (409, 40903, 'illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)'),
     (410, 41001, 'consumer instance expired after its idle timeout'),
     (413, 41301, 'request body too large'),
+    (413, 41302, 'produce: a key/value schema (posted, or named by id) over GATEWAY_SCHEMA_MAX_BYTES'),
     (415, 41501, 'unsupported request content type'),
     (421, 42101, 'the Host header is not one of GATEWAY_ALLOWED_HOSTS (DNS rebinding guard)'),
     (422, 42201, 'produce (avro, protobuf, jsonschema): the request includes keys but no key_schema or '
@@ -199,6 +200,7 @@ def _all_routes(routes: Any) -> list[Any]:
 _PLAIN_ERRORS: dict[type[Exception], tuple[int, int]] = {
     NoOffsetForPartitionError: (409, 40903),
     SchemaNotFound: (422, 42210),
+    SchemaTooLarge: (413, 41302),
     RegistryRequestError: (422, 42212),
     RegistryNotConfigured: (422, 42211),
     InvalidPatternError: (422, 42206),

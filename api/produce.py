@@ -492,7 +492,7 @@ async def _encode_schema_records(request: Request, tenant: Tenant, fmt: str, top
         else:  # a large batch: the event loop keeps serving other requests meanwhile
             encoded = await asyncio.to_thread(schema_produce.encode_batch, keys, values, key_enc, value_enc)
     except ProduceSchemaError as exc:
-        raise _invalid(exc.message, exc.code) from None
+        raise GatewayError(exc.message, status=exc.status, error_code=exc.code) from None
     for i, (k, v) in enumerate(encoded):
         records[i] = (k, v, *records[i][2:])
         sizes[i] = (len(k) if k is not None else 0) + (len(v) if v is not None else 0)

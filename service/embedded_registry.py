@@ -91,6 +91,25 @@ def launcher_for(settings: Settings) -> Path | None:
     return None
 
 
+#: variables the launcher and the registry may see: what a process needs to run (PATH, HOME, locale, temporary
+#: directory, time zone), what its first-run ``pip install`` needs (cache dir, proxies, CA bundles, pip's own
+#: settings) and the registry's own KARAPACE_* settings. Nothing else of the gateway's environment reaches
+#: it: GATEWAY_* (peer and admin tokens, registry and SASL credentials) and whatever secrets the deployment
+#: has in its environment stay in the gateway.
+CHILD_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+    "XDG_CACHE_HOME", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+})
+CHILD_ENV_PREFIXES = ("LC_", "KARAPACE_", "PIP_")
+
+
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of ``environ`` (default: the gateway's) for the registry launcher's processes."""
+    src = os.environ if environ is None else environ
+    return {k: v for k, v in src.items() if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)}
+
+
 def start_problem(settings: Settings) -> str | None:
     """A reason to refuse to start (GATEWAY_EMBEDDED_REGISTRY=true without a launcher), or None."""
     if settings.embedded_registry is True and wanted(settings) and find_launcher(settings) is None:
@@ -200,7 +219,7 @@ class EmbeddedRegistry:
             self.schemas.set_default(None, pending="the embedded schema registry is being installed (first run, under "
                                                    "a minute); retry in a few seconds")
 
-        proc = self._proc = self._spawn([self.python, str(self.launcher), "--install-only"])
+        proc = self._proc = self._spawn([self.python, str(self.launcher), "--install-only"], env=child_env())
 
         def follow() -> tuple[int, str, list[str]]:
             """(exit status, stdout, stderr lines), passing the launcher's progress lines on as they come."""
@@ -230,7 +249,7 @@ class EmbeddedRegistry:
     async def _launch(self, venv: Path) -> None:
         self.log_file = venv / "logs" / f"embedded-registry-{self.port}.log"
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = child_env()
         env.setdefault("KARAPACE_SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS)
         cmd = [self.python, str(self.launcher), "--bootstrap", self.bootstrap, "--host", self.host,
                "--port", str(self.port), "--venv", str(venv), "--log-level", "WARNING"]
@@ -317,9 +336,10 @@ class EmbeddedRegistry:
         log.info("embedded schema registry stopped (pid %d, exit %s)", proc.pid, proc.returncode)
 
     @staticmethod
-    def _spawn(cmd: list[str], *, env: dict[str, str] | None = None,
+    def _spawn(cmd: list[str], *, env: dict[str, str],
                log_file: Path | None = None) -> subprocess.Popen[bytes]:
-        """Start a launcher process: in its own session, with the parent-death signal. Synchronous on
+        """Start a launcher process with ``env`` (:func:`child_env`, never the gateway's whole environment):
+        in its own session, with the parent-death signal. Synchronous on
         purpose (a fork takes milliseconds): the death signal follows the forking thread, which must be the
         event loop's, not a worker thread that may end before the gateway does. Without ``log_file``, its
         stdout and stderr are pipes."""

@@ -12,6 +12,7 @@ from service.client.connection import ConnectionConfig, SaslConfig
 from service.tenants.quotas import Quotas
 
 if TYPE_CHECKING:
+    from service.schemas.formats import SchemaLimits
     from service.schemas.registry import RegistryConfig
 
 # Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
@@ -295,6 +296,23 @@ class Settings(BaseSettings):
     schema_max_depth: int = Field(64, ge=8, le=1000, description="Deepest nesting the schema'd formats accept: "
         "JSON Schema subschemas and validated values, Protobuf and Avro values (objects/arrays/records). Past it a "
         "produce is refused (422) and a polled record is that record's error")
+    # bounds of schemas and of what the registry costs (service/schemas/formats.py SchemaLimits)
+    schema_max_bytes: int = Field(
+        256 * 1024, ge=1024, description="Largest schema, in bytes of its text with its references, the gateway "
+        "compiles: a key_schema/value_schema posted over it is refused 413/41302, the records of a schema id "
+        "over it are per-record errors. A compile costs ~3 us and ~64 bytes of memory per schema byte (Avro), "
+        "so 256 KiB is ~1 s of a worker thread and ~16 MiB at most")
+    schema_cache_max_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024 * 1024, description="Byte budget of one registry's schema caches (schemas, "
+        "registered ids, compiled codecs and Arrow readers charged 64x their text, C renderer programs 16x): "
+        "past it the least recently used entry of any of them goes")
+    schema_registry_max_concurrent_requests: int = Field(
+        8, ge=1, description="HTTP requests in flight to one schema registry at most (the others wait, at most "
+        "GATEWAY_SCHEMA_REGISTRY_TIMEOUT_S)")
+    schema_registry_max_ids_per_poll: int = Field(
+        100, ge=1, description="New schema ids one poll (or stream chunk) resolves at most; the records of "
+        "the others are delivered as per-record errors with their bytes (value_base64), a later poll resolves "
+        "them. A typed range read resolves all of its page's ids, this many at a time")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "
@@ -323,6 +341,14 @@ class Settings(BaseSettings):
             bearer_token=bearer.get_secret_value() if bearer else None,
             ca_file=self.schema_registry_ca_file, verify=self.schema_registry_tls_verify,
             timeout_s=self.schema_registry_timeout_s, cache_size=self.schema_registry_cache_size)
+
+    def schema_limits(self) -> SchemaLimits:
+        """The bounds every registry's client and resolver get."""
+        from service.schemas.formats import SchemaLimits
+
+        return SchemaLimits(max_schema_bytes=self.schema_max_bytes, cache_max_bytes=self.schema_cache_max_bytes,
+                            max_concurrent_requests=self.schema_registry_max_concurrent_requests,
+                            max_ids_per_poll=self.schema_registry_max_ids_per_poll)
 
     def default_quotas(self) -> Quotas:
         """The tenants' default quotas from the ``default_*`` settings (0: unlimited)."""

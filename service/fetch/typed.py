@@ -62,7 +62,7 @@ def reader_cache(resolver: Any) -> ReaderCache:
     """The compiled Arrow readers of one registry (schema ids are per registry)."""
     got = _READERS.get(resolver)
     if got is None:
-        got = _READERS[resolver] = ReaderCache()
+        got = _READERS[resolver] = ReaderCache(budget=getattr(resolver, "budget", None))
     return got
 
 
@@ -76,14 +76,19 @@ async def pinned_id(resolver: Any, spec: str | None, subject: str) -> int | None
     return int(spec)
 
 
-async def prepare(resolver: Any, payloads: Sequence[bytes | None], pinned: int | None) -> None:
-    """Fetch every schema the payloads name (and the pinned one) into the resolver's cache."""
+async def prepare(resolver: Any, payloads: Sequence[bytes | None], pinned: int | None) -> set[int]:
+    """Fetch every schema the payloads name (and the pinned one, first) into the resolver's cache: a typed
+    copy of a range is not a poll that a later one completes, so every id is resolved, in rounds of the
+    resolver's per-poll bound (the registry client bounds the requests in flight). Returns the ids."""
     ids = {i for i in framed_ids(payloads) if i is not None}
     if pinned is not None:
-        ids.add(pinned)
-    await resolver.prepare(ids)
+        await resolver.resolve(pinned)
+    await resolver.prepare(ids, every=True)
     if pinned is not None and resolver.cached(pinned) is None:
         raise SchemaNotFound(404, 40403, f"schema id {pinned} not found in the schema registry")
+    if pinned is not None:
+        ids.add(pinned)
+    return ids
 
 
 def _column(fmt: str, payloads: Sequence[bytes | None], resolver: Any, pinned: int | None) -> TypedColumn:
@@ -173,15 +178,19 @@ async def typed_ipc(page: RangePage, schemas: Any, registry_config: Any, value_f
     registry's errors (RegistryNotConfigured, RegistryUnavailable, SchemaNotFound) for the caller's mapping."""
     vres = schemas.resolver(registry_config, value_format)
     vpin = await pinned_id(vres, value_schema, f"{page.topic}-value")
-    await prepare(vres, [r.value for r in page.records], vpin)
+    used = [(reader_cache(vres), value_format, await prepare(vres, [r.value for r in page.records], vpin))]
     kres, kpin = None, None
     if key_format:
         kres = schemas.resolver(registry_config, key_format)
         kpin = await pinned_id(kres, key_schema, f"{page.topic}-key")
-        await prepare(kres, [r.key for r in page.records], kpin)
+        used.append((reader_cache(kres), key_format, await prepare(kres, [r.key for r in page.records], kpin)))
     args = (page, vres, value_format, vpin, kres, key_format, kpin)
-    if len(page.records) > THREAD_ROWS:
+    if len(page.records) > THREAD_ROWS or not all(cache.warm(fmt, ids) for cache, fmt, ids in used):
+        # a large page, or one naming schemas not read into Arrow before: compiling readers is schema-sized
+        # work, never done on the event loop
         body, table_meta = await asyncio.to_thread(_build, *args)
+        for cache, fmt, ids in used:
+            cache.saw(fmt, ids)
     else:
         body, table_meta = _build(*args)
     headers = {"X-Value-Schema-Id": table_meta.get(b"value_schema_id", b"").decode()}

@@ -69,8 +69,7 @@ import io
 import operator
 import threading
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +79,7 @@ import pyarrow as pa
 from fastavro import parse_schema, schemaless_reader
 
 from service.schemas.avro import load_schema
+from service.schemas.registry import CacheBudget, LRUCache
 from service.schemas.wire import WireFormatError, unframe
 
 Convert = Callable[[Any], Any]
@@ -826,28 +826,33 @@ def _avro_reason(exc: BaseException, writer: int, reader: int) -> str:
 
 
 class ReaderCache:
-    """Compiled readers per (format, reader id, message indexes), bounded LRU; thread-safe."""
+    """Compiled readers per (format, reader id, message indexes), bounded LRU; thread-safe. With a
+    ``budget`` (the registry's schema cache budget), a reader is charged 64 bytes per byte of its schema."""
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, size: int = 256, budget: CacheBudget | None = None) -> None:
         self.size = size
-        self._data: OrderedDict[tuple[Any, ...], Reader | Exception] = OrderedDict()
-        self._lock = threading.Lock()
+        self._data: LRUCache[tuple[Any, ...], Reader | Exception] = LRUCache(size, budget)
+        self._seen: LRUCache[tuple[str, int], bool] = LRUCache(4 * size)  # ids of pages built before
+
+    def warm(self, fmt: str, ids: Iterable[int]) -> bool:
+        """Whether pages naming these ids were built before (their readers are likely compiled)."""
+        return all(self._seen.get((fmt, i)) for i in ids)
+
+    def saw(self, fmt: str, ids: Iterable[int]) -> None:
+        for i in ids:
+            self._seen.put((fmt, i), True)
 
     def get(self, fmt: str, resolved: Any, message_indexes: Sequence[int] | None = None) -> Reader:
         key = (fmt, resolved.schema_id, tuple(message_indexes or (0,)) if fmt == "protobuf" else None)
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is not None:
-                self._data.move_to_end(key)
+        hit = self._data.get(key)
         if hit is None:
             try:
                 hit = Reader(fmt, resolved, message_indexes)
+                cost = 64 * (getattr(resolved, "size", 0) or len(getattr(resolved.schema, "schema", "")))
             except Exception as exc:  # a schema that does not map: an error for every request naming it
                 hit = ArrowMappingError(str(exc)) if not isinstance(exc, ArrowMappingError) else exc
-            with self._lock:
-                self._data[key] = hit
-                while len(self._data) > self.size:
-                    self._data.popitem(last=False)
+                cost = 0
+            self._data.put(key, hit, cost)
         if isinstance(hit, Exception):
             raise hit
         return hit
@@ -988,6 +993,8 @@ def _frame_error(fmt: str, p: bytes | memoryview, sid: int | None, lookup: Calla
     r = lookup(sid)
     if r is None:
         return f"{fmt}: schema id {sid} not found in the schema registry"
+    if not r.schema_type:  # not even parsed (a schema over GATEWAY_SCHEMA_MAX_BYTES)
+        return f"{fmt}: schema id {sid}: {r.codec}"
     if r.schema_type != SCHEMA_TYPE_OF[fmt]:
         return f"{fmt}: schema id {sid} is a {r.schema_type} schema, not {SCHEMA_TYPE_OF[fmt]}"
     return f"{fmt}: schema id {sid}: {r.codec}"

@@ -219,10 +219,13 @@ def _b64(value: bytes) -> str:
 def _build_renderers(root: _Node, rendering: str) -> Render | None:
     """A function turning fastavro's value into the JSON shape, or None where fastavro's value is already it.
 
-    Recursive schemas are handled by resolving named types lazily through ``cache``."""
+    Recursive schemas are handled by resolving named types lazily through a slot filled once the type's
+    renderer is built. The renderers never refer to the builder's tables (cleared at the end), so a codec
+    without recursive types holds no reference cycle: refcounting frees it when it is dropped."""
     tagged = rendering == RENDER_CONFLUENT
     raw_bytes: Render = _latin1 if tagged else _b64
     cache: dict[int, Render | None] = {}
+    slots: dict[int, list[Render]] = {}  # recursive records: filled with the finished renderer
     in_progress: set[int] = set()
     needs: dict[int, bool] = {}
 
@@ -259,7 +262,8 @@ def _build_renderers(root: _Node, rendering: str) -> Render | None:
             fn: Render = raw_bytes
         elif kind == "record":
             if key in in_progress:  # recursive: defer to the finished renderer
-                return lambda v: cache[key](v)  # type: ignore[misc]
+                slot = slots.setdefault(key, [])
+                return lambda v: slot[0](v)
             in_progress.add(key)
             work = [(name, r) for name, ftype, _, _ in node.fields if (r := build(ftype)) is not None]
             in_progress.discard(key)
@@ -318,9 +322,15 @@ def _build_renderers(root: _Node, rendering: str) -> Render | None:
                             return render(value)
                     return value
         cache[key] = fn
+        if key in slots:
+            slots[key].append(fn)
         return fn
 
-    return build(root)
+    try:
+        return build(root)
+    finally:
+        cache.clear()
+        slots.clear()
 
 
 def _python_matches(node: _Node, value: Any) -> bool:
@@ -339,7 +349,10 @@ Convert = Callable[[Any, str], Any]
 
 
 def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_unions: bool) -> Convert:
-    """JSON value -> fastavro datum for the compiled schema, validating on the way (errors name the path)."""
+    """JSON value -> fastavro datum for the compiled schema, validating on the way (errors name the path).
+
+    The converters never refer to the builder (defaults are converted by converters built up front) and its
+    table is cleared at the end, so a codec without recursive types holds no reference cycle."""
     cache: dict[int, Convert] = {}
 
     def build(node: _Node) -> Convert:
@@ -421,19 +434,19 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
                     raise AvroEncodeError(p, f"expected map (object), got {_jtype(v)}")
                 return {k: inner(item, _child(p, k)) for k, item in v.items()}
         elif kind == "record":
-            fields = [(name, build(ftype), has_default, default, ftype) for name, ftype, has_default, default
-                      in node.fields]
+            fields = [(name, build(ftype), has_default, default, _default_of(ftype) if has_default else None)
+                      for name, ftype, has_default, default in node.fields]
 
             def conv(v: Any, p: str, fields: list = fields) -> Any:
                 if not isinstance(v, dict):
                     raise AvroEncodeError(p, f"expected record {node.fullname} (object), got {_jtype(v)}")
                 out = {}
-                for name, fconv, has_default, default, ftype in fields:
+                for name, fconv, has_default, default, dconv in fields:
                     fp = _child(p, name)
                     if name in v:
                         out[name] = fconv(v[name], fp)
                     elif has_default:
-                        out[name] = _default(ftype, default, fp)
+                        out[name] = dconv(default, fp)
                     else:
                         raise AvroEncodeError(fp, "missing field (it has no default)")
                 return out
@@ -470,18 +483,27 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
                 raise AvroEncodeError(p, "matches no branch of the union [" + ", ".join(tags) + "]")
         return conv
 
-    def _default(ftype: _Node, default: Any, p: str) -> Any:
+    def _default_of(ftype: _Node) -> Convert:
         # a union's default is a value of its first branch, untagged (Avro specification)
-        if ftype.kind == "union":
-            first = ftype.items[0]
-            datum = build(first)(default, p)
-            if first.kind == "null":
-                return None
-            names = union_names.get(id(ftype))
-            return (names[0], {"v": datum}) if names else datum
-        return build(ftype)(default, p)
+        if ftype.kind != "union":
+            return build(ftype)
+        first = ftype.items[0]
+        first_conv = build(first)
+        is_null = first.kind == "null"
+        names = union_names.get(id(ftype))
+        name0 = names[0] if names else None
 
-    return build(root)
+        def dconv(default: Any, p: str) -> Any:
+            datum = first_conv(default, p)
+            if is_null:
+                return None
+            return (name0, {"v": datum}) if name0 is not None else datum
+        return dconv
+
+    try:
+        return build(root)
+    finally:
+        cache.clear()
 
 
 def _plain(name: str) -> bool:

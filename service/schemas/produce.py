@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.schemas.codecs import Codecs, SchemaError
+from service.schemas.codecs import Codecs, SchemaError, TooLargeSchema
 from service.schemas.errors import CodecEncodeError
 from service.schemas.formats import SCHEMA_TYPE_OF, ResolvedSchema, SchemaResolver
-from service.schemas.registry import RegistryRequestError, Schema, SchemaNotFound
+from service.schemas.registry import RegistryRequestError, Schema, SchemaNotFound, SchemaTooLarge, text_size
 from service.schemas.wire import frame_header
 
 TOPIC_NAME = "TopicNameStrategy"
@@ -54,6 +54,8 @@ KEY_SCHEMA_MISSING = 42201
 VALUE_SCHEMA_MISSING = 42202
 RECORD_INVALID = 42203
 SCHEMA_INVALID = 42205
+#: a schema (posted, or named by id) over GATEWAY_SCHEMA_MAX_BYTES: HTTP 413
+SCHEMA_TOO_LARGE = 41302
 #: bad records named in one error message at most (the rest are counted)
 MAX_REPORTED = 10
 #: the message indexes of a Protobuf record: the file's first message
@@ -61,12 +63,18 @@ FIRST_MESSAGE = (0,)
 
 
 class ProduceSchemaError(ValueError):
-    """A request the schema'd produce refuses (HTTP 422); ``code`` is the REST error code."""
+    """A request the schema'd produce refuses (HTTP ``status``, 422 but for a schema over the size limit:
+    413); ``code`` is the REST error code."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.status = status
+
+
+def too_large(field: str, exc: Exception) -> ProduceSchemaError:
+    return ProduceSchemaError(SCHEMA_TOO_LARGE, f"{field} schema: {exc}", 413)
 
 
 # -- subject names ---------------------------------------------------------------------------------------------
@@ -190,6 +198,8 @@ class SchemaEncoder:
         want = SCHEMA_TYPE_OF[fmt]
         what = (f"{spec.field}_schema_id {resolved.schema_id}" if spec.schema_id is not None
                 else f"{spec.field}_schema (id {resolved.schema_id})")
+        if isinstance(resolved.codec, TooLargeSchema):
+            raise too_large(spec.field, resolved.codec)
         if resolved.schema_type != want:
             raise ProduceSchemaError(SCHEMA_INVALID, f"{what} is a {resolved.schema_type} schema, not {want} "
                                                      f"(the content type's format is {fmt})")
@@ -218,6 +228,29 @@ def record_name(fmt: str, schema: str, codecs: Codecs) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+async def _checked_text(resolver: SchemaResolver, fmt: str, spec: SchemaSpec,
+                        strategy: str) -> tuple[str | None, bool]:
+    """Schema text posted with a produce: its record name, and whether it was checked now (Avro and JSON
+    Schema text the registry did not take before). Refused over the size limit (413/41302) before anything
+    else; checked off the event loop and not cached (what the registry then refuses leaves nothing behind)."""
+    text = spec.schema
+    assert text is not None
+    size = text_size(text)
+    if size > resolver.max_schema_bytes:
+        raise too_large(spec.field, SchemaTooLarge(f"{size} bytes, over the gateway's limit of "
+                                                   f"{resolver.max_schema_bytes} (GATEWAY_SCHEMA_MAX_BYTES)", size,
+                                                   resolver.max_schema_bytes))
+    if fmt == "protobuf":  # only scanned for its first message's name, and only when the subject needs it
+        return (proto_record_name(text) if strategy != TOPIC_NAME else None), False
+    known = resolver.accepted_name(fmt, text)
+    if known is not None:
+        return known or None, False
+    try:
+        return await resolver.check_text(fmt, text), True
+    except SchemaError as exc:
+        raise ProduceSchemaError(SCHEMA_INVALID, f"invalid schema: {exc}") from None
+
+
 async def resolve_encoder(resolver: SchemaResolver, fmt: str, spec: SchemaSpec, topic: str,
                           strategy: str = TOPIC_NAME) -> SchemaEncoder:
     """The encoder of ``spec``: a schema id is looked up; schema text is registered under the strategy's
@@ -227,19 +260,22 @@ async def resolve_encoder(resolver: SchemaResolver, fmt: str, spec: SchemaSpec, 
     if schema_id is None:
         assert spec.schema is not None
         text = spec.schema
-        # Avro and JSON Schema text is compiled here first (refused before the registry sees it); Protobuf text
-        # is only scanned for its first message's name, and only when the subject needs it
-        name = record_name(fmt, text, resolver.codecs) if strategy != TOPIC_NAME or fmt != "protobuf" else None
+        # Avro and JSON Schema text is compiled here first (refused before the registry sees it)
+        name, checked = await _checked_text(resolver, fmt, spec, strategy)
         subject = subject_name(strategy, topic, spec.is_key, name)
         try:
             schema_id = await resolver.client.register(subject, Schema(text, SCHEMA_TYPE_OF[fmt]))
         except SchemaNotFound:
             raise
+        except SchemaTooLarge as exc:
+            raise too_large(spec.field, exc) from None
         except RegistryRequestError as exc:
             if exc.status == 422:  # the registry's "invalid schema" (42201 there)
                 raise ProduceSchemaError(SCHEMA_INVALID, f"invalid {spec.field} schema: the schema registry "
                                                          f"refused it ({exc.error_code}): {exc.message}") from None
             raise
+        if checked:
+            resolver.accept(fmt, text, name)
     resolved = await resolver.resolve(schema_id)
     if resolved is None:
         raise SchemaNotFound(404, 40403, f"{spec.field}_schema_id {schema_id}: no such schema in the schema "

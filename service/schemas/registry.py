@@ -21,10 +21,11 @@ import asyncio
 import base64
 import functools
 import ssl
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -63,6 +64,38 @@ class RegistryRequestError(RegistryError):
 
 class SchemaNotFound(RegistryRequestError):
     """No such schema id, subject, version, or schema under the subject (the registry's 40401/40402/40403)."""
+
+
+class SchemaTooLarge(RegistryRequestError):
+    """A schema (with its references) or a registry answer over the gateway's size limit: never parsed,
+    compiled or cached."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        RegistryError.__init__(self, message)  # the message alone: it is the gateway's, not the registry's
+        self.status = 413
+        self.error_code = 41302
+        self.message = message
+        self.size = size
+        self.limit = limit
+
+
+#: the default bound of a schema's text, references included (GATEWAY_SCHEMA_MAX_BYTES)
+DEFAULT_MAX_SCHEMA_BYTES = 256 * 1024
+#: the default byte budget of one registry's schema caches (GATEWAY_SCHEMA_CACHE_MAX_BYTES)
+DEFAULT_CACHE_MAX_BYTES = 128 * 1024 * 1024
+#: the default bound of concurrent HTTP requests to one registry (GATEWAY_SCHEMA_REGISTRY_MAX_CONCURRENT_REQUESTS)
+DEFAULT_MAX_CONCURRENT_REQUESTS = 8
+
+
+def answer_limit(max_schema_bytes: int) -> int:
+    """The largest registry answer read: a schema at the limit JSON-escaped (``\\u00XX`` is 6 bytes a
+    character at worst) plus its envelope. Anything longer is refused while it is read."""
+    return 6 * max_schema_bytes + 64 * 1024
+
+
+def text_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8, without encoding it when it is ASCII."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,56 +265,137 @@ V = TypeVar("V")
 T = TypeVar("T")
 
 
-class LRUCache(Generic[K, V]):
-    """A bounded mapping that drops the least recently used entry."""
+#: what one cache entry costs beyond the bytes it is charged for (the key, the dict slot, small objects)
+ENTRY_OVERHEAD = 256
 
-    def __init__(self, size: int) -> None:
+
+class CacheBudget:
+    """A byte budget shared by several :class:`LRUCache`: when the entries charged to it exceed ``max_bytes``,
+    the least recently used entry of *any* of its caches is dropped, one at a time, until they fit. An entry
+    costing more than the whole budget is not kept. Thread-safe (the codec cache is also used off the loop)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, max_bytes)
+        self.used = 0
+        self.lock = threading.Lock()
+        self._order: OrderedDict[tuple[int, Hashable], LRUCache[Any, Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    # the callers hold self.lock
+    def _charge(self, cache: LRUCache[Any, Any], key: Hashable, cost: int) -> None:
+        self._order[(id(cache), key)] = cache
+        self.used += cost
+        while self.used > self.max_bytes and self._order:
+            (_, victim_key), victim = self._order.popitem(last=False)
+            hit = victim._data.pop(victim_key, None)
+            if hit is not None:
+                self.used -= hit[1]
+
+    def _release(self, cache: LRUCache[Any, Any], key: Hashable, cost: int) -> None:
+        if self._order.pop((id(cache), key), None) is not None:
+            self.used -= cost
+
+
+class LRUCache(Generic[K, V]):
+    """A bounded mapping that drops the least recently used entry: at most ``size`` entries and, with a
+    ``budget``, at most the budget's bytes over all the caches sharing it (each entry charged the ``cost``
+    given to :meth:`put`, plus :data:`ENTRY_OVERHEAD`). Thread-safe."""
+
+    def __init__(self, size: int, budget: CacheBudget | None = None) -> None:
         self._size = max(0, size)
-        self._data: OrderedDict[K, V] = OrderedDict()
+        self._budget = budget
+        self._lock = budget.lock if budget is not None else threading.Lock()
+        self._order = budget._order if budget is not None else None  # the budget's LRU order, keyed by _key
+        self._id = id(self)
+        self._data: OrderedDict[K, tuple[V, int, tuple[int, K]]] = OrderedDict()
 
     def get(self, key: K) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                return None
             self._data.move_to_end(key)
-        return value
+            if self._order is not None:
+                self._order.move_to_end(hit[2])
+            return hit[0]
 
-    def put(self, key: K, value: V) -> None:
+    def put(self, key: K, value: V, cost: int = 0) -> None:
         if not self._size:
             return
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self._size:
-            self._data.popitem(last=False)
+        cost += ENTRY_OVERHEAD
+        budget = self._budget
+        with self._lock:
+            old = self._data.pop(key, None)
+            if budget is not None:
+                if old is not None:
+                    budget._release(self, key, old[1])
+                if cost > budget.max_bytes:
+                    return
+            while len(self._data) >= self._size:  # the count bound first: its room is this cache's own
+                k, (_, c, _) = self._data.popitem(last=False)
+                if budget is not None:
+                    budget._release(self, k, c)
+            self._data[key] = (value, cost, (self._id, key))
+            if budget is not None:
+                budget._charge(self, key, cost)
+
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            hit = self._data.pop(key, None)
+            if hit is None:
+                return None
+            if self._budget is not None:
+                self._budget._release(self, key, hit[1])
+            return hit[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            for key, (_, cost, _) in list(self._data.items()):
+                if self._budget is not None:
+                    self._budget._release(self, key, cost)
+            self._data.clear()
 
     def __len__(self) -> int:
         return len(self._data)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
 
-@dataclass
-class _TTLCache(Generic[K, V]):
-    ttl: float
-    size: int
-    _data: OrderedDict[K, tuple[float, V]] = field(default_factory=OrderedDict)
+
+class TTLCache(Generic[K, V]):
+    """An :class:`LRUCache` whose entries also expire ``ttl`` seconds after they were put."""
+
+    def __init__(self, ttl: float, size: int, budget: CacheBudget | None = None) -> None:
+        self.ttl = ttl
+        self._lru: LRUCache[K, tuple[float, V]] = LRUCache(size if ttl > 0 else 0, budget)
 
     def get(self, key: K) -> V | None:
-        hit = self._data.get(key)
+        hit = self._lru.get(key)
         if hit is None:
             return None
         if time.monotonic() >= hit[0]:
-            del self._data[key]
+            self._lru.pop(key)
             return None
         return hit[1]
 
-    def put(self, key: K, value: V) -> None:
-        if self.ttl <= 0 or self.size <= 0:
-            return
-        self._data[key] = (time.monotonic() + self.ttl, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self.size:
-            self._data.popitem(last=False)
+    def put(self, key: K, value: V, cost: int = 0) -> None:
+        self._lru.put(key, (time.monotonic() + self.ttl, value), cost)
 
     def drop(self, key: K) -> None:
-        self._data.pop(key, None)
+        self._lru.pop(key)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+_TTLCache = TTLCache
+
+
+def schema_cost(schema: Schema) -> int:
+    """The bytes a cached :class:`Schema` holds (its text and its references' names)."""
+    return len(schema.schema) + sum(len(r.name) + len(r.subject) + 64 for r in schema.references)
 
 
 # --- I/O ----------------------------------------------------------------------------------------------------
@@ -291,10 +405,15 @@ class RegistryClient:
 
     Identical concurrent requests (a schema id, a subject's versions or latest, a register or lookup of one
     schema under one subject) share one HTTP request; a waiter that is cancelled does not cancel it for the
-    others. Errors are never cached.
+    others. Errors are never cached. At most ``max_concurrent_requests`` HTTP requests are in flight (the
+    others wait for a slot, at most ``timeout_s``); a schema longer than ``max_schema_bytes`` (an answer
+    longer than :func:`answer_limit`) is :class:`SchemaTooLarge`, never kept. The caches are bounded by
+    count (``cache_size`` each) and, with a ``budget``, by bytes over all of them.
     """
 
-    def __init__(self, config: RegistryConfig, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, config: RegistryConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+                 budget: CacheBudget | None = None, max_schema_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+                 max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS) -> None:
         self.config = config
         self._base = config.url.rstrip("/")
         self._shown = redact_url(self._base)  # in messages: no credentials of the URL
@@ -304,13 +423,20 @@ class RegistryClient:
         self._http = httpx.AsyncClient(
             headers=config.headers(), verify=verify, transport=transport, follow_redirects=False,
             timeout=httpx.Timeout(config.timeout_s), trust_env=False)
-        self._by_id: LRUCache[Hashable, Schema] = LRUCache(config.cache_size)
-        self._ids: LRUCache[tuple[str, Schema, bool], int] = LRUCache(config.cache_size)
-        self._lookups: LRUCache[tuple[str, Schema, bool], RegisteredSchema] = LRUCache(config.cache_size)
-        self._subjects: _TTLCache[tuple[str, str], Any] = _TTLCache(config.subject_ttl_s, config.cache_size)
+        self.budget = budget if budget is not None else CacheBudget(DEFAULT_CACHE_MAX_BYTES)
+        self.max_schema_bytes = max_schema_bytes
+        self._answer_limit = answer_limit(max_schema_bytes)
+        self._by_id: LRUCache[Hashable, Schema] = LRUCache(config.cache_size, self.budget)
+        self._ids: LRUCache[tuple[str, Schema, bool], int] = LRUCache(config.cache_size, self.budget)
+        self._lookups: LRUCache[tuple[str, Schema, bool], RegisteredSchema] = LRUCache(config.cache_size, self.budget)
+        self._subjects: TTLCache[tuple[str, str], Any] = TTLCache(config.subject_ttl_s, config.cache_size, self.budget)
         self._inflight: dict[Hashable, asyncio.Future[Any]] = {}
-        #: HTTP requests sent (tests and metrics)
+        self._slots = asyncio.Semaphore(max(1, max_concurrent_requests))
+        self.max_concurrent_requests = max(1, max_concurrent_requests)
+        #: HTTP requests sent, in flight now, and the most ever in flight at once (tests and metrics)
         self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -327,10 +453,19 @@ class RegistryClient:
                        params: dict[str, str] | None = None) -> bytes:
         url = self._base + path
         headers = {"Content-Type": CONTENT_TYPE} if body is not None else None
-        self.requests += 1
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                r = await self._http.request(method, url, content=body, headers=headers, params=params)
+                await self._slots.acquire()
+        except TimeoutError:
+            raise RegistryUnavailable(
+                f"schema registry {self._shown}: {self.max_concurrent_requests} requests in flight for "
+                f"{self.config.timeout_s} s (no slot for {method} {path})") from None
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                status, content, retry_after = await self._send(method, url, body, headers, params)
         except TimeoutError:
             raise RegistryUnavailable(
                 f"schema registry {self._shown}: no answer to {method} {path} within {self.config.timeout_s} s"
@@ -341,9 +476,39 @@ class RegistryClient:
         except httpx.TransportError as exc:
             raise RegistryUnavailable(f"schema registry {self._shown} unreachable: {type(exc).__name__}: {exc}") \
                 from None
-        if r.status_code >= 300:
-            raise error_from_response(r.status_code, r.content, r.headers.get("retry-after"))
-        return r.content
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+        if status >= 300:
+            raise error_from_response(status, content, retry_after)
+        return content
+
+    async def _send(self, method: str, url: str, body: bytes | None, headers: dict[str, str] | None,
+                    params: dict[str, str] | None) -> tuple[int, bytes, str | None]:
+        """One request, its answer read up to the answer limit (a longer one: SchemaTooLarge)."""
+        limit = self._answer_limit
+        async with self._http.stream(method, url, content=body, headers=headers, params=params) as r:
+            declared = r.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise SchemaTooLarge(f"schema registry {self._shown}: the answer to {method} "
+                                     f"{url[len(self._base):]} is {declared} bytes, over the gateway's limit of "
+                                     f"{limit} (GATEWAY_SCHEMA_MAX_BYTES)", int(declared), limit)
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in r.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise SchemaTooLarge(f"schema registry {self._shown}: the answer to {method} "
+                                         f"{url[len(self._base):]} is over the gateway's limit of {limit} bytes "
+                                         f"(GATEWAY_SCHEMA_MAX_BYTES)", size, limit)
+                parts.append(chunk)
+            return r.status_code, b"".join(parts), r.headers.get("retry-after")
+
+    def _check_size(self, schema: Schema, what: str) -> None:
+        size = text_size(schema.schema)
+        if size > self.max_schema_bytes:
+            raise SchemaTooLarge(f"{what} is {size} bytes, over the gateway's limit of {self.max_schema_bytes} "
+                                 f"(GATEWAY_SCHEMA_MAX_BYTES)", size, self.max_schema_bytes)
 
     async def _once(self, key: Hashable, make: Callable[[], Awaitable[T]]) -> T:
         """``make()``, shared by every concurrent caller with the same ``key``."""
@@ -375,7 +540,8 @@ class RegistryClient:
     async def _fetch_schema(self, schema_id: int, fmt: str | None = None) -> Schema:
         params = {"format": fmt} if fmt else None
         schema = parse_schema(await self._request("GET", f"/schemas/ids/{int(schema_id)}", params=params))
-        self._by_id.put(schema_id if fmt is None else (schema_id, fmt), schema)
+        self._check_size(schema, f"schema id {schema_id}")
+        self._by_id.put(schema_id if fmt is None else (schema_id, fmt), schema, schema_cost(schema))
         return schema
 
     def cached_schema(self, schema_id: int) -> Schema | None:
@@ -393,7 +559,7 @@ class RegistryClient:
 
     async def _fetch_versions(self, subject: str) -> tuple[int, ...]:
         versions = tuple(parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions")))
-        self._subjects.put(("versions", subject), versions)
+        self._subjects.put(("versions", subject), versions, len(subject) + 32 * len(versions))
         return versions
 
     async def get_latest(self, subject: str) -> RegisteredSchema:
@@ -405,7 +571,7 @@ class RegistryClient:
 
     async def _fetch_latest(self, subject: str) -> RegisteredSchema:
         reg = await self.get_version(subject, "latest")
-        self._subjects.put(("latest", subject), reg)
+        self._subjects.put(("latest", subject), reg, len(subject) + schema_cost(reg.schema))
         return reg
 
     async def get_version(self, subject: str, version: int | str, *, fmt: str | None = None) -> RegisteredSchema:
@@ -415,13 +581,15 @@ class RegistryClient:
         reg = parse_registered(
             await self._request("GET", f"/subjects/{_q(subject)}/versions/{_q(str(version))}", params=params),
             subject)
-        self._by_id.put(reg.schema_id if fmt is None else (reg.schema_id, fmt), reg.schema)
+        self._check_size(reg.schema, f"schema id {reg.schema_id} ({subject} version {reg.version})")
+        self._by_id.put(reg.schema_id if fmt is None else (reg.schema_id, fmt), reg.schema, schema_cost(reg.schema))
         return reg
 
     # -- writes
 
     async def register(self, subject: str, schema: Schema, *, normalize: bool = False) -> int:
         """Register ``schema`` under ``subject`` (idempotent in the registry: an existing one keeps its id)."""
+        self._check_size(schema, "the schema")
         key = (subject, schema, normalize)
         cached = self._ids.get(key)
         if cached is not None:
@@ -432,15 +600,17 @@ class RegistryClient:
         params = {"normalize": "true"} if normalize else None
         schema_id = parse_id(await self._request("POST", f"/subjects/{_q(subject)}/versions",
                                                  schema_body(schema), params))
-        self._ids.put((subject, schema, normalize), schema_id)
+        cost = len(subject) + schema_cost(schema)
+        self._ids.put((subject, schema, normalize), schema_id, cost)
         if not normalize:
-            self._by_id.put(schema_id, schema)
+            self._by_id.put(schema_id, schema, schema_cost(schema))
         self._subjects.drop(("versions", subject))
         self._subjects.drop(("latest", subject))
         return schema_id
 
     async def lookup(self, subject: str, schema: Schema, *, normalize: bool = False) -> RegisteredSchema:
         """The id and version of ``schema`` under ``subject`` (:class:`SchemaNotFound` if it is not there)."""
+        self._check_size(schema, "the schema")
         key = (subject, schema, normalize)
         cached = self._lookups.get(key)
         if cached is not None:
@@ -451,8 +621,9 @@ class RegistryClient:
         params = {"normalize": "true"} if normalize else None
         reg = parse_registered(await self._request("POST", f"/subjects/{_q(subject)}", schema_body(schema), params),
                                subject)
-        self._lookups.put((subject, schema, normalize), reg)
-        self._ids.put((subject, schema, normalize), reg.schema_id)
+        cost = len(subject) + schema_cost(schema)
+        self._lookups.put((subject, schema, normalize), reg, cost + schema_cost(reg.schema))
+        self._ids.put((subject, schema, normalize), reg.schema_id, cost)
         return reg
 
     # -- the subjects of an id (not cached here: service/schemas/subjects.py keeps them with a TTL)

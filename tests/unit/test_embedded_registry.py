@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ def test_required_without_a_launcher_refuses_to_start(tmp_path: Path, launcher: 
 FAKE_REGISTRY = r"""
 import http.server, json, sys
 import asyncio
+import os
 from pathlib import Path
 args = sys.argv[1:]
 if "--install-only" in args:
@@ -99,3 +101,67 @@ async def test_a_registry_without_a_master_is_restarted(tmp_path: Path) -> None:
         assert schemas.default is not None and schemas.pending is None
     finally:
         await reg.stop()
+
+
+ENV_DUMPING_REGISTRY = r"""
+import http.server, json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+name = "install.json" if "--install-only" in args else "run.json"
+(Path(VENV) / name).write_text(json.dumps(dict(os.environ)))
+if "--install-only" in args:
+    print(VENV)
+    sys.exit(0)
+port = int(args[args.index("--port") + 1])
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"[]" if self.path == "/subjects" else b'{"master_available": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+async def test_the_registry_gets_an_allow_listed_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher (its install step and the registry it execs) sees what it needs to run -- PATH, HOME, the
+    locale, KARAPACE_* and pip's settings -- and none of the gateway's secrets: peer and admin tokens, registry
+    credentials, or anything else the deployment put in the gateway's environment."""
+    import json
+
+    from service.embedded_registry import EmbeddedRegistry, child_env
+    from service.schemas.formats import SchemaService
+
+    secrets = {"GATEWAY_PEER_TOKEN": "peer-secret-1", "GATEWAY_ADMIN_TOKEN": "admin-secret-2",
+               "GATEWAY_SCHEMA_REGISTRY_BASIC_AUTH": "u:registry-secret-3", "AWS_SECRET_ACCESS_KEY": "aws-secret-4",
+               "DATABASE_PASSWORD": "db-secret-5", "PYTHONPATH": "/tmp/hijack"}
+    kept = {"KARAPACE_SOME_SETTING": "x1", "LC_ALL": "C.UTF-8", "PIP_INDEX_URL": "http://pypi.local/simple",
+            "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    for k, v in {**secrets, **kept}.items():
+        monkeypatch.setenv(k, v)
+    assert not set(secrets) & set(child_env())
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    launcher = tmp_path / "start"
+    launcher.write_text(f"VENV = {str(venv)!r}\n" + ENV_DUMPING_REGISTRY)
+    reg = EmbeddedRegistry(launcher, "127.0.0.1:1", SchemaService(), settings(), ready_timeout=30)
+    try:
+        await asyncio.wait_for(reg.start(), 30)
+        assert reg.ready
+    finally:
+        await reg.stop()
+    for dump in ("install.json", "run.json"):
+        env = json.loads((venv / dump).read_text())
+        leaked = {k for k, v in env.items() if k in secrets or any(s in v for s in secrets.values())}
+        assert not leaked, f"{dump}: {sorted(leaked)} reached the registry launcher"
+        for k, v in kept.items():
+            assert env.get(k) == v, (dump, k)
+        assert env.get("PATH") == os.environ["PATH"]
+    run = json.loads((venv / "run.json").read_text())
+    assert run["KARAPACE_SESSION_TIMEOUT_MS"]  # the gateway's own default for the registry

@@ -216,34 +216,42 @@ use_c_renderer(_crecords is not None)
 Decoded = list[tuple[list[Any], list[Any]]]  # per chunk: (keys, values)
 
 
-def _decoded_field(v: Any, raw: bytes | None, field: bytes) -> bytes:
+def _error_field(field: bytes, message: str, raw: bytes | None) -> bytes:
+    return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (field, field, _dumps(message), field, _b64json(raw))
+
+
+def _decoded_field(v: Any, raw: bytes | None, field: bytes, avro: bool = False) -> bytes:
     if v is None:
         return b'"%s":null' % field
     if isinstance(v, DecodeError):
-        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
-            field, field, _dumps(v.message), field, _b64json(raw))
+        return _error_field(field, v.message, raw)
     try:
-        return b'"%s":%s' % (field, _dumps(v, option=orjson.OPT_NON_STR_KEYS))
+        text = _dumps(v, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:  # a decoded value JSON cannot hold (should not happen: the codecs render JSON)
-        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
-            field, field, _dumps(f"not renderable as JSON: {exc}"), field, _b64json(raw))
+        return _error_field(field, f"not renderable as JSON: {exc}", raw)
+    if avro and raw is not None and len(text) > _avro_limits.LIMITS.max_out(len(raw) - 5):
+        # the C renderer's byte bound (service/schemas/avro_limits.py), checked on what the Python path wrote
+        return _error_field(field, _avro_limits.refusal_message(_avro_limits.R_BYTES, len(raw) - 5), raw)
+    return b'"%s":%s' % (field, text)
 
 
 def render_decoded_chunk(recs: list[Record], keys: list[Any], values: list[Any], head: bytes,
-                         sep: bytes) -> tuple[bytes, int]:
+                         sep: bytes, avro: bool = False) -> tuple[bytes, int]:
     out = [b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
-        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key"), _decoded_field(v, r.value, b"value"),
+        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key", avro),
+        _decoded_field(v, r.value, b"value", avro),
         _headers_binary(r.headers)) for r, k, v in zip(recs, keys, values, strict=True)]
     return sep.join(out), _payload(recs)
 
 
-def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> Rendered:
-    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order)."""
+def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP, avro: bool = False) -> Rendered:
+    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order); ``avro``:
+    a value rendering to more than its byte bound is its per-record error (as the C renderer does)."""
     parts: list[bytes] = []
     count = payload = 0
     for (tp, recs), (keys, values) in zip(chunks, decoded, strict=True):
         if recs:
-            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep)
+            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep, avro)
             parts.append(body)
             count += len(recs)
             payload += n
@@ -255,9 +263,11 @@ def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> 
 # to the JSON that render_decoded_chunk writes for it; each other one (not framed, unknown id, a payload the C
 # code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field.
 from service.schemas import avro_fast as _avro_fast  # noqa: E402
+from service.schemas import avro_limits as _avro_limits  # noqa: E402
 
 _cavro = _avro_fast._cavro
 AvroFallback = Callable[[bytes, bytes], bytes]
+AvroRefuse = Callable[[bytes, bytes, int], bytes]
 
 
 def use_c_avro(enabled: bool) -> None:
@@ -289,14 +299,19 @@ def chunk_schema_ids(chunks: Chunks) -> set[int]:
     return ids
 
 
-def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: AvroFallback) -> Rendered:
-    """Avro chunks rendered by the C renderer: ``programs`` maps schema ids to compiled programs."""
+def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: AvroFallback,
+                refuse: AvroRefuse | None = None) -> Rendered:
+    """Avro chunks rendered by the C renderer: ``programs`` maps schema ids to compiled programs; a value over
+    the limits of :mod:`service.schemas.avro_limits` is ``refuse(field, raw, code)`` (default: its per-record
+    error), never the fallback."""
     assert _cavro is not None
+    refuse = refuse if refuse is not None else _refuse([0])
+    limits = _avro_limits.limits_tuple()
     parts: list[bytes] = []
     count = payload = 0
     for tp, recs in chunks:
         if recs:
-            body, n = _cavro.render_chunk(_as_list(recs), _head(tp), sep, programs, fallback)
+            body, n = _cavro.render_chunk(_as_list(recs), _head(tp), sep, programs, fallback, refuse, limits)
             parts.append(body)
             count += len(recs)
             payload += n
@@ -305,11 +320,22 @@ def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: 
 
 def _field_fallback(resolver: Any, fmt: str, rendering: str | None, errors: list[int]) -> AvroFallback:
     def fallback(field: bytes, raw: bytes) -> bytes:
-        (v,) = resolver.decode(fmt, [raw], rendering=rendering)
-        if isinstance(v, DecodeError):
+        (v,) = resolver.decode(fmt, [raw], rendering=rendering)  # AvroCodec scans before fastavro reads
+        out = _decoded_field(v, raw, field, fmt == "avro")
+        if isinstance(v, DecodeError) or out.startswith(b'"%s":null,' % field):
             errors[0] += 1
-        return _decoded_field(v, raw, field)
+        return out
     return fallback
+
+
+def _refuse(errors: list[int]) -> AvroRefuse:
+    """The per-record error of a value the C renderer refused (the text the Python path gives it)."""
+    def refuse(field: bytes, raw: bytes, code: int) -> bytes:
+        errors[0] += 1
+        sid = int.from_bytes(raw[1:5], "big")
+        return _decoded_field(DecodeError("avro", sid, _avro_limits.refusal_message(code, len(raw) - 5)), raw,
+                              field)
+    return refuse
 
 
 def _avro_programs(resolver: Any, rendering: str | None, ids: set[int]) -> dict[int, Any] | None:
@@ -339,7 +365,8 @@ def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks:
         programs = _avro_programs(resolver, rendering, chunk_schema_ids(chunks))
         if programs is not None:
             errors = [0]
-            out = render_avro(chunks, sep, programs, _field_fallback(resolver, fmt, rendering, errors))
+            out = render_avro(chunks, sep, programs, _field_fallback(resolver, fmt, rendering, errors),
+                              _refuse(errors))
             if errors[0] and on_errors is not None:
                 on_errors(errors[0])
             return out
@@ -357,4 +384,9 @@ def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks:
         n = len(recs)
         decoded.append((dk[i:i + n], dv[i:i + n]))
         i += n
-    return render_decoded(chunks, decoded, sep)
+    out = render_decoded(chunks, decoded, sep, fmt == "avro")
+    if on_errors is not None and fmt == "avro":  # values over the byte bound (counted after rendering)
+        n = sum(part.count(b'_error":"refused: renders to more than') for part in out.parts)
+        if n:
+            on_errors(n)
+    return out

@@ -280,6 +280,18 @@ class Settings(BaseSettings):
         "registry counts as unavailable (retryable)")
     schema_registry_cache_size: int = Field(
         1000, ge=0, description="Schemas by id (immutable) and ids of registered schemas kept in memory (each)")
+    # limits on one decoded value (service/schemas/avro_limits.py): a value over them is its record's error
+    schema_max_depth: int = Field(
+        64, ge=1, le=200, description="Nesting depth a decoded schema'd value may have (Avro records, arrays and "
+        "maps inside each other; shared by every schema decoder): a deeper one is that record's per-record "
+        "error, never handed to a decoder that recurses per level")
+    schema_max_decoded_bytes: int = Field(
+        16 << 20, ge=1024, description="The most bytes of JSON one Avro key or value may render to (whatever "
+        "its payload); over it, that record's per-record error")
+    schema_max_expansion: int = Field(
+        64, ge=1, description="Rendered JSON bytes per payload byte one Avro key or value may produce above "
+        "the first 64 KiB (so a poll answer stays within a multiple of its max_bytes); over it, that record's "
+        "per-record error. Items (values of any type) are bounded to 4096 + 8 per payload byte")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "

@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+from service.schemas import avro_limits
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
 
 RENDER_CONFLUENT = "confluent"
@@ -571,9 +572,30 @@ class AvroCodec:
         self._render = _build_renderers(self._root, rendering)
         self._convert = _build_converters(self._root, union_names, strict_unions)
         self.record_name = self._root.fullname or None  # for RecordNameStrategy subjects
+        # the guard run before fastavro reads a payload (service/schemas/avro_limits.py)
+        from service.schemas import avro_fast
+
+        self._scan_nodes = avro_fast.scan_nodes(self._root)
+        self._scan_program = avro_fast.compile_scan(self._scan_nodes)
+        self._cscan = avro_fast._cavro.scan if self._scan_program is not None else None
+
+    def refusal(self, payload: bytes | memoryview) -> int:
+        """The refusal code of an unframed payload against the gateway's limits
+        (:mod:`service.schemas.avro_limits`; 0: within them). Bounded: fastavro may read what passes."""
+        if self._cscan is not None:
+            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())  # type: ignore[no-any-return]
+        return avro_limits.scan_py(self._scan_nodes, payload)
+
+    def refusal_error(self, payload: bytes | memoryview) -> AvroDecodeError | None:
+        """:meth:`refusal` as the error of that payload (None: fastavro may read it)."""
+        code = self.refusal(payload)
+        return AvroDecodeError(avro_limits.refusal_message(code, len(payload))) if code else None
 
     # -- decode
     def decode(self, payload: bytes) -> Any:
+        refused = self.refusal_error(payload)
+        if refused is not None:
+            raise refused
         try:
             value = schemaless_reader(io.BytesIO(payload), self._read_schema, None, self._wrapped_read, True)
         except Exception as exc:
@@ -590,7 +612,12 @@ class AvroCodec:
         wrapped = self._wrapped_read
         render = self._render
         bytes_io = io.BytesIO
+        guard = self.refusal_error
         for payload in payloads:
+            refused = guard(payload)
+            if refused is not None:  # never handed to fastavro (it recurses per level and loops per item)
+                append(refused)
+                continue
             try:
                 value = read(bytes_io(payload), schema, None, wrapped, True)
                 append(render(value) if render is not None else value)

@@ -37,6 +37,7 @@ _K_BYTES_LATIN1, _K_BYTES_B64, _K_FIXED_LATIN1, _K_FIXED_B64 = 6, 7, 8, 9
 _K_ENUM, _K_ARRAY, _K_MAP, _K_RECORD, _K_UNION = 10, 11, 12, 13, 14
 
 HARD_MAX_DEPTH = 1000  # the C code clamps the depth limit to this
+FLOOR = 65536  # a value may always render to this many bytes (unless the cap is lower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class DecodeLimits:
     items_per_byte: int = 8
     items_base: int = 4096
     expansion: int = 64
-    floor: int = 65536
+    floor: int = FLOOR
     cap: int = 16 << 20
 
     def max_items(self, n: int) -> int:
@@ -74,7 +75,7 @@ def configure(*, max_depth: int, max_decoded_bytes: int, max_expansion: int) -> 
     """Set the process-wide limits from the settings (called when the app is built)."""
     global LIMITS, _TUPLE
     LIMITS = DecodeLimits(max_depth=min(max_depth, HARD_MAX_DEPTH), cap=max_decoded_bytes,
-                          expansion=max_expansion, floor=min(DecodeLimits.floor, max_decoded_bytes))
+                          expansion=max_expansion, floor=min(FLOOR, max_decoded_bytes))
     _TUPLE = LIMITS.as_tuple()
 
 

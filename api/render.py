@@ -220,7 +220,9 @@ def _error_field(field: bytes, message: str, raw: bytes | None) -> bytes:
     return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (field, field, _dumps(message), field, _b64json(raw))
 
 
-def _decoded_field(v: Any, raw: bytes | None, field: bytes, avro: bool = False) -> bytes:
+def _decoded_field(v: Any, raw: bytes | None, field: bytes, bound: list[int] | None = None) -> bytes:
+    """The field of a decoded value; ``bound`` (Avro): a value over the byte bound of its payload is an error,
+    counted in ``bound[0]``."""
     if v is None:
         return b'"%s":null' % field
     if isinstance(v, DecodeError):
@@ -229,29 +231,32 @@ def _decoded_field(v: Any, raw: bytes | None, field: bytes, avro: bool = False) 
         text = _dumps(v, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:  # a decoded value JSON cannot hold (should not happen: the codecs render JSON)
         return _error_field(field, f"not renderable as JSON: {exc}", raw)
-    if avro and raw is not None and len(text) > _avro_limits.LIMITS.max_out(len(raw) - 5):
+    if bound is not None and raw is not None and len(text) > _avro_limits.LIMITS.max_out(len(raw) - 5):
         # the C renderer's byte bound (service/schemas/avro_limits.py), checked on what the Python path wrote
+        bound[0] += 1
         return _error_field(field, _avro_limits.refusal_message(_avro_limits.R_BYTES, len(raw) - 5), raw)
     return b'"%s":%s' % (field, text)
 
 
 def render_decoded_chunk(recs: list[Record], keys: list[Any], values: list[Any], head: bytes,
-                         sep: bytes, avro: bool = False) -> tuple[bytes, int]:
+                         sep: bytes, bound: list[int] | None = None) -> tuple[bytes, int]:
     out = [b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
-        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key", avro),
-        _decoded_field(v, r.value, b"value", avro),
+        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key", bound),
+        _decoded_field(v, r.value, b"value", bound),
         _headers_binary(r.headers)) for r, k, v in zip(recs, keys, values, strict=True)]
     return sep.join(out), _payload(recs)
 
 
-def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP, avro: bool = False) -> Rendered:
-    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order); ``avro``:
-    a value rendering to more than its byte bound is its per-record error (as the C renderer does)."""
+def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP,
+                   bound: list[int] | None = None) -> Rendered:
+    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order); ``bound``
+    (Avro): a value rendering to more than its byte bound is its per-record error (as the C renderer does),
+    counted in ``bound[0]``."""
     parts: list[bytes] = []
     count = payload = 0
     for (tp, recs), (keys, values) in zip(chunks, decoded, strict=True):
         if recs:
-            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep, avro)
+            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep, bound)
             parts.append(body)
             count += len(recs)
             payload += n
@@ -321,10 +326,9 @@ def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: 
 def _field_fallback(resolver: Any, fmt: str, rendering: str | None, errors: list[int]) -> AvroFallback:
     def fallback(field: bytes, raw: bytes) -> bytes:
         (v,) = resolver.decode(fmt, [raw], rendering=rendering)  # AvroCodec scans before fastavro reads
-        out = _decoded_field(v, raw, field, fmt == "avro")
-        if isinstance(v, DecodeError) or out.startswith(b'"%s":null,' % field):
+        if isinstance(v, DecodeError):
             errors[0] += 1
-        return out
+        return _decoded_field(v, raw, field, errors if fmt == "avro" else None)
     return fallback
 
 
@@ -374,19 +378,17 @@ def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks:
     values = [r.value for _, recs in chunks for r in recs]
     dk = resolver.decode(fmt, keys, rendering=rendering)
     dv = resolver.decode(fmt, values, rendering=rendering)
-    if on_errors is not None:
-        n = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
-        if n:
-            on_errors(n)
     decoded: Decoded = []
     i = 0
     for _, recs in chunks:
         n = len(recs)
         decoded.append((dk[i:i + n], dv[i:i + n]))
         i += n
-    out = render_decoded(chunks, decoded, sep, fmt == "avro")
-    if on_errors is not None and fmt == "avro":  # values over the byte bound (counted after rendering)
-        n = sum(part.count(b'_error":"refused: renders to more than') for part in out.parts)
+    bound = [0] if fmt == "avro" else None
+    out = render_decoded(chunks, decoded, sep, bound)
+    if on_errors is not None:
+        n = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
+        n += bound[0] if bound is not None else 0  # values over the byte bound, found while rendering
         if n:
             on_errors(n)
     return out

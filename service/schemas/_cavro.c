@@ -22,7 +22,8 @@
  * successful path must match the reference byte for byte; the tests check it differentially.
  *
  * A hostile value is a "refusal", never a bail: one nested deeper than the depth limit (records, arrays and
- * maps inside each other), one decoding to more items (values of any type) than its payload allows, one
+ * maps inside each other), one decoding to more items (the value, every record field, every array or map
+ * item) than its payload allows, one
  * rendering to more bytes than its payload allows, or a block count no payload of that size can hold. Limits
  * (a tuple, see avro_limits.py): (max_depth, items_per_byte, items_base, expansion, floor, cap): a value of n
  * payload bytes may nest max_depth levels, hold items_base + items_per_byte * n items and render to
@@ -540,7 +541,7 @@ typedef struct {
     const unsigned char *p;
     Py_ssize_t pos, end;
     /* the limits of this one value */
-    int cdepth, max_depth; /* records, arrays and maps we are inside; the most allowed */
+    int cdepth, max_depth; /* scan: records, arrays and maps we are inside; the most allowed */
     int why;               /* the refusal code of REFUSE */
     int64_t items, max_items;
     Py_ssize_t mark, max_out; /* rendering: the output length where the value began; its most bytes */
@@ -558,7 +559,7 @@ rd_init(rd *r, const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, const lim
     r->cdepth = 0;
     r->max_depth = lim->max_depth;
     r->why = R_NONE;
-    r->items = 0;
+    r->items = 1; /* the value itself; then every record field and every array / map item */
     r->max_items = lim->items_base + lim->items_per_byte * n;
     int64_t out = lim->expansion * n;
     if (out < lim->floor)
@@ -634,7 +635,7 @@ has_duplicates(keyref *keys, Py_ssize_t n)
     return 0;
 }
 
-/* entering a record, array or map: the depth, items and bytes so far (the output, or scan's estimate) */
+/* scan entering a record, array or map: the depth, items and bytes so far (the fixed pieces' estimate) */
 #define ENTER(r, out)                                                                                 \
     do {                                                                                              \
         if (++(r)->cdepth > (r)->max_depth)                                                           \
@@ -644,6 +645,14 @@ has_duplicates(keyref *keys, Py_ssize_t n)
         if ((out) > (r)->max_out)                                                                     \
             REFUSED((r), R_BYTES);                                                                    \
     } while (0)
+
+/*
+ * render_node's depth holds two counts: the JSON nesting (low 16 bits: '{' or '[', tagged unions included;
+ * MAX_DEPTH bails) and the records, arrays and maps we are inside (above: the depth limit refuses).
+ */
+#define CONTAINER 0x10001
+#define JDEPTH(d) ((d) & 0xFFFF)
+#define CDEPTH(d) ((d) >> 16)
 
 static int render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth);
 
@@ -683,6 +692,7 @@ render_blocks(const Program *prog, const node *nd, rd *r, obuf *o, int depth, in
             rc = REFUSE;
             goto done;
         }
+        r->items += count;
         /* every item takes a byte at least, unless the items may be empty (node size 1) */
         if (!nd->size && count > r->end - r->pos) {
             r->why = R_MALFORMED;
@@ -764,7 +774,6 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
     const node *nd = &prog->nodes[idx];
     int64_t v;
     int rc;
-    r->items++;
     switch (nd->kind) {
     case K_NULL:
         RESERVE(o, 4);
@@ -842,28 +851,31 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
         return OK;
     case K_ARRAY:
     case K_MAP:
-        ENTER(r, o->len - r->mark);
-        if (depth >= MAX_DEPTH)
+        if (CDEPTH(depth) >= r->max_depth)
+            REFUSED(r, R_DEPTH);
+        if (r->items > r->max_items)
+            REFUSED(r, R_ITEMS);
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
-        if ((rc = render_blocks(prog, nd, r, o, depth + 1, nd->kind == K_MAP)) < 0)
-            return rc;
-        r->cdepth--;
-        return OK;
+        return render_blocks(prog, nd, r, o, depth + CONTAINER, nd->kind == K_MAP);
     case K_RECORD:
-        ENTER(r, o->len - r->mark);
-        if (depth >= MAX_DEPTH)
+        if (CDEPTH(depth) >= r->max_depth)
+            REFUSED(r, R_DEPTH);
+        if (r->items > r->max_items)
+            REFUSED(r, R_ITEMS);
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
+        r->items += nd->n;
         RESERVE(o, 1);
         put(o, "{", 1);
         for (Py_ssize_t i = 0; i < nd->n; i++) {
             RESERVE(o, nd->frags[i].n);
             put(o, nd->frags[i].s, nd->frags[i].n);
-            if ((rc = render_node(prog, nd->kids[i], r, o, depth + 1)) < 0)
+            if ((rc = render_node(prog, nd->kids[i], r, o, depth + CONTAINER)) < 0)
                 return rc;
         }
         RESERVE(o, 1);
         put(o, "}", 1);
-        r->cdepth--;
         return OK;
     case K_UNION: {
         if ((rc = read_long(r, &v)) < 0)
@@ -874,7 +886,7 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
         const frag *pre = &nd->frags[v];
         if (prog->nodes[branch].kind == K_NULL || pre->n == 0)
             return render_node(prog, branch, r, o, depth);
-        if (depth >= MAX_DEPTH)
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
         RESERVE(o, pre->n);
         put(o, pre->s, pre->n);
@@ -903,7 +915,6 @@ scan_node(const Program *prog, Py_ssize_t idx, rd *r)
     const node *nd = &prog->nodes[idx];
     int64_t v;
     int rc;
-    r->items++;
     switch (nd->kind) {
     case K_NULL:
         r->est += 4;
@@ -967,6 +978,7 @@ scan_node(const Program *prog, Py_ssize_t idx, rd *r)
             }
             if (count > r->max_items - r->items)
                 REFUSED(r, R_ITEMS);
+            r->items += count;
             if (!nd->size && count > r->end - r->pos)
                 REFUSED(r, R_MALFORMED);
             for (int64_t i = 0; i < count; i++) {
@@ -988,6 +1000,7 @@ scan_node(const Program *prog, Py_ssize_t idx, rd *r)
     }
     case K_RECORD:
         ENTER(r, r->est);
+        r->items += nd->n;
         r->est += 2;
         for (Py_ssize_t i = 0; i < nd->n; i++) {
             r->est += nd->frags[i].n;

@@ -8,8 +8,8 @@ is held to limits that depend on its payload (``n`` bytes after the wire-format 
 
 * **depth**: records, arrays and maps inside each other, at most ``max_depth`` levels
   (``GATEWAY_SCHEMA_MAX_DEPTH``; shared by every schema'd decoder);
-* **items**: values of any type (every record, array, map, enum, string, number and null counts one),
-  at most ``items_base + items_per_byte * n``;
+* **items**: the values it holds (the value itself, every record field, every array item and map value,
+  whatever their type), at most ``items_base + items_per_byte * n``;
 * **bytes**: the JSON it renders to, at most ``min(cap, max(floor, expansion * n))``
   (``GATEWAY_SCHEMA_MAX_DECODED_BYTES`` is the cap, ``GATEWAY_SCHEMA_MAX_EXPANSION`` the expansion).
 
@@ -106,7 +106,7 @@ class _State:
         self.end = n
         self.cdepth = 0
         self.max_depth = min(limits.max_depth, HARD_MAX_DEPTH)
-        self.items = 0
+        self.items = 1  # the value itself; then every record field and every array / map item
         self.max_items = limits.max_items(n)
         self.max_out = limits.max_out(n)
         self.est = 0
@@ -144,7 +144,6 @@ _INT64_MIN = -(2**63)
 
 def _scan_node(nodes: list[Any], idx: int, st: _State) -> None:
     kind, size, child, kids, frags = nodes[idx]
-    st.items += 1
     if kind == _K_NULL:
         st.est += 4
     elif kind == _K_BOOLEAN:
@@ -191,6 +190,7 @@ def _scan_node(nodes: list[Any], idx: int, st: _State) -> None:
                 count = -count
             if count > st.max_items - st.items:
                 raise _Refused(R_ITEMS)
+            st.items += count
             if not size and count > st.end - st.pos:
                 raise _Refused(R_MALFORMED)
             for _ in range(count):
@@ -206,6 +206,7 @@ def _scan_node(nodes: list[Any], idx: int, st: _State) -> None:
         st.cdepth -= 1
     elif kind == _K_RECORD:
         st.enter()
+        st.items += len(kids)
         st.est += 2
         for kid, frag in zip(kids, frags, strict=True):
             st.est += len(frag)

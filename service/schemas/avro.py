@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -578,6 +578,7 @@ class AvroCodec:
         self._scan_nodes = avro_fast.scan_nodes(self._root)
         self._scan_program = avro_fast.compile_scan(self._scan_nodes)
         self._cscan = avro_fast._cavro.scan if self._scan_program is not None else None
+        self._may_nest = _has_cycle(self._scan_nodes)  # a recursive schema: values of any depth
 
     def refusal(self, payload: bytes | memoryview) -> int:
         """The refusal code of an unframed payload against the gateway's limits
@@ -627,8 +628,15 @@ class AvroCodec:
 
     # -- encode
     def validate(self, value: Any) -> Any:
-        """The fastavro datum for ``value``; raises :class:`AvroEncodeError` naming the path."""
-        return self._convert(value, "$")
+        """The fastavro datum for ``value``; raises :class:`AvroEncodeError` naming the path. A value of a
+        schema that may nest without end (a named type reached twice) is first held to the depth limit, as
+        the decoders are (a union's ``{"branch": ...}`` wrapper counts as a level here)."""
+        if self._may_nest:
+            _check_depth(value, 2 * avro_limits.LIMITS.max_depth + 1)
+        try:
+            return self._convert(value, "$")
+        except RecursionError:
+            raise AvroEncodeError("$", "nested too deeply") from None
 
     def encode(self, value: Any) -> bytes:
         datum = self.validate(value)
@@ -638,6 +646,50 @@ class AvroCodec:
         except Exception as exc:  # validation above should make this unreachable
             raise AvroEncodeError("$", _reason(exc)) from None
         return out.getvalue()
+
+
+def _has_cycle(nodes: list[Any]) -> bool:
+    """Whether the flat node list (avro_fast.program_nodes) has a cycle: a type that contains itself."""
+    state = [0] * len(nodes)  # 0 new, 1 on the path, 2 done
+    for start in range(len(nodes)):
+        if state[start]:
+            continue
+        state[start] = 1
+        path: list[tuple[int, Iterator[int]]] = [(start, iter(_refs(nodes[start])))]
+        while path:
+            node, refs = path[-1]
+            nxt = next(refs, None)
+            if nxt is None:
+                state[node] = 2
+                path.pop()
+            elif state[nxt] == 1:
+                return True
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                path.append((nxt, iter(_refs(nodes[nxt]))))
+    return False
+
+
+def _refs(node: Any) -> list[int]:
+    _, _, child, kids, _ = node
+    return [child, *kids] if child >= 0 else list(kids)
+
+
+def _check_depth(value: Any, limit: int) -> None:
+    """Raise :class:`AvroEncodeError` when JSON ``value`` nests objects / arrays deeper than ``limit``."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children: Iterable[Any] = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if d > limit:
+            raise AvroEncodeError("$", f"nested deeper than {avro_limits.LIMITS.max_depth} levels "
+                                  "(GATEWAY_SCHEMA_MAX_DEPTH)")
+        stack.extend((c, d + 1) for c in children)
 
 
 def _reason(exc: BaseException) -> str:

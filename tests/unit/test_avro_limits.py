@@ -22,7 +22,7 @@ from api.render import render_schema_chunks, use_c_avro
 from service.protocol.records import Record
 from service.schemas import avro_fast, avro_limits
 from service.schemas.arrow import decode_column
-from service.schemas.avro import AvroCodec, AvroDecodeError
+from service.schemas.avro import AvroCodec, AvroDecodeError, AvroEncodeError
 from service.schemas.avro_limits import R_BYTES, R_DEPTH, R_ITEMS, R_MALFORMED, R_NONE, DecodeLimits, scan_py
 from service.schemas.formats import ResolvedSchema
 from service.schemas.registry import Schema
@@ -154,14 +154,16 @@ def test_the_c_renderer_refuses_what_the_python_path_refuses(case: tuple[int, by
     program = avro_fast.compile_program(codec)
     if program is None:
         return
-    limits(lim)
     got = avro_fast.render_value(program, payload, lim.as_tuple())
     if got is None:
         return  # a bail: the Python path decides
+    limits(lim)
     try:
         text: bytes | None = orjson.dumps(codec.decode(payload), option=orjson.OPT_NON_STR_KEYS)
     except (AvroDecodeError, TypeError):
         text = None
+    finally:
+        limits(DecodeLimits())  # the next example's values are encoded under the defaults
     py_refused = text is None or len(text) > lim.max_out(len(payload))
     if isinstance(got, int):
         assert py_refused, (payload[:40], got, text)
@@ -302,3 +304,20 @@ def test_c_entry_points_check_their_arguments() -> None:
             _cavro.compile(nodes)
     assert _cavro.scan(program, b"", (0, 0, 0, 0, 0, 0)) == R_DEPTH  # depth 0: even the root array is too deep
     assert _cavro.render_value(program, b"\x00", (2000, 8, 4096, 64, 0, 100)) == b"[]"  # depth clamped, fine
+
+
+# ------------------------------------------------------------------------------------------ produce (encode)
+def test_encoding_holds_recursive_values_to_the_depth_limit() -> None:
+    codec = AvroCodec(RECURSIVE)
+
+    def nested(levels: int) -> Any:
+        v = None
+        for _ in range(levels):
+            v = {"n": None if v is None else {"N": v}}
+        return v
+
+    assert codec.decode(codec.encode(nested(64))) == nested(64)
+    for levels in (200, 5000):  # 5000: a RecursionError before the check (a 500 then), a clean 422 now
+        with pytest.raises(AvroEncodeError, match="nested deeper than 64 levels"):
+            codec.encode(nested(levels))
+    assert not AvroCodec(TREE["fields"][1]["type"])._may_nest and AvroCodec(TREE)._may_nest

@@ -36,6 +36,7 @@
  *   compile(nodes) -> Program
  *   render_value(program, payload[, limits]) -> bytes | None | int   (None: bail; int: refusal code)
  *   scan(program, payload[, limits]) -> int                (0: within the limits, else a refusal code)
+ *   scan_many(program, payloads[, limits]) -> {index: code} (the refused payloads of a list)
  *   schema_ids(records) -> set[int]                        (ids of framed keys and values)
  *   render_chunk(records, head, sep, programs, fallback[, refuse[, limits]]) -> (bytes, payload)
  */
@@ -1051,6 +1052,51 @@ py_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(code);
 }
 
+static PyObject *
+py_scan_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 2 || nargs > 3 || !PyObject_TypeCheck(args[0], &ProgramType) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "scan_many(program, payloads: list[bytes-like][, limits])");
+        return NULL;
+    }
+    limits lim;
+    if (parse_limits(nargs == 3 ? args[2] : NULL, &lim) < 0)
+        return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    PyObject *list = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        int code;
+        if (PyBytes_Check(item)) {
+            code = scan_value((Program *)args[0], (const unsigned char *)PyBytes_AS_STRING(item),
+                              PyBytes_GET_SIZE(item), &lim);
+        } else {
+            Py_buffer view;
+            if (PyObject_GetBuffer(item, &view, PyBUF_SIMPLE) < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            code = scan_value((Program *)args[0], (const unsigned char *)view.buf, view.len, &lim);
+            PyBuffer_Release(&view);
+        }
+        if (code == R_NONE)
+            continue;
+        PyObject *k = PyLong_FromSsize_t(i), *v = PyLong_FromLong(code);
+        if (k == NULL || v == NULL || PyDict_SetItem(out, k, v) < 0) {
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(k);
+        Py_DECREF(v);
+    }
+    return out;
+}
+
 /* after a value rendered without refusal: the totals (checked at the end, as scan_value does) */
 static inline int
 final_check(rd *r, const obuf *o)
@@ -1392,6 +1438,9 @@ static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))py_scan, METH_FASTCALL,
      "scan(program, payload[, limits]) -> int\n\n0 when the unframed payload is within the limits (depth, items, "
      "fixed JSON bytes), else the refusal code (1 depth, 2 items, 3 bytes, 4 not Avro of the schema)."},
+    {"scan_many", (PyCFunction)(void (*)(void))py_scan_many, METH_FASTCALL,
+     "scan_many(program, payloads[, limits]) -> dict[int, int]\n\nscan() of every payload of a list: the index "
+     "and refusal code of each refused one (empty: all within the limits)."},
     {"schema_ids", (PyCFunction)py_schema_ids, METH_O,
      "schema_ids(records) -> set[int]\n\nThe schema ids of the framed keys and values of record tuples."},
     {"render_chunk", (PyCFunction)(void (*)(void))py_render_chunk, METH_FASTCALL,

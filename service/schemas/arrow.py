@@ -984,13 +984,10 @@ def _avro_refusals(bodies: list[Any], resolved: Any) -> dict[int, str]:
     if not isinstance(codec, AvroCodec):
         return dict.fromkeys(range(len(bodies)), f"avro: schema id {sid}: {codec}")
     out: dict[int, str] = {}
-    refusal = codec.refusal
-    for k, body in enumerate(bodies):
-        code = refusal(body)
-        if code:
-            text = refusal_message(code, len(body))
-            out[k] = (f"avro: payload is not Avro of schema id {sid}: {text}" if code == R_MALFORMED
-                      else f"avro: schema id {sid}: {text}")
+    for k, code in codec.refusals(bodies).items():
+        text = refusal_message(code, len(bodies[k]))
+        out[k] = (f"avro: payload is not Avro of schema id {sid}: {text}" if code == R_MALFORMED
+                  else f"avro: schema id {sid}: {text}")
     return out
 
 

@@ -573,19 +573,43 @@ class AvroCodec:
         self._convert = _build_converters(self._root, union_names, strict_unions)
         self.record_name = self._root.fullname or None  # for RecordNameStrategy subjects
         # the guard run before fastavro reads a payload (service/schemas/avro_limits.py)
-        from service.schemas import avro_fast
+        from service.schemas import avro_fast as fast
 
-        self._scan_nodes = avro_fast.scan_nodes(self._root)
-        self._scan_program = avro_fast.compile_scan(self._scan_nodes)
-        self._cscan = avro_fast._cavro.scan if self._scan_program is not None else None
+        self._scan_nodes = fast.scan_nodes(self._root)
+        self._scan_program = fast.compile_scan(self._scan_nodes)
+        self._cscan = fast._cavro.scan if self._scan_program is not None else None
+        self._cscan_many = fast._cavro.scan_many if self._scan_program is not None else None
         self._may_nest = _has_cycle(self._scan_nodes)  # a recursive schema: values of any depth
+        # no cycle, array or map: every value's depth, items and fixed JSON bytes have a bound of the schema's
+        self._static = None if self._may_nest else _static_bound(self._scan_nodes)
 
     def refusal(self, payload: bytes | memoryview) -> int:
         """The refusal code of an unframed payload against the gateway's limits
         (:mod:`service.schemas.avro_limits`; 0: within them). Bounded: fastavro may read what passes."""
+        if self._always_within():
+            return 0
         if self._cscan is not None:
             return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())  # type: ignore[no-any-return]
         return avro_limits.scan_py(self._scan_nodes, payload)
+
+    def _always_within(self) -> bool:
+        """Whether no payload can be over the limits but by not being Avro of the schema (then the decoders
+        are safe as they are: nothing loops or nests beyond the schema)."""
+        if self._static is None:
+            return False
+        lim = avro_limits.LIMITS
+        depth, items, est = self._static
+        return depth <= lim.max_depth and items <= lim.items_base and est <= min(lim.floor, lim.cap)
+
+    def refusals(self, payloads: list[Any]) -> dict[int, int]:
+        """:meth:`refusal` of many payloads: index -> code of each refused one (in one C call). A schema whose
+        values are bounded by the schema alone (:meth:`_always_within`) skips the scan."""
+        if self._always_within():
+            return {}
+        if self._cscan_many is not None:
+            return self._cscan_many(self._scan_program, payloads,  # type: ignore[no-any-return]
+                                    avro_limits.limits_tuple())
+        return {i: code for i, p in enumerate(payloads) if (code := self.refusal(p))}
 
     def refusal_error(self, payload: bytes | memoryview) -> AvroDecodeError | None:
         """:meth:`refusal` as the error of that payload (None: fastavro may read it)."""
@@ -613,11 +637,11 @@ class AvroCodec:
         wrapped = self._wrapped_read
         render = self._render
         bytes_io = io.BytesIO
-        guard = self.refusal_error
-        for payload in payloads:
-            refused = guard(payload)
-            if refused is not None:  # never handed to fastavro (it recurses per level and loops per item)
-                append(refused)
+        payloads = payloads if type(payloads) is list else list(payloads)
+        refused = self.refusals(payloads)  # never handed to fastavro (it recurses per level, loops per item)
+        for i, payload in enumerate(payloads):
+            if refused and i in refused:
+                append(AvroDecodeError(avro_limits.refusal_message(refused[i], len(payload))))
                 continue
             try:
                 value = read(bytes_io(payload), schema, None, wrapped, True)
@@ -668,6 +692,42 @@ def _has_cycle(nodes: list[Any]) -> bool:
                 state[nxt] = 1
                 path.append((nxt, iter(_refs(nodes[nxt]))))
     return False
+
+
+def _static_bound(nodes: list[Any]) -> tuple[int, int, int] | None:
+    """(depth, items, fixed JSON bytes) no value of an acyclic schema without arrays and maps exceeds, as
+    service/schemas/avro_limits.py counts them; None for other schemas."""
+    from service.schemas.avro_limits import _K_ARRAY, _K_ENUM, _K_MAP, _K_NULL, _K_RECORD, _K_UNION
+
+    memo: dict[int, tuple[int, int, int]] = {}
+
+    def bound(i: int) -> tuple[int, int, int]:
+        got = memo.get(i)
+        if got is not None:
+            return got
+        kind, _, _, kids, frags = nodes[i]
+        if kind in (_K_ARRAY, _K_MAP):
+            raise ValueError("unbounded")
+        if kind == _K_RECORD:
+            parts = [bound(k) for k in kids]
+            got = (1 + max((p[0] for p in parts), default=0), len(kids) + sum(p[1] for p in parts),
+                   2 + sum(map(len, frags)) + sum(p[2] for p in parts))
+        elif kind == _K_UNION:
+            parts = [bound(k) for k in kids]
+            got = (max((p[0] for p in parts), default=0), max((p[1] for p in parts), default=0),
+                   max((p[2] for p in parts), default=0))
+        elif kind == _K_ENUM:
+            got = (0, 0, max(map(len, frags), default=0))
+        else:
+            got = (0, 0, 4 if kind <= 1 or kind == _K_NULL else 2)
+        memo[i] = got
+        return got
+
+    try:
+        depth, items, est = bound(0)
+    except (ValueError, RecursionError):
+        return None
+    return depth, items + 1, est
 
 
 def _refs(node: Any) -> list[int]:

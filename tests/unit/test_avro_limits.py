@@ -181,7 +181,7 @@ def test_python_path_never_hands_a_refused_payload_to_fastavro(monkeypatch: pyte
     for with_c in (True, False):
         rec, nulls = AvroCodec(RECURSIVE), AvroCodec(NULLS)
         if not with_c:
-            rec._cscan = nulls._cscan = None  # the Python twin (no C extension)
+            rec._cscan = nulls._cscan = rec._cscan_many = nulls._cscan_many = None  # the Python twin (no C)
         monkeypatch.setattr(avro_mod, "schemaless_reader", boom)
         out = rec.decode_many([deep(20_000)]) + nulls.decode_many([_long(2**62) + b"\x00"])
         assert [type(v) for v in out] == [AvroDecodeError, AvroDecodeError]
@@ -321,3 +321,28 @@ def test_encoding_holds_recursive_values_to_the_depth_limit() -> None:
         with pytest.raises(AvroEncodeError, match="nested deeper than 64 levels"):
             codec.encode(nested(levels))
     assert not AvroCodec(TREE["fields"][1]["type"])._may_nest and AvroCodec(TREE)._may_nest
+
+
+def test_scan_many_is_scan_of_each() -> None:
+    codec = AvroCodec(RECURSIVE)
+    payloads: list[Any] = [deep(3), deep(20_000), b"", memoryview(b"\x00" + deep(70))[1:], bytearray(deep(2))]
+    assert _cavro.scan_many(codec._scan_program, payloads) == {1: R_DEPTH, 2: R_MALFORMED, 3: R_DEPTH}
+    codec._cscan_many = None  # the Python twin
+    assert codec.refusals(payloads) == {1: R_DEPTH, 2: R_MALFORMED, 3: R_DEPTH}
+    with pytest.raises(TypeError):
+        _cavro.scan_many(codec._scan_program, [1])
+    with pytest.raises(TypeError):
+        _cavro.scan_many(codec._scan_program, (b"",))
+
+
+def test_schemas_bounded_by_themselves_skip_the_scan(limits: Any) -> None:
+    flat = AvroCodec({"type": "record", "name": "F", "fields": [
+        {"name": "a", "type": "long"}, {"name": "b", "type": ["null", "string", {"type": "record", "name": "G",
+                                                                                "fields": [{"name": "c", "type": "boolean"}]}]},
+        {"name": "e", "type": {"type": "enum", "name": "En", "symbols": ["X", "LONGER"]}}]})
+    assert flat._static == (2, 5, 2 + len(b'"a":,"b":,"e":') + 2 + 2 + len(b'"c":') + 4 + len(b'"LONGER"'))
+    assert flat._always_within() and flat.refusals([b"\xff"]) == {}  # not Avro: fastavro names it
+    assert _cavro.scan(flat._scan_program, b"\xff") == R_MALFORMED
+    limits(DecodeLimits(max_depth=1))
+    assert not flat._always_within() and flat.refusals([b"\x02\x04\x00\x00"]) == {0: R_DEPTH}
+    assert AvroCodec(NULLS)._static is None and AvroCodec(RECURSIVE)._static is None

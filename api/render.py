@@ -266,7 +266,9 @@ def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP,
 # -- avro through the C renderer (service.schemas._cavro; issue 23) --------------------------------------------
 # The avro hot path: every key and value a compiled program covers is rendered in C straight from its bytes
 # to the JSON that render_decoded_chunk writes for it; each other one (not framed, unknown id, a payload the C
-# code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field.
+# code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field. A
+# value over the decode limits (service/schemas/avro_limits.py) is ``refuse(field, raw, code)``: its per-record
+# error, the text the Python path gives it.
 from service.schemas import avro_fast as _avro_fast  # noqa: E402
 from service.schemas import avro_limits as _avro_limits  # noqa: E402
 

@@ -653,7 +653,10 @@ has_duplicates(keyref *keys, Py_ssize_t n)
  */
 #define CONTAINER 0x10001
 #define JDEPTH(d) ((d) & 0xFFFF)
-#define CDEPTH(d) ((d) >> 16)
+/* the container count starts at DEPTH_TOP - max_depth, so the limit is a compare with a constant */
+#define DEPTH_TOP 0x4000
+#define DEPTH_START(max_depth) ((DEPTH_TOP - (max_depth)) << 16)
+#define TOO_DEEP(d) ((d) >= (DEPTH_TOP << 16))
 
 static int render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth);
 
@@ -850,23 +853,21 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
         RESERVE(o, nd->frags[v].n);
         put(o, nd->frags[v].s, nd->frags[v].n);
         return OK;
+    /* items are checked where they are added (blocks, records): never over the limit at an entry */
     case K_ARRAY:
     case K_MAP:
-        if (CDEPTH(depth) >= r->max_depth)
+        if (TOO_DEEP(depth))
             REFUSED(r, R_DEPTH);
-        if (r->items > r->max_items)
-            REFUSED(r, R_ITEMS);
         if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
         return render_blocks(prog, nd, r, o, depth + CONTAINER, nd->kind == K_MAP);
     case K_RECORD:
-        if (CDEPTH(depth) >= r->max_depth)
+        if (TOO_DEEP(depth))
             REFUSED(r, R_DEPTH);
-        if (r->items > r->max_items)
-            REFUSED(r, R_ITEMS);
         if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
-        r->items += nd->n;
+        if ((r->items += nd->n) > r->max_items)
+            REFUSED(r, R_ITEMS);
         RESERVE(o, 1);
         put(o, "{", 1);
         for (Py_ssize_t i = 0; i < nd->n; i++) {
@@ -1101,7 +1102,7 @@ py_scan_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static inline int
 final_check(rd *r, const obuf *o)
 {
-    if (r->items > r->max_items)
+    if (r->items > r->max_items) /* the value itself against a limit of 0; the rest is checked when added */
         REFUSED(r, R_ITEMS);
     if (o->len - r->mark > r->max_out)
         REFUSED(r, R_BYTES);
@@ -1127,7 +1128,7 @@ py_render_value(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     obuf o = {NULL, 0, 0};
     rd r;
     rd_init(&r, (const unsigned char *)view.buf, 0, view.len, &lim, 0);
-    int rc = render_node((Program *)args[0], 0, &r, &o, 0);
+    int rc = render_node((Program *)args[0], 0, &r, &o, DEPTH_START(lim.max_depth));
     if (rc == OK)
         rc = final_check(&r, &o);
     PyBuffer_Release(&view);
@@ -1238,7 +1239,7 @@ render_field(field_ctx *fc, obuf *o, PyObject *v, const char *name, Py_ssize_t n
             PUTLIT(o, "\":");
             rd r;
             rd_init(&r, (const unsigned char *)PyBytes_AS_STRING(v), 5, PyBytes_GET_SIZE(v), &fc->lim, o->len);
-            int rc = render_node(prog, 0, &r, o, 0);
+            int rc = render_node(prog, 0, &r, o, DEPTH_START(fc->lim.max_depth));
             if (rc == OK)
                 rc = final_check(&r, o);
             if (rc == OK)
@@ -1309,6 +1310,23 @@ release_buf(obuf *o, int shared)
         shared_busy = 0;
 }
 
+/* an int as a 64-bit integer; -1 with OverflowError / TypeError set. PyLong_AsLongLong takes a slow generic
+   path for an int of more than one 30-bit digit (every timestamp); this one loops over the digits. */
+static inline int
+as_i64(PyObject *v, long long *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "offset or timestamp out of the 64-bit range");
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
 static PyObject *
 py_render_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1355,9 +1373,8 @@ py_render_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_TypeError, "record %zd: key/value must be bytes or None, headers a tuple", i);
             goto fail;
         }
-        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 0));
-        long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
-        if ((offset == -1 || ts == -1) && PyErr_Occurred())
+        long long offset, ts;
+        if (as_i64(PyTuple_GET_ITEM(rec, 0), &offset) < 0 || as_i64(PyTuple_GET_ITEM(rec, 1), &ts) < 0)
             goto fail;
         if (o.cap - o.len < PyBytes_GET_SIZE(sep) + PyBytes_GET_SIZE(head) + 64
             && grow(&o, PyBytes_GET_SIZE(sep) + PyBytes_GET_SIZE(head) + 64) < 0)

@@ -4,8 +4,11 @@
 option=OPT_NON_STR_KEYS)``. This module compiles a codec's parsed schema (its ``_Node`` tree) into a flat
 node list that ``service.schemas._cavro`` (built by ``hatch_build.py``) renders without a Python object per
 value; the tests check both produce the same bytes. Where the C code is not sure (a payload that does not
-decode, invalid UTF-8, a map with a repeated key, deep nesting, ...) it hands the key or value to a Python
-fallback, so the reference decides every case the fast path does not cover.
+decode, invalid UTF-8, a map with a repeated key, ...) it hands the key or value to a Python fallback, so
+the reference decides every case the fast path does not cover. A value over the limits of
+:mod:`service.schemas.avro_limits` (too deep, too many items, too many bytes) is refused instead: it becomes
+that record's error, never the fallback's. :func:`scan_nodes` / :func:`compile_scan` build the program those
+limits are checked with before the Python decoders read a payload.
 
 ``compile_program(codec)`` returns ``None`` (use the Python path for that schema) when the C module is not
 available, or when the Python rendering has a shape this compiler does not reproduce: the karapace rendering

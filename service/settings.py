@@ -291,7 +291,8 @@ class Settings(BaseSettings):
     schema_max_expansion: int = Field(
         64, ge=1, description="Rendered JSON bytes per payload byte one Avro key or value may produce above "
         "the first 64 KiB (so a poll answer stays within a multiple of its max_bytes); over it, that record's "
-        "per-record error. Items (values of any type) are bounded to 4096 + 8 per payload byte")
+        "per-record error. Items (the value, each record field, array item and map value) are bounded to 4096 + 8 "
+        "per payload byte")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "

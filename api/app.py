@@ -246,6 +246,10 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     collector = GatewayCollector(gateway)
     registry.register(collector)
     # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
+    from service.schemas import avro_limits
+
+    avro_limits.configure(max_depth=settings.schema_max_depth, max_decoded_bytes=settings.schema_max_decoded_bytes,
+                          max_expansion=settings.schema_max_expansion)
     schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering,
                             limits=settings.schema_limits(), max_depth=settings.schema_max_depth)
 

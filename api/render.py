@@ -227,34 +227,47 @@ use_c_renderer(_crecords is not None)
 Decoded = list[tuple[list[Any], list[Any]]]  # per chunk: (keys, values)
 
 
-def _decoded_field(v: Any, raw: bytes | None, field: bytes) -> bytes:
+def _error_field(field: bytes, message: str, raw: bytes | None) -> bytes:
+    return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (field, field, _dumps(message), field, _b64json(raw))
+
+
+def _decoded_field(v: Any, raw: bytes | None, field: bytes, bound: list[int] | None = None) -> bytes:
+    """The field of a decoded value; ``bound`` (Avro): a value over the byte bound of its payload is an error,
+    counted in ``bound[0]``."""
     if v is None:
         return b'"%s":null' % field
     if isinstance(v, DecodeError):
-        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
-            field, field, _dumps(v.message), field, _b64json(raw))
+        return _error_field(field, v.message, raw)
     try:
-        return b'"%s":%s' % (field, _dumps(v, option=orjson.OPT_NON_STR_KEYS))
+        text = _dumps(v, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as exc:  # a decoded value JSON cannot hold (should not happen: the codecs render JSON)
-        return b'"%s":null,"%s_error":%s,"%s_base64":%s' % (
-            field, field, _dumps(f"not renderable as JSON: {exc}"), field, _b64json(raw))
+        return _error_field(field, f"not renderable as JSON: {exc}", raw)
+    if bound is not None and raw is not None and len(text) > _avro_limits.LIMITS.max_out(len(raw) - 5):
+        # the C renderer's byte bound (service/schemas/avro_limits.py), checked on what the Python path wrote
+        bound[0] += 1
+        return _error_field(field, _avro_limits.refusal_message(_avro_limits.R_BYTES, len(raw) - 5), raw)
+    return b'"%s":%s' % (field, text)
 
 
 def render_decoded_chunk(recs: list[Record], keys: list[Any], values: list[Any], head: bytes,
-                         sep: bytes) -> tuple[bytes, int]:
+                         sep: bytes, bound: list[int] | None = None) -> tuple[bytes, int]:
     out = [b'%s%d,"timestamp":%d,%s,%s,"headers":%s}' % (
-        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key"), _decoded_field(v, r.value, b"value"),
+        head, r.offset, r.timestamp, _decoded_field(k, r.key, b"key", bound),
+        _decoded_field(v, r.value, b"value", bound),
         _headers_binary(r.headers)) for r, k, v in zip(recs, keys, values, strict=True)]
     return sep.join(out), _payload(recs)
 
 
-def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> Rendered:
-    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order)."""
+def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP,
+                   bound: list[int] | None = None) -> Rendered:
+    """Chunks whose keys and values ``decoded`` holds (one ``(keys, values)`` per chunk, in order); ``bound``
+    (Avro): a value rendering to more than its byte bound is its per-record error (as the C renderer does),
+    counted in ``bound[0]``."""
     parts: list[bytes] = []
     count = payload = 0
     for (tp, recs), (keys, values) in zip(chunks, decoded, strict=True):
         if recs:
-            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep)
+            body, n = render_decoded_chunk(recs, keys, values, _head(tp), sep, bound)
             parts.append(body)
             count += len(recs)
             payload += n
@@ -264,11 +277,15 @@ def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP) -> 
 # -- avro through the C renderer (service.schemas._cavro; issue 23) --------------------------------------------
 # The avro hot path: every key and value a compiled program covers is rendered in C straight from its bytes
 # to the JSON that render_decoded_chunk writes for it; each other one (not framed, unknown id, a payload the C
-# code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field.
+# code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field. A
+# value over the decode limits (service/schemas/avro_limits.py) is ``refuse(field, raw, code)``: its per-record
+# error, the text the Python path gives it.
 from service.schemas import avro_fast as _avro_fast  # noqa: E402
+from service.schemas import avro_limits as _avro_limits  # noqa: E402
 
 _cavro = _avro_fast._cavro
 AvroFallback = Callable[[bytes, bytes], bytes]
+AvroRefuse = Callable[[bytes, bytes, int], bytes]
 
 
 def use_c_avro(enabled: bool) -> None:
@@ -300,14 +317,19 @@ def chunk_schema_ids(chunks: Chunks) -> set[int]:
     return ids
 
 
-def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: AvroFallback) -> Rendered:
-    """Avro chunks rendered by the C renderer: ``programs`` maps schema ids to compiled programs."""
+def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: AvroFallback,
+                refuse: AvroRefuse | None = None) -> Rendered:
+    """Avro chunks rendered by the C renderer: ``programs`` maps schema ids to compiled programs; a value over
+    the limits of :mod:`service.schemas.avro_limits` is ``refuse(field, raw, code)`` (default: its per-record
+    error), never the fallback."""
     assert _cavro is not None
+    refuse = refuse if refuse is not None else _refuse([0])
+    limits = _avro_limits.limits_tuple()
     parts: list[bytes] = []
     count = payload = 0
     for tp, recs in chunks:
         if recs:
-            body, n = _cavro.render_chunk(_as_list(recs), _head(tp), sep, programs, fallback)
+            body, n = _cavro.render_chunk(_as_list(recs), _head(tp), sep, programs, fallback, refuse, limits)
             parts.append(body)
             count += len(recs)
             payload += n
@@ -316,11 +338,21 @@ def render_avro(chunks: Chunks, sep: bytes, programs: dict[int, Any], fallback: 
 
 def _field_fallback(resolver: Any, fmt: str, rendering: str | None, errors: list[int]) -> AvroFallback:
     def fallback(field: bytes, raw: bytes) -> bytes:
-        (v,) = resolver.decode(fmt, [raw], rendering=rendering)
+        (v,) = resolver.decode(fmt, [raw], rendering=rendering)  # AvroCodec scans before fastavro reads
         if isinstance(v, DecodeError):
             errors[0] += 1
-        return _decoded_field(v, raw, field)
+        return _decoded_field(v, raw, field, errors if fmt == "avro" else None)
     return fallback
+
+
+def _refuse(errors: list[int]) -> AvroRefuse:
+    """The per-record error of a value the C renderer refused (the text the Python path gives it)."""
+    def refuse(field: bytes, raw: bytes, code: int) -> bytes:
+        errors[0] += 1
+        sid = int.from_bytes(raw[1:5], "big")
+        return _decoded_field(DecodeError("avro", sid, _avro_limits.refusal_message(code, len(raw) - 5)), raw,
+                              field)
+    return refuse
 
 
 def _avro_programs(resolver: Any, rendering: str | None, ids: set[int]) -> dict[int, Any] | None:
@@ -350,7 +382,8 @@ def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks:
         programs = _avro_programs(resolver, rendering, chunk_schema_ids(chunks))
         if programs is not None:
             errors = [0]
-            out = render_avro(chunks, sep, programs, _field_fallback(resolver, fmt, rendering, errors))
+            out = render_avro(chunks, sep, programs, _field_fallback(resolver, fmt, rendering, errors),
+                              _refuse(errors))
             if errors[0] and on_errors is not None:
                 on_errors(errors[0])
             return out
@@ -358,14 +391,17 @@ def render_schema_chunks(resolver: Any, fmt: str, rendering: str | None, chunks:
     values = [r.value for _, recs in chunks for r in recs]
     dk = resolver.decode(fmt, keys, rendering=rendering)
     dv = resolver.decode(fmt, values, rendering=rendering)
-    if on_errors is not None:
-        n = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
-        if n:
-            on_errors(n)
     decoded: Decoded = []
     i = 0
     for _, recs in chunks:
         n = len(recs)
         decoded.append((dk[i:i + n], dv[i:i + n]))
         i += n
-    return render_decoded(chunks, decoded, sep)
+    bound = [0] if fmt == "avro" else None
+    out = render_decoded(chunks, decoded, sep, bound)
+    if on_errors is not None:
+        n = sum(1 for v in dk if isinstance(v, DecodeError)) + sum(1 for v in dv if isinstance(v, DecodeError))
+        n += bound[0] if bound is not None else 0  # values over the byte bound, found while rendering
+        if n:
+            on_errors(n)
+    return out

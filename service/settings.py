@@ -313,6 +313,15 @@ class Settings(BaseSettings):
         100, ge=1, description="New schema ids one poll (or stream chunk) resolves at most; the records of "
         "the others are delivered as per-record errors with their bytes (value_base64), a later poll resolves "
         "them. A typed range read resolves all of its page's ids, this many at a time")
+    # limits on one decoded Avro value (service/schemas/avro_limits.py): a value over them is its record's error
+    schema_max_decoded_bytes: int = Field(
+        16 << 20, ge=1024, description="The most bytes of JSON one Avro key or value may render to (whatever "
+        "its payload); over it, that record's per-record error")
+    schema_max_expansion: int = Field(
+        64, ge=1, description="Rendered JSON bytes per payload byte one Avro key or value may produce above "
+        "the first 64 KiB (so a poll answer stays within a multiple of its max_bytes); over it, that record's "
+        "per-record error. Items (the value, each record field, array item and map value) are bounded to 4096 + 8 "
+        "per payload byte")
     avro_json_rendering: Literal["confluent", "karapace"] = Field(
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "

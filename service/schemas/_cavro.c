@@ -16,16 +16,29 @@
  * compile(nodes) -> Program.
  *
  * Anything this module is not sure about -- a payload that ends early, a varint longer than 10 bytes, invalid
- * UTF-8, a bad union or enum index, a negative or oversized length, a map with a repeated key, nesting deeper
- * than MAX_DEPTH -- is a "bail": the value is not rendered here and the caller's Python fallback renders it
- * (that fallback is the reference implementation, so a bail can never change the output). Only the successful
- * path must match the reference byte for byte; the tests check it differentially.
+ * UTF-8, a bad union or enum index, a negative or oversized length, a map with a repeated key, JSON nesting
+ * deeper than MAX_DEPTH -- is a "bail": the value is not rendered here and the caller's Python fallback renders
+ * it (that fallback is the reference implementation, so a bail can never change the output). Only the
+ * successful path must match the reference byte for byte; the tests check it differentially.
+ *
+ * A hostile value is a "refusal", never a bail: one nested deeper than the depth limit (records, arrays and
+ * maps inside each other), one decoding to more items (the value, every record field, every array or map
+ * item) than its payload allows, one
+ * rendering to more bytes than its payload allows, or a block count no payload of that size can hold. Limits
+ * (a tuple, see avro_limits.py): (max_depth, items_per_byte, items_base, expansion, floor, cap): a value of n
+ * payload bytes may nest max_depth levels, hold items_base + items_per_byte * n items and render to
+ * min(cap, max(floor, expansion * n)) bytes. render_chunk hands a refused value to refuse(field, raw, code)
+ * (its per-record error); scan() is the same check without rendering, for the Python decoders (it never
+ * renders, so its byte bound is a lower bound of the rendering: the lengths of the fixed JSON pieces).
+ * Refusal codes: R_DEPTH, R_ITEMS, R_BYTES, R_MALFORMED (scan only: the payload is not Avro of the schema).
  *
  * Functions:
  *   compile(nodes) -> Program
- *   render_value(program, payload) -> bytes | None          (None: bail; for tests and single values)
+ *   render_value(program, payload[, limits]) -> bytes | None | int   (None: bail; int: refusal code)
+ *   scan(program, payload[, limits]) -> int                (0: within the limits, else a refusal code)
+ *   scan_many(program, payloads[, limits]) -> {index: code} (the refused payloads of a list)
  *   schema_ids(records) -> set[int]                        (ids of framed keys and values)
- *   render_chunk(records, head, sep, programs, fallback) -> (bytes, payload)
+ *   render_chunk(records, head, sep, programs, fallback[, refuse[, limits]]) -> (bytes, payload)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -54,12 +67,54 @@ enum {
 
 /* JSON nesting ('{' or '[') beyond which a value bails (orjson refuses nesting beyond 255) */
 #define MAX_DEPTH 128
-/* items of an array of zero-size items (nulls, empty records) rendered here at most per block */
-#define MAX_EMPTY_ITEMS 65536
+/* the depth limit is clamped to this (the C stack of render_node/scan_node; the Python decoders recurse too) */
+#define HARD_MAX_DEPTH 1000
 
 #define OK 0
 #define BAIL (-1)
-#define ERR (-2) /* a Python exception is set */
+#define ERR (-2)    /* a Python exception is set */
+#define REFUSE (-3) /* over a limit: rd.why says which */
+
+enum { R_NONE = 0, R_DEPTH = 1, R_ITEMS = 2, R_BYTES = 3, R_MALFORMED = 4 };
+
+typedef struct {
+    int max_depth;
+    int64_t items_per_byte, items_base, expansion, floor, cap;
+} limits;
+
+static const limits DEFAULT_LIMITS = {64, 8, 4096, 64, 65536, 16 << 20};
+
+/* limits from None (the defaults) or a 6-tuple of non-negative ints; -1 with an exception set */
+static int
+parse_limits(PyObject *obj, limits *out)
+{
+    *out = DEFAULT_LIMITS;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 6) {
+        PyErr_SetString(PyExc_TypeError, "limits must be (max_depth, items_per_byte, items_base, expansion, "
+                                         "floor, cap)");
+        return -1;
+    }
+    int64_t v[6];
+    for (int i = 0; i < 6; i++) {
+        long long x = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, i));
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        if (x < 0 || x > ((int64_t)1 << 40)) {
+            PyErr_SetString(PyExc_ValueError, "limits must be integers in 0..2**40");
+            return -1;
+        }
+        v[i] = x;
+    }
+    out->max_depth = (int)(v[0] > HARD_MAX_DEPTH ? HARD_MAX_DEPTH : v[0]);
+    out->items_per_byte = v[1];
+    out->items_base = v[2];
+    out->expansion = v[3];
+    out->floor = v[4];
+    out->cap = v[5];
+    return 0;
+}
 
 /* ---- program ----------------------------------------------------------------------------------------- */
 
@@ -486,7 +541,42 @@ put_double(obuf *o, double x)
 typedef struct {
     const unsigned char *p;
     Py_ssize_t pos, end;
+    /* the limits of this one value */
+    int cdepth, max_depth; /* scan: records, arrays and maps we are inside; the most allowed */
+    int why;               /* the refusal code of REFUSE */
+    int64_t items, max_items;
+    Py_ssize_t mark, max_out; /* rendering: the output length where the value began; its most bytes */
+    int64_t est;              /* scan: the fixed JSON pieces counted so far (a lower bound of the output) */
 } rd;
+
+/* a reader of payload[pos:end] with the limits of a value of end - pos bytes */
+static inline void
+rd_init(rd *r, const unsigned char *p, Py_ssize_t pos, Py_ssize_t end, const limits *lim, Py_ssize_t mark)
+{
+    int64_t n = end - pos;
+    r->p = p;
+    r->pos = pos;
+    r->end = end;
+    r->cdepth = 0;
+    r->max_depth = lim->max_depth;
+    r->why = R_NONE;
+    r->items = 1; /* the value itself; then every record field and every array / map item */
+    r->max_items = lim->items_base + lim->items_per_byte * n;
+    int64_t out = lim->expansion * n;
+    if (out < lim->floor)
+        out = lim->floor;
+    if (out > lim->cap)
+        out = lim->cap;
+    r->mark = mark;
+    r->max_out = (Py_ssize_t)out;
+    r->est = 0;
+}
+
+#define REFUSED(r, code)                                                                              \
+    do {                                                                                              \
+        (r)->why = (code);                                                                            \
+        return REFUSE;                                                                                \
+    } while (0)
 
 /* zigzag varint of at most 10 bytes whose value fits 64 bits; BAIL otherwise */
 static inline int
@@ -546,6 +636,28 @@ has_duplicates(keyref *keys, Py_ssize_t n)
     return 0;
 }
 
+/* scan entering a record, array or map: the depth, items and bytes so far (the fixed pieces' estimate) */
+#define ENTER(r, out)                                                                                 \
+    do {                                                                                              \
+        if (++(r)->cdepth > (r)->max_depth)                                                           \
+            REFUSED((r), R_DEPTH);                                                                    \
+        if ((r)->items > (r)->max_items)                                                              \
+            REFUSED((r), R_ITEMS);                                                                    \
+        if ((out) > (r)->max_out)                                                                     \
+            REFUSED((r), R_BYTES);                                                                    \
+    } while (0)
+
+/*
+ * render_node's depth holds two counts: the JSON nesting (low 16 bits: '{' or '[', tagged unions included;
+ * MAX_DEPTH bails) and the records, arrays and maps we are inside (above: the depth limit refuses).
+ */
+#define CONTAINER 0x10001
+#define JDEPTH(d) ((d) & 0xFFFF)
+/* the container count starts at DEPTH_TOP - max_depth, so the limit is a compare with a constant */
+#define DEPTH_TOP 0x4000
+#define DEPTH_START(max_depth) ((DEPTH_TOP - (max_depth)) << 16)
+#define TOO_DEEP(d) ((d) >= (DEPTH_TOP << 16))
+
 static int render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth);
 
 /* array or map blocks; for maps, keys are collected to reject repeats */
@@ -578,9 +690,17 @@ render_blocks(const Program *prog, const node *nd, rd *r, obuf *o, int depth, in
                 goto done;
             }
         }
-        /* every item takes a byte at least, unless the items may be empty (node size 1): a bound then */
-        if (count > (nd->size ? MAX_EMPTY_ITEMS : r->end - r->pos)) {
-            rc = BAIL;
+        /* each item is an item at least: refused at once, never looped over */
+        if (count > r->max_items - r->items) {
+            r->why = R_ITEMS;
+            rc = REFUSE;
+            goto done;
+        }
+        r->items += count;
+        /* every item takes a byte at least, unless the items may be empty (node size 1) */
+        if (!nd->size && count > r->end - r->pos) {
+            r->why = R_MALFORMED;
+            rc = REFUSE;
             goto done;
         }
         if (is_map && nkeys + count > capkeys) {
@@ -627,6 +747,11 @@ render_blocks(const Program *prog, const node *nd, rd *r, obuf *o, int depth, in
             }
             if ((rc = render_node(prog, nd->child, r, o, depth)) < 0)
                 goto done;
+            if (o->len - r->mark > r->max_out) {
+                r->why = R_BYTES;
+                rc = REFUSE;
+                goto done;
+            }
         }
     }
     if (is_map) {
@@ -728,20 +853,27 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
         RESERVE(o, nd->frags[v].n);
         put(o, nd->frags[v].s, nd->frags[v].n);
         return OK;
+    /* items are checked where they are added (blocks, records): never over the limit at an entry */
     case K_ARRAY:
     case K_MAP:
-        if (depth >= MAX_DEPTH)
+        if (TOO_DEEP(depth))
+            REFUSED(r, R_DEPTH);
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
-        return render_blocks(prog, nd, r, o, depth + 1, nd->kind == K_MAP);
+        return render_blocks(prog, nd, r, o, depth + CONTAINER, nd->kind == K_MAP);
     case K_RECORD:
-        if (depth >= MAX_DEPTH)
+        if (TOO_DEEP(depth))
+            REFUSED(r, R_DEPTH);
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
+        if ((r->items += nd->n) > r->max_items)
+            REFUSED(r, R_ITEMS);
         RESERVE(o, 1);
         put(o, "{", 1);
         for (Py_ssize_t i = 0; i < nd->n; i++) {
             RESERVE(o, nd->frags[i].n);
             put(o, nd->frags[i].s, nd->frags[i].n);
-            if ((rc = render_node(prog, nd->kids[i], r, o, depth + 1)) < 0)
+            if ((rc = render_node(prog, nd->kids[i], r, o, depth + CONTAINER)) < 0)
                 return rc;
         }
         RESERVE(o, 1);
@@ -756,7 +888,7 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
         const frag *pre = &nd->frags[v];
         if (prog->nodes[branch].kind == K_NULL || pre->n == 0)
             return render_node(prog, branch, r, o, depth);
-        if (depth >= MAX_DEPTH)
+        if (JDEPTH(depth) >= MAX_DEPTH)
             return BAIL;
         RESERVE(o, pre->n);
         put(o, pre->s, pre->n);
@@ -770,28 +902,243 @@ render_node(const Program *prog, Py_ssize_t idx, rd *r, obuf *o, int depth)
     return BAIL;
 }
 
+/* ---- scan: the limits checked without rendering (the Python decoders' guard) -------------------------- */
+
+/*
+ * The walk render_node does, without output: the same refusals at the same places, and R_MALFORMED where
+ * rendering would bail on the structure (UTF-8 and repeated map keys are not checked: the decoder behind the
+ * scan reports them). r->est counts the fixed JSON pieces of the value (every rendering writes them at
+ * least): null, true/false (4), a number (1), quotes (2), enum symbols, record braces and field names,
+ * array / map brackets, map key quotes and colons. Recursion is bounded by the depth limit.
+ */
+static int
+scan_node(const Program *prog, Py_ssize_t idx, rd *r)
+{
+    const node *nd = &prog->nodes[idx];
+    int64_t v;
+    int rc;
+    switch (nd->kind) {
+    case K_NULL:
+        r->est += 4;
+        return OK;
+    case K_BOOLEAN:
+        if (r->pos >= r->end)
+            REFUSED(r, R_MALFORMED);
+        r->pos++;
+        r->est += 4;
+        return OK;
+    case K_LONG:
+        if (read_long(r, &v) < 0)
+            REFUSED(r, R_MALFORMED);
+        r->est += 1;
+        return OK;
+    case K_FLOAT:
+    case K_DOUBLE: {
+        Py_ssize_t w = nd->kind == K_FLOAT ? 4 : 8;
+        if (r->end - r->pos < w)
+            REFUSED(r, R_MALFORMED);
+        r->pos += w;
+        r->est += 1;
+        return OK;
+    }
+    case K_STRING:
+    case K_BYTES_LATIN1:
+    case K_BYTES_B64:
+        if (read_long(r, &v) < 0 || v < 0 || v > r->end - r->pos)
+            REFUSED(r, R_MALFORMED);
+        r->pos += (Py_ssize_t)v;
+        r->est += 2;
+        return OK;
+    case K_FIXED_LATIN1:
+    case K_FIXED_B64:
+        if (nd->size > r->end - r->pos)
+            REFUSED(r, R_MALFORMED);
+        r->pos += nd->size;
+        r->est += 2;
+        return OK;
+    case K_ENUM:
+        if (read_long(r, &v) < 0 || v < 0 || v >= nd->n)
+            REFUSED(r, R_MALFORMED);
+        r->est += nd->frags[v].n;
+        return OK;
+    case K_ARRAY:
+    case K_MAP: {
+        int is_map = nd->kind == K_MAP;
+        ENTER(r, r->est);
+        r->est += 2;
+        for (;;) {
+            int64_t count;
+            if (read_long(r, &count) < 0)
+                REFUSED(r, R_MALFORMED);
+            if (count == 0)
+                break;
+            if (count < 0) {
+                int64_t size;
+                if (count == INT64_MIN || read_long(r, &size) < 0 || size < 0)
+                    REFUSED(r, R_MALFORMED);
+                count = -count;
+            }
+            if (count > r->max_items - r->items)
+                REFUSED(r, R_ITEMS);
+            r->items += count;
+            if (!nd->size && count > r->end - r->pos)
+                REFUSED(r, R_MALFORMED);
+            for (int64_t i = 0; i < count; i++) {
+                if (is_map) {
+                    int64_t klen;
+                    if (read_long(r, &klen) < 0 || klen < 0 || klen > r->end - r->pos)
+                        REFUSED(r, R_MALFORMED);
+                    r->pos += (Py_ssize_t)klen;
+                    r->est += 3;
+                }
+                if ((rc = scan_node(prog, nd->child, r)) < 0)
+                    return rc;
+                if (r->est > r->max_out)
+                    REFUSED(r, R_BYTES);
+            }
+        }
+        r->cdepth--;
+        return OK;
+    }
+    case K_RECORD:
+        ENTER(r, r->est);
+        r->items += nd->n;
+        r->est += 2;
+        for (Py_ssize_t i = 0; i < nd->n; i++) {
+            r->est += nd->frags[i].n;
+            if ((rc = scan_node(prog, nd->kids[i], r)) < 0)
+                return rc;
+        }
+        r->cdepth--;
+        return OK;
+    case K_UNION:
+        if (read_long(r, &v) < 0 || v < 0 || v >= nd->n)
+            REFUSED(r, R_MALFORMED);
+        return scan_node(prog, nd->kids[v], r);
+    }
+    REFUSED(r, R_MALFORMED);
+}
+
+/* the refusal code of one value (R_NONE: within the limits) */
+static int
+scan_value(const Program *prog, const unsigned char *p, Py_ssize_t n, const limits *lim)
+{
+    rd r;
+    rd_init(&r, p, 0, n, lim, 0);
+    if (scan_node(prog, 0, &r) == REFUSE)
+        return r.why;
+    if (r.items > r.max_items)
+        return R_ITEMS;
+    if (r.est > r.max_out)
+        return R_BYTES;
+    return R_NONE;
+}
+
+static PyObject *
+py_scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 2 || nargs > 3 || !PyObject_TypeCheck(args[0], &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "scan(program, payload[, limits])");
+        return NULL;
+    }
+    limits lim;
+    if (parse_limits(nargs == 3 ? args[2] : NULL, &lim) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int code = scan_value((Program *)args[0], (const unsigned char *)view.buf, view.len, &lim);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(code);
+}
+
+static PyObject *
+py_scan_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 2 || nargs > 3 || !PyObject_TypeCheck(args[0], &ProgramType) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "scan_many(program, payloads: list[bytes-like][, limits])");
+        return NULL;
+    }
+    limits lim;
+    if (parse_limits(nargs == 3 ? args[2] : NULL, &lim) < 0)
+        return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    PyObject *list = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        int code;
+        if (PyBytes_Check(item)) {
+            code = scan_value((Program *)args[0], (const unsigned char *)PyBytes_AS_STRING(item),
+                              PyBytes_GET_SIZE(item), &lim);
+        } else {
+            Py_buffer view;
+            if (PyObject_GetBuffer(item, &view, PyBUF_SIMPLE) < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            code = scan_value((Program *)args[0], (const unsigned char *)view.buf, view.len, &lim);
+            PyBuffer_Release(&view);
+        }
+        if (code == R_NONE)
+            continue;
+        PyObject *k = PyLong_FromSsize_t(i), *v = PyLong_FromLong(code);
+        if (k == NULL || v == NULL || PyDict_SetItem(out, k, v) < 0) {
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(k);
+        Py_DECREF(v);
+    }
+    return out;
+}
+
+/* after a value rendered without refusal: the totals (checked at the end, as scan_value does) */
+static inline int
+final_check(rd *r, const obuf *o)
+{
+    if (r->items > r->max_items) /* the value itself against a limit of 0; the rest is checked when added */
+        REFUSED(r, R_ITEMS);
+    if (o->len - r->mark > r->max_out)
+        REFUSED(r, R_BYTES);
+    return OK;
+}
+
 /* ---- module functions -------------------------------------------------------------------------------- */
 
 static PyObject *
 py_render_value(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2 || !PyObject_TypeCheck(args[0], &ProgramType)) {
-        PyErr_SetString(PyExc_TypeError, "render_value(program, payload)");
+    if (nargs < 2 || nargs > 3 || !PyObject_TypeCheck(args[0], &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "render_value(program, payload[, limits])");
         return NULL;
     }
+    limits lim;
+    if (parse_limits(nargs == 3 ? args[2] : NULL, &lim) < 0)
+        return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     obuf o = {NULL, 0, 0};
-    rd r = {(const unsigned char *)view.buf, 0, view.len};
-    int rc = render_node((Program *)args[0], 0, &r, &o, 0);
+    rd r;
+    rd_init(&r, (const unsigned char *)view.buf, 0, view.len, &lim, 0);
+    int rc = render_node((Program *)args[0], 0, &r, &o, DEPTH_START(lim.max_depth));
+    if (rc == OK)
+        rc = final_check(&r, &o);
     PyBuffer_Release(&view);
     PyObject *res;
     if (rc == OK)
         res = PyBytes_FromStringAndSize(o.buf ? o.buf : "", o.len);
     else if (rc == BAIL)
         res = Py_NewRef(Py_None);
+    else if (rc == REFUSE)
+        res = PyLong_FromLong(r.why);
     else
         res = NULL;
     PyMem_Free(o.buf);
@@ -849,9 +1196,13 @@ py_schema_ids(PyObject *module, PyObject *records)
 typedef struct {
     PyObject *programs; /* dict id -> Program */
     PyObject *fallback;
+    PyObject *refuse; /* refuse(field, raw, code) -> the field's bytes; NULL: the fallback renders it */
+    limits lim;
     int64_t last_id;
     Program *last_prog; /* borrowed from programs; NULL: the id has none */
 } field_ctx;
+
+static int put_field_result(obuf *o, PyObject *res);
 
 /* '"<name>":' + the value, or the fallback's bytes */
 static int
@@ -886,16 +1237,33 @@ render_field(field_ctx *fc, obuf *o, PyObject *v, const char *name, Py_ssize_t n
             put(o, "\"", 1);
             put(o, name, name_len);
             PUTLIT(o, "\":");
-            rd r = {(const unsigned char *)PyBytes_AS_STRING(v), 5, PyBytes_GET_SIZE(v)};
-            int rc = render_node(prog, 0, &r, o, 0);
+            rd r;
+            rd_init(&r, (const unsigned char *)PyBytes_AS_STRING(v), 5, PyBytes_GET_SIZE(v), &fc->lim, o->len);
+            int rc = render_node(prog, 0, &r, o, DEPTH_START(fc->lim.max_depth));
+            if (rc == OK)
+                rc = final_check(&r, o);
             if (rc == OK)
                 return OK;
             if (rc == ERR)
                 return ERR;
             o->len = mark;
+            if (rc == REFUSE && fc->refuse != NULL) { /* that record's error: never a decoder that may not */
+                PyObject *code = PyLong_FromLong(r.why);
+                if (code == NULL)
+                    return ERR;
+                PyObject *res = PyObject_CallFunctionObjArgs(fc->refuse, pyname, v, code, NULL);
+                Py_DECREF(code);
+                return put_field_result(o, res);
+            }
         }
     }
-    PyObject *res = PyObject_CallFunctionObjArgs(fc->fallback, pyname, v, NULL);
+    return put_field_result(o, PyObject_CallFunctionObjArgs(fc->fallback, pyname, v, NULL));
+}
+
+/* a fallback's or refuse's result (a new reference or NULL) appended */
+static int
+put_field_result(obuf *o, PyObject *res)
+{
     if (res == NULL)
         return ERR;
     if (!PyBytes_Check(res)) {
@@ -942,14 +1310,32 @@ release_buf(obuf *o, int shared)
         shared_busy = 0;
 }
 
+/* an int as a 64-bit integer; -1 with OverflowError / TypeError set. PyLong_AsLongLong takes a slow generic
+   path for an int of more than one 30-bit digit (every timestamp); this one loops over the digits. */
+static inline int
+as_i64(PyObject *v, long long *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "offset or timestamp out of the 64-bit range");
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
 static PyObject *
 py_render_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5 || !PyList_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2])
-        || !PyDict_Check(args[3]) || !PyCallable_Check(args[4])) {
+    if (nargs < 5 || nargs > 7 || !PyList_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2])
+        || !PyDict_Check(args[3]) || !PyCallable_Check(args[4])
+        || (nargs >= 6 && args[5] != Py_None && !PyCallable_Check(args[5]))) {
         PyErr_SetString(PyExc_TypeError, "render_chunk(records: list, head: bytes, sep: bytes, programs: dict, "
-                                         "fallback: callable)");
+                                         "fallback: callable[, refuse: callable | None[, limits]])");
         return NULL;
     }
     PyObject *records = args[0], *head = args[1], *sep = args[2];
@@ -960,7 +1346,10 @@ py_render_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (key_name == NULL || value_name == NULL)
             return NULL;
     }
-    field_ctx fc = {args[3], args[4], -1, NULL};
+    field_ctx fc = {args[3], args[4], (nargs >= 6 && args[5] != Py_None) ? args[5] : NULL, DEFAULT_LIMITS, -1,
+                    NULL};
+    if (parse_limits(nargs == 7 ? args[6] : NULL, &fc.lim) < 0)
+        return NULL;
     /* one buffer kept between calls (no page faults and regrowth per chunk); a nested call gets its own */
     obuf o = {NULL, 0, 0};
     int shared = !shared_busy;
@@ -984,9 +1373,8 @@ py_render_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_TypeError, "record %zd: key/value must be bytes or None, headers a tuple", i);
             goto fail;
         }
-        long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 0));
-        long long ts = PyLong_AsLongLong(PyTuple_GET_ITEM(rec, 1));
-        if ((offset == -1 || ts == -1) && PyErr_Occurred())
+        long long offset, ts;
+        if (as_i64(PyTuple_GET_ITEM(rec, 0), &offset) < 0 || as_i64(PyTuple_GET_ITEM(rec, 1), &ts) < 0)
             goto fail;
         if (o.cap - o.len < PyBytes_GET_SIZE(sep) + PyBytes_GET_SIZE(head) + 64
             && grow(&o, PyBytes_GET_SIZE(sep) + PyBytes_GET_SIZE(head) + 64) < 0)
@@ -1062,14 +1450,21 @@ static PyMethodDef methods[] = {
     {"compile", (PyCFunction)py_compile, METH_O,
      "compile(nodes) -> Program\n\nA flat node list (see avro_fast.py) compiled for rendering."},
     {"render_value", (PyCFunction)(void (*)(void))py_render_value, METH_FASTCALL,
-     "render_value(program, payload) -> bytes | None\n\nOne unframed Avro payload as JSON; None when it "
-     "does not decode here (the Python path decides)."},
+     "render_value(program, payload[, limits]) -> bytes | None | int\n\nOne unframed Avro payload as JSON; "
+     "None when it does not decode here (the Python path decides); an int: refused (the code, see scan)."},
+    {"scan", (PyCFunction)(void (*)(void))py_scan, METH_FASTCALL,
+     "scan(program, payload[, limits]) -> int\n\n0 when the unframed payload is within the limits (depth, items, "
+     "fixed JSON bytes), else the refusal code (1 depth, 2 items, 3 bytes, 4 not Avro of the schema)."},
+    {"scan_many", (PyCFunction)(void (*)(void))py_scan_many, METH_FASTCALL,
+     "scan_many(program, payloads[, limits]) -> dict[int, int]\n\nscan() of every payload of a list: the index "
+     "and refusal code of each refused one (empty: all within the limits)."},
     {"schema_ids", (PyCFunction)py_schema_ids, METH_O,
      "schema_ids(records) -> set[int]\n\nThe schema ids of the framed keys and values of record tuples."},
     {"render_chunk", (PyCFunction)(void (*)(void))py_render_chunk, METH_FASTCALL,
-     "render_chunk(records, head, sep, programs, fallback) -> (bytes, payload)\n\nThe gateway's JSON objects "
-     "of records with avro keys and values rendered by programs (schema id -> Program); every other key or "
-     "value is fallback(b'key' | b'value', raw) -> the field's bytes ('\"value\":...')."},
+     "render_chunk(records, head, sep, programs, fallback[, refuse[, limits]]) -> (bytes, payload)\n\nThe "
+     "gateway's JSON objects of records with avro keys and values rendered by programs (schema id -> Program); "
+     "a value over the limits is refuse(b'key' | b'value', raw, code) -> the field's bytes (its per-record "
+     "error); every other key or value is fallback(b'key' | b'value', raw) -> the field's bytes."},
     {NULL, NULL, 0, NULL},
 };
 

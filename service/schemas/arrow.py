@@ -78,7 +78,8 @@ import orjson
 import pyarrow as pa
 from fastavro import parse_schema, schemaless_reader
 
-from service.schemas.avro import load_schema
+from service.schemas.avro import AvroCodec, load_schema
+from service.schemas.avro_limits import R_MALFORMED, refusal_message
 from service.schemas.registry import CacheBudget, LRUCache
 from service.schemas.wire import WireFormatError, unframe
 
@@ -949,6 +950,17 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
                 indexes.append(fr.message_indexes)
                 kept.append(i)
             rows = kept
+        if fmt == "avro":  # the limits of service/schemas/avro_limits.py, before any reader sees a payload
+            refused = _avro_refusals(bodies, lookup(sid))
+            if refused:
+                kept = []
+                for k, i in enumerate(rows or range(n)):
+                    if k in refused:
+                        errors[i] = refused[k]
+                    else:
+                        kept.append(i)
+                bodies = [b for k, b in enumerate(bodies) if k not in refused]
+                rows = kept
         where: Sequence[int] = range(n) if rows is None else rows
         arr = reader.read_columns(bodies, lookup(sid)) if not protobuf else None
         if arr is None:
@@ -967,6 +979,26 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
             return TypedColumn(arr, ids, errors, reader_id)
         pieces.append((where, arr))
     return TypedColumn(_assemble(pieces, n, reader.type), ids, errors, reader_id)
+
+
+def _avro_refusals(bodies: list[Any], resolved: Any) -> dict[int, str]:
+    """Index -> error text of the payloads over the decode limits (a deep, item- or byte-amplifying value is
+    an error row; the readers behind, fastavro's above all, never see it). A writer schema the gateway's Avro
+    codec does not take makes every row an error."""
+    codec, sid = resolved.codec, resolved.schema_id
+    if not isinstance(codec, (AvroCodec, Exception)):  # not compiled by a resolver (tests): compile it here
+        try:
+            codec = AvroCodec(resolved.schema.schema, references=list((resolved.references or {}).values()))
+        except Exception as exc:
+            codec = exc
+    if not isinstance(codec, AvroCodec):
+        return dict.fromkeys(range(len(bodies)), f"avro: schema id {sid}: {codec}")
+    out: dict[int, str] = {}
+    for k, code in codec.refusals(bodies).items():
+        text = refusal_message(code, len(bodies[k]))
+        out[k] = (f"avro: payload is not Avro of schema id {sid}: {text}" if code == R_MALFORMED
+                  else f"avro: schema id {sid}: {text}")
+    return out
 
 
 def _assemble(pieces: list[tuple[Sequence[int], pa.Array]], n: int, typ: pa.DataType) -> pa.Array:

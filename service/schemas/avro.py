@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+from service.schemas import avro_limits
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
 
 RENDER_CONFLUENT = "confluent"
@@ -593,9 +594,55 @@ class AvroCodec:
         self._render = _build_renderers(self._root, rendering)
         self._convert = _build_converters(self._root, union_names, strict_unions)
         self.record_name = self._root.fullname or None  # for RecordNameStrategy subjects
+        # the guard run before fastavro reads a payload (service/schemas/avro_limits.py)
+        from service.schemas import avro_fast as fast
+
+        self._scan_nodes = fast.scan_nodes(self._root)
+        self._scan_program = fast.compile_scan(self._scan_nodes)
+        self._cscan = fast._cavro.scan if self._scan_program is not None else None
+        self._cscan_many = fast._cavro.scan_many if self._scan_program is not None else None
+        self._may_nest = _has_cycle(self._scan_nodes)  # a recursive schema: values of any depth
+        # no cycle, array or map: every value's depth, items and fixed JSON bytes have a bound of the schema's
+        self._static = None if self._may_nest else _static_bound(self._scan_nodes)
+
+    def refusal(self, payload: bytes | memoryview) -> int:
+        """The refusal code of an unframed payload against the gateway's limits
+        (:mod:`service.schemas.avro_limits`; 0: within them). Bounded: fastavro may read what passes."""
+        if self._always_within():
+            return 0
+        if self._cscan is not None:
+            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())  # type: ignore[no-any-return]
+        return avro_limits.scan_py(self._scan_nodes, payload)
+
+    def _always_within(self) -> bool:
+        """Whether no payload can be over the limits but by not being Avro of the schema (then the decoders
+        are safe as they are: nothing loops or nests beyond the schema)."""
+        if self._static is None:
+            return False
+        lim = avro_limits.LIMITS
+        depth, items, est = self._static
+        return depth <= lim.max_depth and items <= lim.items_base and est <= min(lim.floor, lim.cap)
+
+    def refusals(self, payloads: list[Any]) -> dict[int, int]:
+        """:meth:`refusal` of many payloads: index -> code of each refused one (in one C call). A schema whose
+        values are bounded by the schema alone (:meth:`_always_within`) skips the scan."""
+        if self._always_within():
+            return {}
+        if self._cscan_many is not None:
+            return self._cscan_many(self._scan_program, payloads,  # type: ignore[no-any-return]
+                                    avro_limits.limits_tuple())
+        return {i: code for i, p in enumerate(payloads) if (code := self.refusal(p))}
+
+    def refusal_error(self, payload: bytes | memoryview) -> AvroDecodeError | None:
+        """:meth:`refusal` as the error of that payload (None: fastavro may read it)."""
+        code = self.refusal(payload)
+        return AvroDecodeError(avro_limits.refusal_message(code, len(payload))) if code else None
 
     # -- decode
     def decode(self, payload: bytes) -> Any:
+        refused = self.refusal_error(payload)
+        if refused is not None:
+            raise refused
         try:
             value = schemaless_reader(io.BytesIO(payload), self._read_schema, None, self._wrapped_read, True)
         except Exception as exc:
@@ -612,7 +659,12 @@ class AvroCodec:
         wrapped = self._wrapped_read
         render = self._render
         bytes_io = io.BytesIO
-        for payload in payloads:
+        payloads = payloads if type(payloads) is list else list(payloads)
+        refused = self.refusals(payloads)  # never handed to fastavro (it recurses per level, loops per item)
+        for i, payload in enumerate(payloads):
+            if refused and i in refused:
+                append(AvroDecodeError(avro_limits.refusal_message(refused[i], len(payload))))
+                continue
             try:
                 value = read(bytes_io(payload), schema, None, wrapped, True)
                 append(render(value) if render is not None else value)
@@ -622,8 +674,15 @@ class AvroCodec:
 
     # -- encode
     def validate(self, value: Any) -> Any:
-        """The fastavro datum for ``value``; raises :class:`AvroEncodeError` naming the path."""
-        return self._convert(value, "$")
+        """The fastavro datum for ``value``; raises :class:`AvroEncodeError` naming the path. A value of a
+        schema that may nest without end (a named type reached twice) is first held to the depth limit, as
+        the decoders are (a union's ``{"branch": ...}`` wrapper counts as a level here)."""
+        if self._may_nest:
+            _check_depth(value, 2 * avro_limits.LIMITS.max_depth + 1)
+        try:
+            return self._convert(value, "$")
+        except RecursionError:
+            raise AvroEncodeError("$", "nested too deeply") from None
 
     def encode(self, value: Any) -> bytes:
         datum = self.validate(value)
@@ -633,6 +692,86 @@ class AvroCodec:
         except Exception as exc:  # validation above should make this unreachable
             raise AvroEncodeError("$", _reason(exc)) from None
         return out.getvalue()
+
+
+def _has_cycle(nodes: list[Any]) -> bool:
+    """Whether the flat node list (avro_fast.program_nodes) has a cycle: a type that contains itself."""
+    state = [0] * len(nodes)  # 0 new, 1 on the path, 2 done
+    for start in range(len(nodes)):
+        if state[start]:
+            continue
+        state[start] = 1
+        path: list[tuple[int, Iterator[int]]] = [(start, iter(_refs(nodes[start])))]
+        while path:
+            node, refs = path[-1]
+            nxt = next(refs, None)
+            if nxt is None:
+                state[node] = 2
+                path.pop()
+            elif state[nxt] == 1:
+                return True
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                path.append((nxt, iter(_refs(nodes[nxt]))))
+    return False
+
+
+def _static_bound(nodes: list[Any]) -> tuple[int, int, int] | None:
+    """(depth, items, fixed JSON bytes) no value of an acyclic schema without arrays and maps exceeds, as
+    service/schemas/avro_limits.py counts them; None for other schemas."""
+    from service.schemas.avro_limits import _K_ARRAY, _K_ENUM, _K_MAP, _K_NULL, _K_RECORD, _K_UNION
+
+    memo: dict[int, tuple[int, int, int]] = {}
+
+    def bound(i: int) -> tuple[int, int, int]:
+        got = memo.get(i)
+        if got is not None:
+            return got
+        kind, _, _, kids, frags = nodes[i]
+        if kind in (_K_ARRAY, _K_MAP):
+            raise ValueError("unbounded")
+        if kind == _K_RECORD:
+            parts = [bound(k) for k in kids]
+            got = (1 + max((p[0] for p in parts), default=0), len(kids) + sum(p[1] for p in parts),
+                   2 + sum(map(len, frags)) + sum(p[2] for p in parts))
+        elif kind == _K_UNION:
+            parts = [bound(k) for k in kids]
+            got = (max((p[0] for p in parts), default=0), max((p[1] for p in parts), default=0),
+                   max((p[2] for p in parts), default=0))
+        elif kind == _K_ENUM:
+            got = (0, 0, max(map(len, frags), default=0))
+        else:
+            got = (0, 0, 4 if kind <= 1 or kind == _K_NULL else 2)
+        memo[i] = got
+        return got
+
+    try:
+        depth, items, est = bound(0)
+    except (ValueError, RecursionError):
+        return None
+    return depth, items + 1, est
+
+
+def _refs(node: Any) -> list[int]:
+    _, _, child, kids, _ = node
+    return [child, *kids] if child >= 0 else list(kids)
+
+
+def _check_depth(value: Any, limit: int) -> None:
+    """Raise :class:`AvroEncodeError` when JSON ``value`` nests objects / arrays deeper than ``limit``."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children: Iterable[Any] = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if d > limit:
+            raise AvroEncodeError("$", f"nested deeper than {avro_limits.LIMITS.max_depth} levels "
+                                  "(GATEWAY_SCHEMA_MAX_DEPTH)")
+        stack.extend((c, d + 1) for c in children)
 
 
 def _reason(exc: BaseException) -> str:

@@ -4,8 +4,11 @@
 option=OPT_NON_STR_KEYS)``. This module compiles a codec's parsed schema (its ``_Node`` tree) into a flat
 node list that ``service.schemas._cavro`` (built by ``hatch_build.py``) renders without a Python object per
 value; the tests check both produce the same bytes. Where the C code is not sure (a payload that does not
-decode, invalid UTF-8, a map with a repeated key, deep nesting, ...) it hands the key or value to a Python
-fallback, so the reference decides every case the fast path does not cover.
+decode, invalid UTF-8, a map with a repeated key, ...) it hands the key or value to a Python fallback, so
+the reference decides every case the fast path does not cover. A value over the limits of
+:mod:`service.schemas.avro_limits` (too deep, too many items, too many bytes) is refused instead: it becomes
+that record's error, never the fallback's. :func:`scan_nodes` / :func:`compile_scan` build the program those
+limits are checked with before the Python decoders read a payload.
 
 ``compile_program(codec)`` returns ``None`` (use the Python path for that schema) when the C module is not
 available, or when the Python rendering has a shape this compiler does not reproduce: the karapace rendering
@@ -101,10 +104,11 @@ def _zero_size(node: _Node, seen: set[int]) -> bool:
     return all(_zero_size(f, seen) for _, f, _, _ in node.fields)
 
 
-def program_nodes(root: _Node, rendering: str) -> list[Node]:
-    """The flat node list of a schema for a rendering (index 0 is the root). Raises :class:`Unsupported`."""
+def program_nodes(root: _Node, rendering: str, strict: bool = True) -> list[Node]:
+    """The flat node list of a schema for a rendering (index 0 is the root). Raises :class:`Unsupported`
+    (not when ``strict`` is false: the list of :func:`scan_nodes`, which only walks payloads)."""
     tagged = rendering == RENDER_CONFLUENT
-    needs = {} if tagged else _bytes_renderers(root)
+    needs = {} if tagged or not strict else _bytes_renderers(root)
     nodes: list[Node | None] = []
     index: dict[int, int] = {}
 
@@ -130,21 +134,21 @@ def program_nodes(root: _Node, rendering: str) -> list[Node]:
             entry = (K_MAP, 0, add(node.items[0]), (), ())
         elif kind == "record":
             names = [name for name, _, _, _ in node.fields]
-            if len(set(names)) != len(names):
+            if strict and len(set(names)) != len(names):
                 raise Unsupported(f"record {node.fullname} repeats a field name")
             kids = tuple(add(ftype) for _, ftype, _, _ in node.fields)
             frags = tuple((b"," if n else b"") + _json_str(name) + b":" for n, name in enumerate(names))
             entry = (K_RECORD, 0, -1, kids, frags)
         elif kind == "union":
-            if not tagged and _guesses_wrong(node, needs):
+            if strict and not tagged and _guesses_wrong(node, needs):
                 raise Unsupported("karapace rendering of a union whose object branches look alike")
-            if tagged and not any(b.kind != "null" for b in node.items):
+            if strict and tagged and not any(b.kind != "null" for b in node.items):
                 raise Unsupported("a union of null alone")
             kids = tuple(add(b) for b in node.items)
             frags = tuple(b"" if (not tagged or b.kind == "null") else b"{" + _json_str(_type_tag(b)) + b":"
                           for b in node.items)
             entry = (K_UNION, 0, -1, kids, frags)
-        else:
+        else:  # not produced by the parser
             raise Unsupported(f"unknown kind {kind!r}")
         nodes[i] = entry
         return i
@@ -165,7 +169,25 @@ def compile_program(codec: Any) -> Any:
     return _cavro.compile(nodes)
 
 
-def render_value(program: Any, payload: bytes) -> bytes | None:
-    """One unframed payload as JSON bytes; ``None`` where the C code leaves it to the Python path."""
+def render_value(program: Any, payload: bytes, limits: tuple[int, ...] | None = None) -> bytes | int | None:
+    """One unframed payload as JSON bytes; ``None`` where the C code leaves it to the Python path; an int
+    (the refusal code of :mod:`service.schemas.avro_limits`) for a value over the limits (default: the C
+    module's defaults, those of ``DecodeLimits()``)."""
     assert _cavro is not None
-    return _cavro.render_value(program, payload)  # type: ignore[no-any-return]
+    return _cavro.render_value(program, payload, limits)  # type: ignore[no-any-return]
+
+
+def scan_nodes(root: _Node) -> list[Node]:
+    """The node list :mod:`service.schemas.avro_limits` scans payloads with (any schema the parser takes)."""
+    return program_nodes(root, RENDER_CONFLUENT, strict=False)
+
+
+def compile_scan(nodes: list[Node]) -> Any:
+    """The C program of :func:`scan_nodes`' list, or ``None`` (no C module, or a list it refuses: an empty
+    union)."""
+    if _cavro is None:
+        return None
+    try:
+        return _cavro.compile(nodes)
+    except (TypeError, ValueError):
+        return None

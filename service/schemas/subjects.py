@@ -153,14 +153,15 @@ class TenantSchemaView:
         self.client = inner.client
         self.codecs = inner.codecs
         self.avro_rendering = inner.avro_rendering
+        self.budget = getattr(inner, "budget", None)
         self._allows = allows
         self._readable: LRUCache[int, bool] = LRUCache(DECISIONS)
 
     schema_ids = staticmethod(framed_schema_ids)
 
-    async def prepare(self, schema_ids: Any, **kwargs: Any) -> None:
+    async def prepare(self, schema_ids: Any, *args: Any, **kwargs: Any) -> None:
         ids = set(schema_ids)
-        await self.inner.prepare(ids, **kwargs)
+        await self.inner.prepare(ids, *args, **kwargs)
         subjects = id_subjects(self.client)
         for sid in ids:
             if self.inner.cached(sid) is None:
@@ -170,6 +171,11 @@ class TenantSchemaView:
             except SchemaNotFound:  # its subjects are gone (deleted): nobody can show it is theirs
                 ok = False
             self._readable.put(sid, ok)
+
+    async def resolve(self, schema_id: int) -> Any:
+        """The resolved schema of an id the tenant may read, else ``None`` (as for an unknown id)."""
+        await self.prepare((schema_id,))
+        return self.cached(schema_id)
 
     def readable(self, schema_id: int) -> bool:
         return self._readable.get(schema_id) is True

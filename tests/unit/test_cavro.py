@@ -31,7 +31,7 @@ from api.render import (
     render_schema_chunks,
 )
 from service.protocol.records import Record
-from service.schemas import avro_fast
+from service.schemas import avro_fast, avro_limits
 from service.schemas.avro import AvroCodec, _Node
 from service.schemas.formats import SchemaResolver
 from service.schemas.registry import RegistryClient, RegistryConfig
@@ -210,10 +210,14 @@ def reference(codec: AvroCodec, payload: bytes) -> bytes | None:
 
 
 def check(codec: AvroCodec, program: Any, payload: bytes) -> str:
-    """The C result agrees with the reference: equal when C renders; a bail is always allowed."""
+    """The C result agrees with the reference: equal when C renders; a bail is always allowed; a refusal
+    (over the decode limits, or a block count the payload cannot hold) is an error on the Python path too."""
     got = avro_fast.render_value(program, payload)
     if got is None:
         return "bail"
+    if isinstance(got, int):
+        assert reference(codec, payload) is None, (payload, got)
+        return "refused"
     want = reference(codec, payload)
     assert got == want, (payload, got, want)
     return "ok"
@@ -330,7 +334,7 @@ def test_deep_nesting_bails() -> None:
     program = avro_fast.compile_program(codec)
     shallow = b"\x02" * 20 + b"\x00"
     assert avro_fast.render_value(program, shallow) == reference(codec, shallow)
-    assert avro_fast.render_value(program, b"\x02" * 400 + b"\x00") is None
+    assert avro_fast.render_value(program, b"\x02" * 400 + b"\x00") == avro_limits.R_DEPTH  # refused, no bail
 
 
 def test_unsupported_shapes_have_no_program() -> None:

@@ -1,7 +1,7 @@
 """One memory budget for the process (``GATEWAY_MEMORY_BUDGET_BYTES``): everything that holds record bytes
 because a client asked for them is charged to it.
 
-Four kinds of charge:
+Five kinds of charge:
 
 - ``prefetch``: records fetched for consumer instances and not yet handed to their owners (the fetcher's
   buffer). Charged when a fetch response has been decoded, released as polls drain it.
@@ -14,7 +14,7 @@ Four kinds of charge:
   path, until the answer left the process).
 - ``send``: answer bodies (range pages, polls, stream chunks, produce answers) written to a connection and not yet
   sent: charged (forced: the bytes exist) when written, released once the connection drained below its
-  high-water mark (service/httpserver.py ``held_send``), so a client that does not read holds its answer in
+  low-water mark (service/httpserver.py ``held_send``), so a client that does not read holds its answer in
   the budget and later requests wait for room instead of the process growing.
 
 Consumer prefetch (``prefetch`` + ``fetch``) may take at most :attr:`MemoryBudget.prefetch_limit` (three quarters

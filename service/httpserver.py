@@ -11,6 +11,12 @@ discards) what the client still sends, so the client reads the answer instead of
 
 :class:`HeadScanner` is the sans-io part (counts and verdicts over chunks); the protocol classes only
 decide when a request head begins and ends (parser callbacks for httptools, h11's connection state).
+
+On the output side (:class:`OutputLimits`): each connection's write-buffer high-water mark is
+``GATEWAY_HTTP_MAX_UNSENT_BYTES`` (uvicorn's writers wait above it); a connection above it for
+``GATEWAY_HTTP_SEND_TIMEOUT_S``, or closed with unsent bytes for that long, is aborted (its client stopped
+reading); :func:`held_send` keeps a large answer in the memory budget until it left the process, and
+:class:`LeanCycle` completes a request only once its answer drained.
 """
 
 from __future__ import annotations

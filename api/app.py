@@ -33,6 +33,7 @@ from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
+from service.httpserver import held_send
 from service.metrics import GatewayCollector, GatewayMetrics, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
@@ -192,13 +193,18 @@ class GatewayApp(FastAPI):
     and the middleware stack: a plain ``POST /topics/...`` is served there, anything else as usual."""
 
     lean_produce: LeanProduce | None = None
+    #: answers are written in pieces of at most this (GATEWAY_HTTP_MAX_UNSENT_BYTES) and held in the memory
+    #: budget until they left the process (service/httpserver.py ``held_send``)
+    output_chunk_bytes: int = 1024 * 1024
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
-        lean = self.lean_produce
-        if lean is not None and scope["type"] == "http" and scope["method"] == "POST" \
-                and await lean(self, scope, receive, send):
-            return
+        if scope["type"] == "http":
+            send = held_send(send, getattr(getattr(self.state, "gateway", None), "budget", None),
+                             self.output_chunk_bytes)
+            lean = self.lean_produce
+            if lean is not None and scope["method"] == "POST" and await lean(self, scope, receive, send):
+                return
         await super().__call__(scope, receive, send)
 
     def lean_begin(self, scope: dict[str, Any]) -> Any:
@@ -319,6 +325,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                           peer_token_header=TOKEN_HEADER)
         app.add_middleware(HostCheckMiddleware, guard=guard)
     # plain produce requests skip the framework and the middlewares above, doing their duties itself
+    app.output_chunk_bytes = settings.http_max_unsent_bytes
     app.lean_produce = LeanProduce(settings.max_body_bytes, settings.memory_wait_s, metrics, guard)
 
     @app.get("/", tags=["ops"], summary="Service name, version and links (Confluent's v2 answers {} here)")

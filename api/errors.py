@@ -67,6 +67,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (410, 41001, 'consumer instance expired after its idle timeout'),
     (413, 41301, 'request body too large'),
     (413, 41302, 'produce: a key/value schema (posted, or named by id) over GATEWAY_SCHEMA_MAX_BYTES'),
+    (413, 41303, 'produce: more records in one request than GATEWAY_PRODUCE_MAX_RECORDS (nothing written)'),
     (415, 41501, 'unsupported request content type'),
     (421, 42101, 'the Host header is not one of GATEWAY_ALLOWED_HOSTS (DNS rebinding guard)'),
     (422, 42201, 'produce (avro, protobuf, jsonschema): the request includes keys but no key_schema or '

@@ -304,7 +304,7 @@ class LeanProduceCall:
             return self._error_answer(request, exc)
 
         def answer(content: bytes, status: int) -> None:
-            self._release()
+            # the body's memory charge is held until the answer left the process (:meth:`sent`)
             self.observe(status)
             respond(status, [(b"content-length", b"%d" % len(content)), _PRODUCE_START_HEADERS], content)
 
@@ -335,6 +335,10 @@ class LeanProduceCall:
         """The client went away before the body was complete: nothing produced, nothing to answer."""
         self._release()
         self.observe(500)
+
+    def sent(self) -> None:
+        """The answer left the process, or the client went away (service/httpserver.py ``LeanCycle``)."""
+        self._release()
 
     def _release(self) -> None:
         if self.charged:

@@ -308,8 +308,16 @@ def _int_field(v: Any, i: int, field: str, maximum: int) -> int | None:
     return v
 
 
-def parse_records(body: Any, fmt: str, path_partition: int | None) -> tuple[list[tuple[Any, ...]], list[int]]:
-    """(key, value, headers, partition, timestamp) tuples and key+value sizes, or a 422 GatewayError.
+def too_many_records(max_records: int) -> GatewayError:
+    """413 / 41303: more records in one request than ``GATEWAY_PRODUCE_MAX_RECORDS`` (nothing is written)."""
+    return GatewayError(f"more than {max_records} records in one produce request (GATEWAY_PRODUCE_MAX_RECORDS): "
+                        "nothing was written; send them in several requests", status=413, error_code=41303)
+
+
+def parse_records(body: Any, fmt: str, path_partition: int | None,
+                  max_records: int | None = None) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """(key, value, headers, partition, timestamp) tuples and key+value sizes, or a 422 GatewayError (413 /
+    41303 for more than ``max_records`` records, before any record is looked at).
 
     With a schema'd ``fmt`` (avro, protobuf, jsonschema) key and value stay the JSON data as sent (sizes 0):
     :func:`_encode_schema_records` replaces them with their framed bytes."""
@@ -323,6 +331,8 @@ def parse_records(body: Any, fmt: str, path_partition: int | None) -> tuple[list
     records = body.get("records")
     if type(records) is not list or not records:
         raise _invalid("records must be a non-empty array")
+    if max_records is not None and len(records) > max_records:
+        raise too_many_records(max_records)
     binary = fmt == "binary"
     if binary and encoding.native is not None:  # plain base64 key/value records, decoded in C
         fast = encoding.native.parse_binary(records, path_partition)
@@ -383,15 +393,20 @@ def _parse_record(r: Any, i: int, mode: str, path_partition: int | None) -> tupl
     return key, value, headers, partition, ts
 
 
-def parse_body_records(raw: bytes, fmt: str, path_partition: int | None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
+def parse_body_records(raw: bytes, fmt: str, path_partition: int | None,
+                       max_records: int | None = None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
     """The parsed body (None for a plain binary body, parsed in C without a JSON parser: ``{"records":
-    [{"key"/"value": <base64> | null}, ...]}``, no dict per record), its records and their sizes; errors raise."""
+    [{"key"/"value": <base64> | null}, ...]}``, no dict per record), its records and their sizes; errors raise.
+    More than ``max_records`` records (``GATEWAY_PRODUCE_MAX_RECORDS``) is 413 / 41303: the C parser stops at
+    the record after the cap, the JSON path before any record is converted."""
     if fmt == "binary" and encoding.native is not None:
-        plain = encoding.native.parse_body_binary(raw, path_partition)
+        plain = encoding.native.parse_body_binary(raw, path_partition, -1 if max_records is None else max_records)
         if plain is not None:
+            if type(plain) is int:
+                raise too_many_records(plain - 1)
             return None, plain[0], plain[1]
     body = _parse_body(raw, fmt)
-    records, sizes = parse_records(body, fmt, path_partition)
+    records, sizes = parse_records(body, fmt, path_partition, max_records)
     return body, records, sizes
 
 
@@ -509,7 +524,8 @@ async def produce_answer(request: Request, tenant: Tenant, topic: str, path_part
     """The ProduceResponse body (media type ``V2``) and HTTP status of one produce request; errors raise."""
     fmt = embedded_format(request)
     tenant.require_topic(topic)
-    body, records, sizes = parse_body_records(await request.body(), fmt, path_partition)
+    body, records, sizes = parse_body_records(await request.body(), fmt, path_partition,
+                                              request.app.state.settings.produce_max_records)
     plain = body is None
     require_legal_topic_name(topic)
     producer = producer_for(request, tenant)
@@ -580,7 +596,8 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
     producer = producer_for(request, tenant)
     if producer.cached_partition_count(topic) is None:
         return False  # (before the body is parsed: produce_answer parses it)
-    body, records, sizes = parse_body_records(request._body, fmt, path_partition)
+    body, records, sizes = parse_body_records(request._body, fmt, path_partition,
+                                              request.app.state.settings.produce_max_records)
     require_legal_topic_name(topic)
     _check_partitions(topic, set(producer.client.metadata.partitions(topic)), () if body is None else records,
                       path_partition)

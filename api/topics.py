@@ -8,6 +8,7 @@ partitions}``; a partition → ``{partition, leader, replicas: [{broker, leader,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.render import render_binary, render_json
+from api.responses import SlotResponse
 from service.fetch.ranges import (
     ARROW_STREAM,
     DEFAULT_MAX_BYTES,
@@ -269,6 +271,7 @@ async def read_partition_records(
     await catalog(request, tenant).partition(topic, partition)  # 40401 / 40402 (cached metadata)
     iso = READ_COMMITTED if isolation_level == "read_committed" else READ_UNCOMMITTED
     extra: dict[str, str] = {}
+    release: contextlib.AbstractAsyncContextManager[None] | None = None
     if end_offset is not None and end_offset <= offset:  # an empty range: nothing to ask the broker
         page = RangePage(topic, partition, offset, [], offset, end_offset)
         if typed:  # the typed schema alone (a reader learns the columns of a pinned or latest schema)
@@ -280,25 +283,35 @@ async def read_partition_records(
     else:
         # The page is charged to the process memory budget while it is read, decoded and rendered (the raw
         # fetch, the records, the answer: about 3 x max_bytes); no room within GATEWAY_MEMORY_WAIT_S: 503/50305.
+        # The answer's bytes are charged again (kind "send") from the moment they are written until they left
+        # the process (service/httpserver.py held_send), and the range-read slot is held until then too.
         settings = request.app.state.settings
-        async with request.app.state.gateway.budget.held(3 * max_bytes, "range", settings.memory_wait_s), \
-                tenant.range_read_slot():
-            page = await read_page(rt.client, TopicPartition(topic, partition), offset, end_offset,
-                                   isolation_level=iso, max_bytes=max_bytes)
-            if typed:
-                body, extra = await typed_ipc(page, TenantSchemas(request.app.state.schemas, tenant),
-                                          tenant.schema_registry, **typed)
-                payload = 0
-            elif media == ARROW:
-                body = (await asyncio.to_thread(to_arrow_ipc, page) if len(page.records) > 50_000
-                        else to_arrow_ipc(page))
-                payload = 0
-            else:
-                body, payload = _page_json(page, media)
+        slot = tenant.range_read_slot()
+        async with request.app.state.gateway.budget.held(3 * max_bytes, "range", settings.memory_wait_s):
+            await slot.__aenter__()
+            try:
+                page = await read_page(rt.client, TopicPartition(topic, partition), offset, end_offset,
+                                       isolation_level=iso, max_bytes=max_bytes)
+                if typed:
+                    body, extra = await typed_ipc(page, TenantSchemas(request.app.state.schemas, tenant),
+                                                      tenant.schema_registry, **typed)
+                    payload = 0
+                elif media == ARROW:
+                    body = (await asyncio.to_thread(to_arrow_ipc, page) if len(page.records) > 50_000
+                            else to_arrow_ipc(page))
+                    payload = 0
+                else:
+                    body, payload = _page_json(page, media)
+            except BaseException:
+                await slot.__aexit__(None, None, None)
+                raise
+        release = slot
     headers = page.headers() | extra
     metrics = request.app.state.metrics
     if page.records:
         metrics.records.labels(tenant.id).inc(len(page.records))
         if payload:
             metrics.bytes.labels(tenant.id).inc(payload)
-    return Response(body, media_type=media, headers=headers)
+    if release is None:
+        return Response(body, media_type=media, headers=headers)
+    return SlotResponse(body, release=release, media_type=media, headers=headers)

@@ -1,7 +1,7 @@
 """One memory budget for the process (``GATEWAY_MEMORY_BUDGET_BYTES``): everything that holds record bytes
 because a client asked for them is charged to it.
 
-Four kinds of charge:
+Five kinds of charge:
 
 - ``prefetch``: records fetched for consumer instances and not yet handed to their owners (the fetcher's
   buffer). Charged when a fetch response has been decoded, released as polls drain it.
@@ -10,7 +10,12 @@ Four kinds of charge:
   plus at most one record batch: Kafka returns the first batch even when it is larger, so a consumer can always
   progress) and is released when the response has been handled.
 - ``range``: offset-range pages being read, decoded and rendered (:meth:`MemoryBudget.reserve`, a short queue).
-- ``body``: request bodies being received (produce), charged as they arrive.
+- ``body``: request bodies being received (produce), charged as they arrive (and, on the protocol-level produce
+  path, until the answer left the process).
+- ``send``: answer bodies (range pages, polls, stream chunks, produce answers) written to a connection and not yet
+  sent: charged (forced: the bytes exist) when written, released once the connection drained below its
+  low-water mark (service/httpserver.py ``held_send``), so a client that does not read holds its answer in
+  the budget and later requests wait for room instead of the process growing.
 
 Consumer prefetch (``prefetch`` + ``fetch``) may take at most :attr:`MemoryBudget.prefetch_limit` (three quarters
 of the total), so consumers whose owners stopped polling cannot leave nothing for range reads and produce
@@ -39,7 +44,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-KINDS = ("prefetch", "fetch", "range", "body")
+KINDS = ("prefetch", "fetch", "range", "body", "send")
 #: The smallest fetch grant: below it the fetch waits for memory to be released.
 MIN_GRANT = 64 * 1024
 #: The share of the budget consumer prefetch (buffered + in-flight fetches) may use.

@@ -11,6 +11,12 @@ discards) what the client still sends, so the client reads the answer instead of
 
 :class:`HeadScanner` is the sans-io part (counts and verdicts over chunks); the protocol classes only
 decide when a request head begins and ends (parser callbacks for httptools, h11's connection state).
+
+On the output side (:class:`OutputLimits`): each connection's write-buffer high-water mark is
+``GATEWAY_HTTP_MAX_UNSENT_BYTES`` (uvicorn's writers wait above it); a connection above it for
+``GATEWAY_HTTP_SEND_TIMEOUT_S``, or closed with unsent bytes for that long, is aborted (its client stopped
+reading); :func:`held_send` keeps a large answer in the memory budget until it left the process, and
+:class:`LeanCycle` completes a request only once its answer drained.
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ class HeadLimits:
     max_count: int = 100  # header fields
     timeout_s: float = 10.0  # from the first byte of a request head (or the connection) to its end
     max_connections: int = 0  # 0: no limit
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLimits:
+    """What a connection may hold of answers its client has not read yet (the output side of the limits)."""
+
+    #: the transport's high-water mark: writers (uvicorn's ``send``, :func:`held_send`) wait above it
+    max_unsent_bytes: int = 1024 * 1024
+    #: a connection above its mark this long without draining below it (or closed with unsent bytes this long) is
+    #: aborted: its client stopped reading
+    send_timeout_s: float = 30.0
 
 
 class HeadScanner:
@@ -114,12 +131,14 @@ class CoalescingTransport:
     order; closing, EOF and aborts flush (or drop, for abort) what is held first. Everything else is the
     transport's own."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_send_timeout_s", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 send_timeout_s: float = OutputLimits.send_timeout_s) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] | None = None
+        self._send_timeout_s = send_timeout_s
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         held = self._held
@@ -145,7 +164,17 @@ class CoalescingTransport:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        transport = self._transport
+        transport.close()
+        if transport.get_write_buffer_size():
+            # a closing transport waits for its unsent bytes: a client that never reads them would keep the
+            # connection (and the bytes) forever
+            self._loop.call_later(self._send_timeout_s, self._abort_if_open, transport)
+
+    @staticmethod
+    def _abort_if_open(transport: asyncio.Transport) -> None:
+        if transport.get_write_buffer_size():
+            transport.abort()
 
     def write_eof(self) -> None:
         self.flush()
@@ -163,10 +192,57 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+#: an answer body shorter than this is passed on as written by :func:`held_send` (no charge, no wait): the
+#: connection's high-water mark bounds what a few of them hold
+HELD_MIN_BYTES = 64 * 1024
+_DRAIN_WAIT = {"type": "http.response.body", "body": b"", "more_body": True}
+_BODY_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
+    """An ASGI ``send`` that holds a large answer body in the memory budget (kind ``send``) until it left the
+    process: the body is written in pieces of at most ``chunk_bytes`` (the connection's high-water mark), each
+    after the connection drained below the mark (uvicorn's ``send`` waits for that), then an empty piece waits
+    for the last to drain, and only then is the charge released and the body (or the stream's chunk) done.
+    A client that does not read keeps its request unfinished (a pipelined request waits) until the send
+    timeout drops the connection (:meth:`_HeadGuard.pause_writing`); uvicorn's ``send`` then returns at once.
+    The charge is forced (the bytes exist already): later requests wait for room while it is held."""
+
+    async def send_held(message: dict[str, Any]) -> None:
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        body = message.get("body", b"")
+        n = len(body)
+        if n < HELD_MIN_BYTES:
+            await send(message)
+            return
+        if budget is not None:
+            budget.add(n, "send")
+        try:
+            if n <= chunk_bytes:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            else:
+                view = memoryview(body)
+                for i in range(0, n, chunk_bytes):
+                    await send({"type": "http.response.body", "body": view[i:i + chunk_bytes], "more_body": True})
+            await send(_DRAIN_WAIT)  # returns once the connection is below its mark again (or was lost)
+        finally:
+            if budget is not None:
+                budget.release(n, "send")
+        if not message.get("more_body", False):
+            await send(_BODY_END)
+
+    return send_held
+
+
 class _HeadGuard:
     """The parser-independent part, mixed into both protocol classes (before uvicorn's class in the MRO)."""
 
     head_limits: HeadLimits = HeadLimits()
+    output_limits: OutputLimits = OutputLimits()
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     connections: set[Any]
@@ -179,13 +255,20 @@ class _HeadGuard:
     def _guard_init(self) -> None:
         self._scanner = HeadScanner(self.head_limits)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        #: called once the unsent output drained below the low-water mark, or the connection was lost
+        self._on_drained: list[Callable[[], None]] = []
         self._refused = False
         self._over_limit = False
 
     def _guard_connection_made(self) -> None:
         # uvicorn took the transport in its connection_made (and handed it to its flow control, which only
         # pauses and resumes reading); from here on every write goes through the coalescing wrapper
-        self.transport = CoalescingTransport(self.transport, self.loop)  # type: ignore[assignment]
+        output = self.output_limits
+        transport = self.transport
+        # uvicorn's send waits while the transport holds more than this unsent (its flow control)
+        transport.set_write_buffer_limits(high=output.max_unsent_bytes)
+        self.transport = CoalescingTransport(transport, self.loop, output.send_timeout_s)  # type: ignore[assignment]
         limit = self.head_limits.max_connections
         self._over_limit = bool(limit) and len(self.connections) > limit
         self._arm_head_timer()  # a connection that never sends a byte is closed too
@@ -236,6 +319,46 @@ class _HeadGuard:
 
     def _guard_connection_lost(self) -> None:
         self._head_complete()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        self._run_drained()
+
+    # -- output: answers the client has not read yet ----------------------------------------------------------
+    def pause_writing(self) -> None:
+        """The transport holds more than ``max_unsent_bytes`` unsent: writers wait (uvicorn's flow control), and
+        the client has ``send_timeout_s`` to read it below the low-water mark."""
+        super().pause_writing()  # type: ignore[misc]
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.output_limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        self._run_drained()
+
+    def _send_timed_out(self) -> None:
+        """The client did not read its answer within the send timeout: drop the connection and what it holds
+        (uvicorn's connection_lost then wakes the writers waiting for it)."""
+        self._send_timer = None
+        self.transport.abort()
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the connection's unsent output is below its high-water mark (now, when it is
+        already) and then drained below the low-water mark, or the connection is lost."""
+        if self.flow.write_paused and not self.transport.is_closing():  # type: ignore[attr-defined]
+            self._on_drained.append(callback)
+        else:
+            callback()
+
+    def _run_drained(self) -> None:
+        callbacks = self._on_drained
+        if callbacks:
+            self._on_drained = []
+            for cb in callbacks:
+                cb()
 
 
 #: uvicorn's status lines (filled when its httptools protocol is available, the only one LeanCycle serves)
@@ -257,6 +380,9 @@ class LeanCall(Protocol):
         """None: ``respond(status, headers, body)`` is called once, now or later; else the answer to await."""
 
     def abandon(self) -> None: ...
+
+    # optional: ``sent()`` is called once the answer left the process (drained below the connection's low-water
+    # mark) or could not be written (the client went away): what the call holds for the answer is released then
 
 
 class LeanCycle:
@@ -335,12 +461,16 @@ class LeanCycle:
         self.respond(*answer)
 
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
-        """Write the answer (nothing once the client went away) and finish the request."""
+        """Write the answer (nothing once the client went away) and finish the request once it left the process:
+        while the connection holds more unsent bytes than its mark the request is not complete (a pipelined
+        request waits, the call keeps its memory charge) until they drain or the send timeout drops the
+        connection."""
         proto, self.proto = self.proto, None  # no reference cycle with the protocol once answered
         if self.tasks is not None:
             self.tasks.discard(self)
             self.tasks = None
         if self.disconnected or proto is None:
+            self._sent()
             return
         head = [_STATUS_LINE[status]]
         for name, value in proto.server_state.default_headers:
@@ -352,12 +482,23 @@ class LeanCycle:
         if not self.keep_alive and not any(name == b"connection" for name, _ in headers):
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
-        transport = proto.transport
-        transport.writelines((b"".join(head), content))
+        proto.transport.writelines((b"".join(head), content))
+        if proto.flow.write_paused:
+            proto.when_drained(lambda: self._complete(proto))
+        else:
+            self._complete(proto)
+
+    def _complete(self, proto: Any) -> None:
         self.response_complete = True
-        if not self.keep_alive:
-            transport.close()
+        if not self.keep_alive:  # (also set by a shutdown that began while the answer drained)
+            proto.transport.close()
         proto.on_response_complete()
+        self._sent()
+
+    def _sent(self) -> None:
+        sent = getattr(self.call, "sent", None)
+        if sent is not None:
+            sent()
 
 
 def _httptools_class() -> type[asyncio.Protocol] | None:
@@ -526,9 +667,9 @@ def tls_problem(certfile: str | None, keyfile: str | None) -> str | None:
     return None
 
 
-def protocol_class(parser: str, limits: HeadLimits) -> type[asyncio.Protocol]:
+def protocol_class(parser: str, limits: HeadLimits, output: OutputLimits | None = None) -> type[asyncio.Protocol]:
     """The protocol class for uvicorn's ``http=`` with these limits."""
     base = LimitedHttpToolsProtocol if parser == "httptools" else LimitedH11Protocol
     if base is None:
         raise SystemExit("GATEWAY_HTTP_PARSER=httptools but httptools is not installed")
-    return type(base.__name__, (base,), {"head_limits": limits})
+    return type(base.__name__, (base,), {"head_limits": limits, "output_limits": output or OutputLimits()})

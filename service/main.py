@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from service.embedded import EmbeddedBroker
-from service.httpserver import HeadLimits, protocol_class, server_ssl_context, tls_problem
+from service.httpserver import HeadLimits, OutputLimits, protocol_class, server_ssl_context, tls_problem
 from service.logs import configure as configure_logging
 from service.settings import Settings
 
@@ -69,7 +69,9 @@ async def serve(settings: Settings) -> None:
                                 http=protocol_class(_http_protocol(settings.http_parser), HeadLimits(
                                     max_bytes=settings.http_max_header_bytes, max_count=settings.http_max_headers,
                                     timeout_s=settings.http_header_timeout_s,
-                                    max_connections=settings.http_max_connections)),
+                                    max_connections=settings.http_max_connections), OutputLimits(
+                                    max_unsent_bytes=settings.http_max_unsent_bytes,
+                                    send_timeout_s=settings.http_send_timeout_s)),
                                 # HTTPS (GATEWAY_TLS_CERT_FILE / _KEY_FILE): TLS 1.2+, files checked at start
                                 ssl_certfile=certfile or None, ssl_keyfile=keyfile or None,
                                 ssl_context_factory=(lambda _c, _d: server_ssl_context(certfile, keyfile)) if tls

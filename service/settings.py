@@ -190,6 +190,17 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         10_000, ge=0, description="Open HTTP connections per replica (streams included); a connection over it "
         "gets 503 / 50304 and is closed; 0 = no limit")
+    http_max_unsent_bytes: int = Field(
+        1024 * 1024, ge=64 * 1024, description="Answer bytes a connection may have written but not yet sent "
+        "(the client reads slower than the gateway writes) before writers wait for it to drain: answers are "
+        "written in pieces of at most this size and a request's memory charge is held until its answer left "
+        "the process")
+    http_send_timeout_s: float = Field(
+        30.0, gt=0, description="A connection whose unsent answer bytes stay above http_max_unsent_bytes for "
+        "this long (the client stopped reading) is closed, and what it held is released")
+    produce_max_records: int = Field(
+        10_000, ge=1, description="Most records in one v2 produce request (413 / 41303 above, nothing written); "
+        "a 1 MiB body of 100-byte values holds about 7,000")
     readyz_cache_s: float = Field(
         1.0, ge=0, le=60, description="/readyz answers from its last broker check for this long (concurrent probes "
         "share one check)")

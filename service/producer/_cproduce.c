@@ -406,6 +406,8 @@ fail:
 }
 
 /* ---- parse_body_binary: the whole request body of the common binary shape, without a JSON parser ----
+ * With max_records >= 0, a body with more records than that is answered max_records + 1 (an int) as soon as
+ * the record after the cap begins, whatever follows (the caller refuses the request without parsing on).
  * Accepted: {"records": [R, ...]} (at least one record, no other top-level field), R = {} or an object of
  * "key" and/or "value" (each at most once), each null or a string of base64 characters (no escapes), with JSON
  * whitespace anywhere between tokens. Anything else is None: the caller parses the body with orjson and
@@ -459,7 +461,8 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     PyObject *partition;
-    if (!PyArg_ParseTuple(args, "y*O", &view, &partition))
+    Py_ssize_t max_records = -1; /* below 0: no cap */
+    if (!PyArg_ParseTuple(args, "y*O|n", &view, &partition, &max_records))
         return NULL;
     static PyObject *empty = NULL;
     if (empty == NULL && (empty = PyTuple_New(0)) == NULL) {
@@ -474,6 +477,13 @@ static PyObject *parse_body_binary(PyObject *self, PyObject *args) {
         !json_token(&p, e, "[", 1))
         goto fallback;
     for (;;) {
+        if (max_records >= 0 && PyList_GET_SIZE(out) >= max_records) {
+            /* one record more than the cap: stop here (the caller refuses the request, nothing is parsed on) */
+            Py_DECREF(out);
+            Py_DECREF(sizes);
+            PyBuffer_Release(&view);
+            return PyLong_FromSsize_t(max_records + 1);
+        }
         if (!json_token(&p, e, "{", 1))
             goto fallback;
         PyObject *kb = NULL, *vb = NULL;
@@ -808,7 +818,8 @@ static PyMethodDef methods[] = {
     {"parse_binary", parse_binary, METH_VARARGS,
      "parse_binary(records, partition) -> (records, sizes) or None (not all plain base64 key/value records)"},
     {"parse_body_binary", parse_body_binary, METH_VARARGS,
-     "parse_body_binary(body, partition) -> (records, sizes) or None (not the plain binary shape)"},
+     "parse_body_binary(body, partition[, max_records]) -> (records, sizes), None (not the plain binary shape) "
+     "or max_records + 1 (an int: more records than max_records, parsing stopped there)"},
     {"metas", metas, METH_VARARGS, "metas(cls, partition, base_offset, n) -> n cls instances, offsets counting up"},
     {"plain_sizes", plain_sizes, METH_VARARGS,
      "plain_sizes(records, overhead) -> record sizes if no record has a key, partition or headers, else None"},

@@ -448,7 +448,7 @@ def test_prometheus_scrapes_the_gateway_with_the_admin_token(prometheus: Prometh
     assert scalar(prometheus, "sum(kcg_group_stall_recoveries_total)") == 0
     assert scalar(prometheus, "max(kcg_memory_budget_bytes)") == MEMORY_BUDGET
     kinds = {s["metric"]["kind"] for s in prometheus.query("kcg_memory_budget_used_bytes")}
-    assert kinds == {"prefetch", "fetch", "range", "body"}, kinds
+    assert kinds == {"prefetch", "fetch", "range", "body", "send"}, kinds
     assert scalar(prometheus, 'sum(kcg_memory_budget_refusals_total{kind=~"range|body"})') == 0
 
 

@@ -166,9 +166,14 @@ class _Proto:
         self.server_state = SimpleNamespace(default_headers=[(b"server", b"uvicorn"), (b"date", b"today")])
         self.completed = 0
         self.logger = logging.getLogger("test")
+        self.flow = SimpleNamespace(write_paused=False)  # uvicorn's flow control: over the high-water mark
+        self.drained: list[object] = []
 
     def on_response_complete(self) -> None:
         self.completed += 1
+
+    def when_drained(self, callback: object) -> None:
+        self.drained.append(callback)
 
 
 HEAD_200 = b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ndate: today\r\ncontent-length: 2\r\ncontent-type: x/y\r\n\r\n"

@@ -1,8 +1,8 @@
 """Every 429 carries ``Retry-After``, and a producer that honours it loses and duplicates nothing.
 
 Against real gateway processes over real sockets: each place that answers 429 is provoked in turn — the
-request-rate bucket on the full app, the lean produce path (topic and partition), v3 produce and a range
-read; the tenant's instance cap and the replica's; the concurrent stream, poll and range-read slots; the
+request-rate bucket on the full app, the lean produce path (topic and partition), the lean records path, v3
+produce and a range read; the tenant's instance cap and the replica's; the concurrent stream, poll and range-read slots; the
 failed-authentication limiter (API keys and the admin token); a 429 a replica relays from the replica it
 forwarded to — and every one must be 429/42901 with ``Retry-After`` in whole seconds, at least 1. Then
 producers whose tenant has a small rate get 429s, wait ``Retry-After``, retry, and every record they sent is
@@ -109,6 +109,8 @@ async def test_every_429_carries_retry_after(http: httpx.AsyncClient, kclient: K
         f"/v3/clusters/{cluster}/topics/{topic}/records", content=orjson.dumps({"value": {"type": "STRING",
                                                                                           "data": "r"}}),
         headers=auth("rate", "application/json"))
+    refusals["rate, lean records"] = await http.get("/consumers/g/instances/none/records",
+                                                    headers={**auth("rate"), "Accept": BIN})
     refusals["rate, range read"] = await http.get(f"/topics/{topic}/partitions/0/records", params={"offset": 0},
                                                   headers=auth("rate"))
 
@@ -147,7 +149,7 @@ async def test_every_429_carries_retry_after(http: httpx.AsyncClient, kclient: K
     refusals["failed authentication, admin token"] = await http.get(
         "/metrics", headers={"Authorization": "Bearer wrong-admin-token"})
 
-    assert len(refusals) == 12
+    assert len(refusals) == 13
     for what, r in refusals.items():
         assert_backs_off(what, r)
     assert "rate limit" in refusals["rate, full app"].json()["message"]

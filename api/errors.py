@@ -134,6 +134,10 @@ def documented_errors(model: Any, *statuses: int) -> dict[int | str, dict[str, A
 
 def error_response(status: int, code: int, message: str, headers: dict[str, str] | None = None,
                    media_type: str = ERROR_MEDIA_TYPE) -> OrjsonResponse:
+    """The error JSON. A 429 always carries ``Retry-After`` (1 s unless the caller gave one), so that a client
+    backing off never has to guess."""
+    if status == 429 and not any(k.lower() == "retry-after" for k in headers or ()):
+        headers = {**(headers or {}), "Retry-After": "1"}
     resp = OrjsonResponse({"error_code": code, "message": message}, status_code=status, headers=headers)
     resp.headers["content-type"] = media_type
     return resp

@@ -15,6 +15,11 @@ reads until N records arrived:
 - **ndjson stream**: ``curl -sN`` with ``Accept: application/x-ndjson``; this script counts lines from curl's
   stdout (one record per line) and stops curl once N arrived.
 
+The gateway of these rows has the per-tenant request rate and poll limits off. Each row runs again, marked
+"(shipped defaults)", against a second gateway started with no quota settings, as a user starts it: a default
+that throttles one client shows up there as a lower rate and a count of 429 answers (the 429s column; wrk polls
+again at once after one; ``--no-defaults``: skip those rows).
+
 Per row: records/s (N / time from the client's start to the N-th record), ratio to the direct consumer,
 poll p50/p99 (wrk's request latency), and the gateway's CPU per delivered record (from /proc). Targets
 (issue 24): binary GET >= 0.7x, max_records=5000 >= 0.9x, json GET >= 0.6x, ndjson >= 1.0x, poll p99 <= 15 ms. Everything shares this
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -55,6 +61,7 @@ PARTITIONS = 4
 V2 = "application/vnd.kafka.v2+json"
 ACCEPT = {"binary": "application/vnd.kafka.binary.v2+json", "json": "application/vnd.kafka.json.v2+json"}
 NDJSON = "application/x-ndjson"
+SHIPPED = " (shipped defaults)"  # rows against the gateway as shipped (the others: per-tenant limits off)
 
 LUA = r"""
 wrk.method = "GET"
@@ -70,7 +77,7 @@ function response(status, headers, body)
       pos = s + 9
     end
   else
-    n = -1
+    n = -status
   end
   io.write(n, "\n")
   io.flush()
@@ -90,6 +97,7 @@ class Row:
     p99_ms: float | None
     gw_us_per_rec: float | None
     requests: int | None = None
+    throttled: int = 0  # answers 429
 
 
 class Profiler:
@@ -152,14 +160,18 @@ def via_wrk(gw: GatewayProc, name: str, base: str, fmt: str, n: int, query: str,
     proc = subprocess.Popen(["wrk", "-t1", "-c1", "-d600s", "--timeout", "60s", "-s", str(script), url],
                             env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    got = errors = 0
+    got = throttled = 0
+    errors: dict[int, int] = {}
     elapsed = 0.0
     for line in proc.stdout:
         if line.startswith("RESULT") or not line.strip().lstrip("-").isdigit():
             continue
         k = int(line)
+        if k == -429:
+            throttled += 1
+            continue
         if k < 0:
-            errors += 1
+            errors[-k] = errors.get(-k, 0) + 1
             continue
         got += k
         if got >= n:
@@ -176,10 +188,10 @@ def via_wrk(gw: GatewayProc, name: str, base: str, fmt: str, n: int, query: str,
         if line.startswith("RESULT"):
             fields = dict(kv.split("=") for kv in line.split()[1:])
     if errors:
-        raise RuntimeError(f"{name}: {errors} non-200 answers")
+        raise RuntimeError(f"{name}: non-200 answers (status: count) {errors}")
     return Row(name, got / elapsed, int(fields["p50_us"]) / 1000 if fields else None,
                int(fields["p99_us"]) / 1000 if fields else None, cpu / got * 1e6,
-               int(fields["requests"]) if fields else None)
+               int(fields["requests"]) if fields else None, throttled)
 
 
 def via_curl_stream(gw: GatewayProc, name: str, base: str, n: int) -> Row:
@@ -213,6 +225,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--profile", type=Path, default=None, help="directory for py-spy profiles of each row")
+    ap.add_argument("--defaults", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run every row against a gateway with the shipped defaults (no quota settings)")
     a = ap.parse_args()
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
@@ -233,7 +247,12 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} cores shared by broker, gateway and clients; produced {n:,} binary + "
               f"{n:,} JSON records in {time.perf_counter() - t:.1f} s", flush=True)
         rows: dict[str, list[Row]] = {}
-        with GatewayProc(broker.bootstrap, env, tmp / "gateway.log") as gw:
+        with contextlib.ExitStack() as stack:
+            # the limits-off gateway, and the one a user starts (its rows marked SHIPPED)
+            gateways = {"": stack.enter_context(GatewayProc(broker.bootstrap, env, tmp / "gateway.log"))}
+            if a.defaults:
+                gateways[SHIPPED] = stack.enter_context(
+                    GatewayProc(broker.bootstrap, env, tmp / "gateway-shipped.log", shipped=True))
             for r in range(a.rounds):
                 d = direct(broker.bootstrap, "cap-binary", PARTITIONS, n, broker_pid)
                 rows.setdefault("confluent-kafka direct (tuned)", []).append(
@@ -241,15 +260,19 @@ def main() -> None:
                 for name, fmt, query in (("binary GET, default request", "binary", ""),
                                          ("binary GET, max_records=5000", "binary", "?max_records=5000"),
                                          ("json GET, default request", "json", "")):
-                    base = make_instance(gw.url, f"cap-{fmt}-{r}-{len(query)}-{time.time_ns()}", fmt,
-                                         f"cap-{fmt}")
-                    with Profiler(a.profile, gw.pid, name):
-                        rows.setdefault(name, []).append(via_wrk(gw, name, base, fmt, n, query, tmp))
+                    for mark, gw in gateways.items():
+                        base = make_instance(gw.url, f"cap-{fmt}-{r}-{len(query)}-{time.time_ns()}", fmt,
+                                             f"cap-{fmt}")
+                        with Profiler(a.profile, gw.pid, name + mark):
+                            rows.setdefault(name + mark, []).append(
+                                via_wrk(gw, name + mark, base, fmt, n, query, tmp))
+                        delete(gw, base)
+                for mark, gw in gateways.items():
+                    base = make_instance(gw.url, f"cap-stream-{r}-{time.time_ns()}", "binary", "cap-binary")
+                    with Profiler(a.profile, gw.pid, "binary ndjson stream" + mark):
+                        rows.setdefault("binary ndjson stream" + mark, []).append(
+                            via_curl_stream(gw, "ndjson", base, n))
                     delete(gw, base)
-                base = make_instance(gw.url, f"cap-stream-{r}-{time.time_ns()}", "binary", "cap-binary")
-                with Profiler(a.profile, gw.pid, "binary ndjson stream"):
-                    rows.setdefault("binary ndjson stream", []).append(via_curl_stream(gw, "ndjson", base, n))
-                delete(gw, base)
                 print(f"  round {r + 1}: " + ", ".join(f"{k}: {v[-1].rate:,.0f}/s" for k, v in rows.items()),
                       flush=True)
         direct_rate = statistics.median(x.rate for x in rows.pop("confluent-kafka direct (tuned)"))
@@ -257,20 +280,22 @@ def main() -> None:
         targets = {"binary GET, default request": "0.7x", "binary GET, max_records=5000": "0.9x",
                    "binary ndjson stream": "1.0x", "json GET, default request": "0.6x"}
         print(f"\n{n:,} records x 100 bytes, 4 partitions, one instance, one request at a time; median of {a.rounds}"
-              f" rounds\n{'row':34} {'rec/s':>11} {'ratio':>6} {'target':>6} {'p50 ms':>7} {'p99 ms':>7}"
-              f" {'gw us/rec':>9} {'requests':>8}")
-        print(f"{'confluent-kafka direct (tuned)':34} {direct_rate:>11,.0f} {'1.00':>6}")
+              f" rounds\n{'row':48} {'rec/s':>11} {'ratio':>6} {'target':>6} {'p50 ms':>7} {'p99 ms':>7}"
+              f" {'gw us/rec':>9} {'requests':>8} {'429s':>6}")
+        print(f"{'confluent-kafka direct (tuned)':48} {direct_rate:>11,.0f} {'1.00':>6}")
         for name, runs in rows.items():
             med = statistics.median(x.rate for x in runs)
 
             def m(attr: str, runs: list[Row] = runs) -> str:
                 vals = [getattr(x, attr) for x in runs if getattr(x, attr) is not None]
                 return f"{statistics.median(vals):.1f}" if vals else "-"
-            print(f"{name:34} {med:>11,.0f} {med / direct_rate:>6.2f} {targets.get(name, ''):>6} {m('p50_ms'):>7}"
-                  f" {m('p99_ms'):>7} {m('gw_us_per_rec'):>9} {m('requests'):>8}")
+            target = targets.get(name.removesuffix(SHIPPED), "")
+            print(f"{name:48} {med:>11,.0f} {med / direct_rate:>6.2f} {target:>6} {m('p50_ms'):>7}"
+                  f" {m('p99_ms'):>7} {m('gw_us_per_rec'):>9} {m('requests'):>8} {sum(x.throttled for x in runs):>6}")
         print("(rec/s = N / time from the client's start to the N-th record; ratio vs the direct consumer of the same"
               " run; p50/p99 = wrk's per-request latency, target p99 <= 15 ms; gw us/rec = gateway CPU per"
-              " delivered record)")
+              f" delivered record; 429s = answers 429, all rounds; rows marked{SHIPPED}: the gateway as shipped,"
+              " the others: per-tenant request rate and poll limits off)")
     finally:
         broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)

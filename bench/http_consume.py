@@ -126,12 +126,20 @@ class GatewayProc(GatewayProcess):
     client long-polls; see GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS in the README), with the
     gateway's default timeouts (not the tests' fast ones)."""
 
-    def __init__(self, bootstrap: str, env: dict[str, str], log_file: Path) -> None:
+    def __init__(self, bootstrap: str, env: dict[str, str], log_file: Path, *, shipped: bool = False) -> None:
+        """``shipped``: the tenant limits as shipped (no quota settings, whatever this process's environment
+        says; ``env`` still applies), as a user starts the gateway; else the per-tenant rate and poll limits
+        are off."""
+        limits_off = {} if shipped else {
+            # one tenant at full speed: the per-tenant rate and poll limits off
+            "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
         super().__init__(bootstrap, env, log_file, cwd=ROOT, base_env={
-            "GATEWAY_LOG_LEVEL": "warning",
-            # one tenant at full speed: the shipped per-tenant rate and poll limits off
-            "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0",
+            "GATEWAY_LOG_LEVEL": "warning", **limits_off,
             "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": str(EMBEDDED_LONG_POLL_FETCH_WAIT_MS)})
+        if shipped:
+            for key in [k for k in self.env if k.startswith("GATEWAY_DEFAULT_") or k == "GATEWAY_TENANTS_FILE"]:
+                if key not in env:
+                    del self.env[key]
 
     @property
     def pid(self) -> int:

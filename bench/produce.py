@@ -9,6 +9,10 @@ Tansu broker (memory://), acks=all and idempotence on for every producer.
   an httpx client sends N records (and then caps the figure). A record counts once its request answered
   200 with no per-record error. The topic's end offsets are checked afterwards (what was acknowledged is
   stored exactly once; wrk may abandon up to one request per connection at the end of its run).
+- **gateway, shipped defaults**: the same wrk run against a gateway started as a user starts it, with no
+  limit overrides (the rows above turn the per-tenant request rate and poll limits off): a default that
+  throttles one heavy client shows up here as a lower rate and a count of 429 answers (``--no-defaults-row``:
+  skip it).
 - **engine in-process**: the same records through ``service.producer.Producer`` directly (no HTTP), in
   ``--batch``-record ``send_many`` calls with ``--connections`` in flight: what the HTTP layer costs.
 - **direct confluent-kafka**: librdkafka with acks=all, enable.idempotence=true, linger.ms=5
@@ -36,6 +40,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -65,6 +70,9 @@ from tests.integration.gateway_proc import GatewayProcess  # noqa: E402
 
 BIN = "application/vnd.kafka.binary.v2+json"
 PARTITIONS = 4
+HTTP_ROW = "gateway over HTTP"  # limits off: the engine's and the HTTP layer's speed
+DEFAULTS_ROW = "gateway, shipped defaults"  # as a user starts it: a default that throttles shows here
+LIMITS_OFF = {"GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
 VALUE = b"x" * 100
 
 LUA = r"""
@@ -73,7 +81,7 @@ wrk.headers["Content-Type"] = "application/vnd.kafka.binary.v2+json"
 local f = io.open(os.getenv("BENCH_BODY"), "rb"); wrk.body = f:read("*a"); f:close()
 local threads = {}
 function setup(thread) table.insert(threads, thread) end
-function init(args) ok = 0; bad = 0; responses = 0 end
+function init(args) ok = 0; bad = 0; throttled = 0; responses = 0 end
 function response(status, headers, body)
   responses = responses + 1
   if status == 200 then
@@ -81,13 +89,16 @@ function response(status, headers, body)
     ok = ok + n
   else
     bad = bad + 1
+    if status == 429 then throttled = throttled + 1 end
   end
 end
 function done(summary, latency, requests)
-  local total_ok, total_bad = 0, 0
-  for _, t in ipairs(threads) do total_ok = total_ok + t:get("ok"); total_bad = total_bad + t:get("bad") end
-  io.write(string.format("RESULT ok=%d bad=%d duration_us=%d p50_us=%d p99_us=%d\n", total_ok, total_bad,
-    summary.duration, latency:percentile(50), latency:percentile(99)))
+  local total_ok, total_bad, total_429 = 0, 0, 0
+  for _, t in ipairs(threads) do
+    total_ok = total_ok + t:get("ok"); total_bad = total_bad + t:get("bad"); total_429 = total_429 + t:get("throttled")
+  end
+  io.write(string.format("RESULT ok=%d bad=%d throttled=%d duration_us=%d p50_us=%d p99_us=%d\n", total_ok,
+    total_bad, total_429, summary.duration, latency:percentile(50), latency:percentile(99)))
 end
 """
 
@@ -143,9 +154,10 @@ def via_wrk(url: str, topic: str, seconds: float, batch: int, connections: int, 
     line = next(x for x in out.splitlines() if x.startswith("RESULT"))
     f = dict(kv.split("=") for kv in line.split()[1:])
     ok, bad, secs = int(f["ok"]), int(f["bad"]), int(f["duration_us"]) / 1e6
-    note = f"p50 {int(f['p50_us']) / 1000:.1f} ms, p99 {int(f['p99_us']) / 1000:.1f} ms per request"
-    if bad:
-        note += f", {bad} non-200 answers"
+    note = (f"p50 {int(f['p50_us']) / 1000:.1f} ms, p99 {int(f['p99_us']) / 1000:.1f} ms per request, "
+            f"{int(f['throttled'])} x 429")
+    if bad - int(f["throttled"]):
+        note += f", {bad - int(f['throttled'])} other non-200 answers"
     return ok / secs, ok, note
 
 
@@ -164,6 +176,9 @@ def via_httpx(url: str, topic: str, n: int, batch: int, connections: int) -> tup
                     r = await http.post(f"/topics/{topic}", content=payload, headers={"Content-Type": BIN})
                     if r.status_code == 200:
                         ok += r.content.count(b'"error_code":null')
+                    elif r.status_code == 429:  # honour the back-off, send the same records again
+                        left += 1
+                        await asyncio.sleep(int(r.headers.get("Retry-After", "1")))
             t0 = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(connections)))
             return ok / (time.perf_counter() - t0), ok
@@ -248,6 +263,8 @@ def main() -> None:
                     "(at least --records); --no-equal-volume: --records each")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--profile", type=Path, default=None, help="directory for py-spy profiles of the HTTP rows")
+    ap.add_argument("--defaults-row", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the HTTP row against a gateway with the shipped defaults (no limit overrides)")
     a = ap.parse_args()
     if a.profile is not None:
         a.profile.mkdir(parents=True, exist_ok=True)
@@ -261,12 +278,15 @@ def main() -> None:
     try:
         for rnd in range(a.rounds):
             volume = n
-            for name in ("gateway over HTTP", "engine in-process", "direct confluent-kafka"):
+            names = [HTTP_ROW, *([DEFAULTS_ROW] if a.defaults_row else []), "engine in-process",
+                     "direct confluent-kafka"]
+            for name in names:
                 # a fresh broker per row: Tansu's in-memory log slows it as it grows, so a shared broker made each
                 # later row pay for the records of the rows before it
-                with fresh_broker(tmp, a.gateway_env, gateway=name.startswith("gateway")) as (broker, gw):
+                with fresh_broker(tmp, a.gateway_env, gateway=name.startswith("gateway"),
+                                  shipped=name == DEFAULTS_ROW) as (broker, gw):
                     ok = run_row(a, rnd, name, volume, broker, gw, tmp, rows, split)
-                if name.startswith("gateway") and a.equal_volume:
+                if name == HTTP_ROW and a.equal_volume:
                     # the other rows write as many records as wrk's timed run did (time to write N records)
                     unit = a.batch * min(2, a.connections)
                     volume = max(n, -(-ok // unit) * unit)
@@ -276,9 +296,11 @@ def main() -> None:
 
 
 @contextlib.contextmanager
-def fresh_broker(tmp: Path, gateway_env: list[str], *, gateway: bool
+def fresh_broker(tmp: Path, gateway_env: list[str], *, gateway: bool, shipped: bool = False
                  ) -> Iterator[tuple[EmbeddedBroker, GatewayProcess | None]]:
-    """An embedded Tansu broker (memory://), and a gateway on it when ``gateway``, stopped afterwards."""
+    """An embedded Tansu broker (memory://), and a gateway on it when ``gateway``, stopped afterwards: with the
+    per-tenant request rate and poll limits off, or with ``shipped`` the shipped defaults (no quota settings,
+    whatever this process's environment says; ``--gateway-env`` still applies)."""
     broker = EmbeddedBroker()
     broker.start()
     if not gateway:
@@ -287,9 +309,14 @@ def fresh_broker(tmp: Path, gateway_env: list[str], *, gateway: bool
         finally:
             broker.stop()
         return
-    gw = GatewayProcess(broker.bootstrap, dict(kv.split("=", 1) for kv in gateway_env), tmp / "gateway.log",
-                        base_env={"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0",
-                                  "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}, cwd=ROOT)
+    overrides = dict(kv.split("=", 1) for kv in gateway_env)
+    gw = GatewayProcess(broker.bootstrap, overrides, tmp / "gateway.log",
+                        base_env={"GATEWAY_LOG_LEVEL": "warning"} if shipped else {
+                            "GATEWAY_LOG_LEVEL": "warning", **LIMITS_OFF}, cwd=ROOT)
+    if shipped:
+        for key in [k for k in gw.env if k.startswith("GATEWAY_DEFAULT_") or k == "GATEWAY_TENANTS_FILE"]:
+            if key not in overrides:
+                del gw.env[key]
     try:
         gw.start()
         yield broker, gw
@@ -301,7 +328,7 @@ def fresh_broker(tmp: Path, gateway_env: list[str], *, gateway: bool
 def run_row(a: argparse.Namespace, rnd: int, name: str, n: int, broker: EmbeddedBroker, gw: GatewayProcess | None,
             tmp: Path, rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float]]) -> int:
     """One row of a round; returns the records acknowledged."""
-    topic = f"bench-produce-{rnd}-{name.split()[0]}-{time.time_ns()}"
+    topic = f"bench-produce-{rnd}-{name.split()[0].strip(',')}-{time.time_ns()}"
     create_topic(broker.bootstrap, topic)
     assert broker.proc is not None
     tansu0, busy0, t0 = cpu_seconds(broker.proc.pid), machine_busy_seconds(), time.perf_counter()
@@ -315,7 +342,8 @@ def run_row(a: argparse.Namespace, rnd: int, name: str, n: int, broker: Embedded
                 rate, ok, note = via_httpx(gw.url, topic, n, a.batch, a.connections)
         gw_us = (cpu_seconds(gw.proc.pid) - cpu0) / max(1, ok) * 1e6
         note += f"; gateway {gw_us:.2f} µs CPU per record"
-        split.setdefault("gateway", []).append(gw_us)
+        if name == HTTP_ROW:
+            split.setdefault("gateway", []).append(gw_us)
     elif name.startswith("engine"):
         rate, ok, note = engine(broker.bootstrap, topic, n, a.batch, a.connections)
         split.setdefault("engine", []).append(float(note.rsplit("; ", 1)[1].split()[0]))
@@ -336,12 +364,15 @@ def run_row(a: argparse.Namespace, rnd: int, name: str, n: int, broker: Embedded
 
 def report(rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float]], batch: int) -> None:
     base = statistics.median(r for r, _ in rows["direct confluent-kafka"])
-    targets = {"gateway over HTTP": "0.6x"}  # issue 24
-    print(f"\n{'scenario':<26}{'records/s (median)':>20}{'ratio to direct':>18}{'target':>8}  (rounds)")
+    targets = {HTTP_ROW: "0.6x", DEFAULTS_ROW: "0.6x"}  # issue 24; issue 34: the same with the shipped defaults
+    print(f"\n{'scenario':<26}{'records/s (median)':>20}{'ratio to direct':>18}{'target':>8}  (rounds)  429s")
     for name, vals in rows.items():
         med = statistics.median(r for r, _ in vals)
         each = ", ".join(f"{r / base:.2f}" for r, _ in vals)
-        print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}{targets.get(name, ''):>8}  ({each})")
+        throttled = [int(m[1]) for _, note in vals if (m := re.search(r"(\d+) x 429", note))]
+        print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}{targets.get(name, ''):>8}  ({each})"
+              + (f"  {sum(throttled):,}" if throttled else ""))
+    print(f"({HTTP_ROW!r}: per-tenant request rate and poll limits off; {DEFAULTS_ROW!r}: the gateway as shipped)")
     gw_us, eng_us, parse_us = statistics.median(split["gateway"]), statistics.median(split["engine"]), parse_cost_us(batch)
     print(f"\nHTTP row, gateway CPU per record (median): {gw_us:.2f} µs = JSON + base64 parse {parse_us:.2f} µs "
           f"+ engine {eng_us:.2f} µs (in-process row) + HTTP handling and the rest {gw_us - parse_us - eng_us:.2f} µs")

@@ -165,10 +165,12 @@ class Settings(BaseSettings):
         16, ge=0, description="Concurrent offset-range reads per tenant (429/42901; per-replica share); "
         "0 = unlimited")
     default_requests_per_second: float = Field(
-        1000.0, ge=0, description="Requests per second per tenant, a token bucket (429/42901 with Retry-After; "
-        "per-replica share); 0 = unlimited")
+        0.0, ge=0, description="Requests per second per tenant, a token bucket (429/42901 with Retry-After; "
+        "per-replica share); 0 = unlimited (shipped: a rate below what a replica serves throttles one heavy "
+        "but well-behaved client, one above it protects nothing; set it per tenant for fairness, see "
+        "docs/security.md)")
     default_burst: int = Field(
-        2000, ge=0, description="Token-bucket size of default_requests_per_second (per-replica share); "
+        0, ge=0, description="Token-bucket size of default_requests_per_second (per-replica share); "
         "0 = ceil(rate)")
     quota_sync_s: float = Field(
         10.0, gt=0, description="With peers: the owner of record of a tenant's instance count re-asks every "

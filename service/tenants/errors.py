@@ -33,8 +33,9 @@ class TenantError(Exception):
     def headers(self) -> dict[str, str]:
         if self.status == 401:
             return {"WWW-Authenticate": 'Bearer realm="kafka-consumer-gateway"'}
-        if self.retry_after is not None:
-            return {"Retry-After": str(self.retry_after)}
+        if self.retry_after is not None or self.status == 429:
+            # a 429 always says when to come back: whole seconds, at least 1
+            return {"Retry-After": str(max(1, self.retry_after or 1))}
         return {}
 
     def __repr__(self) -> str:

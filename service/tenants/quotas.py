@@ -44,8 +44,10 @@ class Quotas:
 
 #: The limits every tenant gets unless the tenants file says otherwise (the ``GATEWAY_DEFAULT_*`` settings;
 #: open mode's ``default`` tenant too). Sized so that a real deployment does not meet them by accident
-#: while a runaway or hostile client does: see docs/security.md.
-DEFAULT_QUOTAS = Quotas(max_instances=1000, max_concurrent_polls=1000, requests_per_second=1000.0, burst=2000,
+#: while a runaway or hostile client does: see docs/security.md. No request rate by default: the limits on
+#: what a request can hold (instances, slots, memory, connections) protect the replica, and a rate low
+#: enough to matter would throttle one heavy, well-behaved client below what the replica can serve.
+DEFAULT_QUOTAS = Quotas(max_instances=1000, max_concurrent_polls=1000, requests_per_second=None, burst=None,
                         max_streams=100, max_range_reads=16, max_topics_per_subscription=1000)
 
 #: error code: the owner of record of a tenant's instance count could not be asked (503, Retry-After)

@@ -1,13 +1,19 @@
 """Issue 21 item 8: limits are on by default. Against gateway processes whose tenants set no quotas (and one in
 open mode), over real sockets: a tenant creating instances as fast as it can gets exactly the shipped 1,000 and
 then 429/42901 with Retry-After; a 60,000-topic subscription is refused with 422/42206 (open mode too); a tenant
-opening streams gets the shipped 100 and then 429; a flood of requests past the rate gets 429 with Retry-After.
-Meanwhile another tenant keeps being served."""
+opening streams gets the shipped 100 and then 429; a flood of requests past a configured rate gets 429 with
+Retry-After. Meanwhile another tenant keeps being served.
+
+Issue 34: the shipped defaults protect without throttling: one heavy client (eight connections, produce
+requests of 100 records and reads, as fast as the gateway answers) in open mode meets no 429 at all (the
+default request rate is off; the caps on what requests hold stay on)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -203,9 +209,51 @@ async def test_open_mode_has_the_limits_too(open_gateway: GatewayProcess) -> Non
         await subscribe_huge(http, None)
 
 
+async def pipelined(url: str, requests: list[bytes]) -> list[int]:
+    """Send ``requests`` on one keep-alive connection at once (HTTP/1.1 pipelining: a client as fast as the
+    gateway answers, costing little CPU itself) and return the statuses of the answers, in order."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"".join(requests))
+        await writer.drain()
+        statuses = []
+        for _ in requests:
+            head = await reader.readuntil(b"\r\n\r\n")
+            statuses.append(int(head.split(b" ", 2)[1]))
+            length = re.search(rb"(?i)\r\ncontent-length: *([0-9]+)", head)
+            assert length is not None, head
+            await reader.readexactly(int(length[1]))
+        return statuses
+    finally:
+        writer.close()
+
+
+async def test_one_heavy_client_is_not_throttled_by_the_defaults(open_gateway: GatewayProcess,
+                                                                  kclient: KafkaClient) -> None:
+    """Eight connections in open mode with the shipped defaults: four produce 750 requests of 100 records each,
+    four read (a charged request each) 2,250 times, all pipelined. Not one 429: before, the default bucket
+    (1,000/s, burst 2,000) refused thousands of these 12,000 requests."""
+    topic = "heavy-" + uuid.uuid4().hex[:8]
+    await kclient.create_topics({topic: 1})
+    body = b'{"records":[' + b",".join([b'{"value":"eA=="}'] * 100) + b"]}"
+    host = open_gateway.url.removeprefix("http://")
+    produce = (f"POST /topics/{topic} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {BIN}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    read = f"GET /consumers/g/instances/none/subscription HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    results = await asyncio.gather(*([pipelined(open_gateway.url, [produce] * 750) for _ in range(4)]
+                                     + [pipelined(open_gateway.url, [read] * 2250) for _ in range(4)]))
+    statuses = collections.Counter(s for r in results for s in r)
+    assert statuses == {200: 3000, 404: 9000}, statuses
+    async with httpx.AsyncClient(base_url=open_gateway.url, timeout=60) as http:
+        r = await http.get(f"/topics/{topic}/partitions/0/offsets")
+        assert r.status_code == 200 and r.json()["end_offset"] == 300_000, r.text
+
+
 async def test_request_flood_is_rate_limited(tansu: EmbeddedBroker, tmp_path: Path) -> None:
-    """The rate default comes from GATEWAY_DEFAULT_REQUESTS_PER_SECOND / _BURST (lowered here so that a Python
-    client can outrun it): past the burst, 429/42901 with Retry-After; in open mode."""
+    """No request rate is shipped, but GATEWAY_DEFAULT_REQUESTS_PER_SECOND / _BURST set one for every tenant
+    (low here so that a Python client can outrun it): past the burst, 429/42901 with Retry-After; in open
+    mode."""
     env = {"GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "20", "GATEWAY_DEFAULT_BURST": "40"}
     p = start(tansu.bootstrap, tmp_path / "gw.log", env)
     try:

@@ -48,8 +48,8 @@ def auth(key: str) -> dict[str, str]:
     return {"X-API-Key": key, "Content-Type": V2}
 
 
-def start_pair(bootstrap: str, d: Path) -> list[GatewayProcess]:
-    (d / "tenants.yaml").write_text(TENANTS)
+def start_pair(bootstrap: str, d: Path, tenants: str = TENANTS) -> list[GatewayProcess]:
+    (d / "tenants.yaml").write_text(tenants)
     procs = [GatewayProcess(bootstrap, log_file=d / f"gw-{rid}.log") for rid in "ab"]
     peers = ",".join(p.url for p in procs)
     for rid, p in zip("ab", procs, strict=True):

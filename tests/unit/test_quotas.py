@@ -39,12 +39,18 @@ def test_settings_ship_non_null_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.delenv(f"GATEWAY_{name.upper()}", raising=False)
     q = Settings().default_quotas()
     assert q == DEFAULT_QUOTAS
-    assert all(getattr(q, f) is not None for f in Quotas.__dataclass_fields__)
+    # every cap on what requests hold is on; the request rate is off (it would throttle one heavy client)
+    assert [f for f in Quotas.__dataclass_fields__ if getattr(q, f) is None] == ["requests_per_second", "burst"]
     monkeypatch.setenv("GATEWAY_DEFAULT_MAX_INSTANCES", "0")
-    monkeypatch.setenv("GATEWAY_DEFAULT_REQUESTS_PER_SECOND", "0")
     monkeypatch.setenv("GATEWAY_DEFAULT_MAX_STREAMS", "7")
     q = Settings().default_quotas()
     assert q.max_instances is None and q.requests_per_second is None and q.burst is None and q.max_streams == 7
+    # an operator's rate: its burst is ceil(rate) unless set
+    monkeypatch.setenv("GATEWAY_DEFAULT_REQUESTS_PER_SECOND", "2500.5")
+    q = Settings().default_quotas()
+    assert (q.requests_per_second, q.burst) == (2500.5, None)
+    monkeypatch.setenv("GATEWAY_DEFAULT_BURST", "4000")
+    assert Settings().default_quotas().burst == 4000
 
 
 def test_open_mode_tenant_gets_the_defaults() -> None:
@@ -64,10 +70,10 @@ def test_file_overrides_defaults_and_null_is_unlimited(tmp_path: Path) -> None:
           - {id: c, api_keys: [H3], quotas: {burst: 50, max_range_reads: null}}
     """)
     a, b, c = reg.get("a").quotas, reg.get("b").quotas, reg.get("c").quotas
-    assert a == Quotas(1000, 1000, 1000.0, 2000, 5, 16, 1000)
+    assert a == Quotas(1000, 1000, None, None, 5, 16, 1000)
     # null = unlimited; a rate set without a burst gets ceil(rate), not the gateway's default burst
     assert (b.max_instances, b.max_topics_per_subscription, b.requests_per_second, b.burst) == (None, 10, 5, None)
-    assert (c.burst, c.requests_per_second, c.max_range_reads, c.max_streams) == (50, 1000.0, None, 5)
+    assert (c.burst, c.requests_per_second, c.max_range_reads, c.max_streams) == (50, None, None, 5)
     # without gateway defaults (library use), nothing is limited
     assert load(tmp_path, "tenants:\n  - {id: a, api_keys: [H1]}\n", None).get("a").quotas == Quotas()
 
@@ -261,3 +267,39 @@ async def test_reconcile_forgets_tenants_owned_elsewhere() -> None:
     await c.nodes["b"].reconcile()  # b owns no ledger yet: it counts before its first grant
     await c.create("a")
     assert c.nodes["b"].ledgers["t"].count() == 2
+
+
+# -- a 429 always carries Retry-After ----------------------------------------------------------------------
+async def test_every_429_carries_retry_after() -> None:
+    from api.errors import error_response
+    from service.gateway import TooManyInstances
+
+    now = [0.0]
+    t = Tenant("t", "k:9092", ConnectionConfig(),
+               Quotas(requests_per_second=0.25, burst=1, max_instances=1, max_concurrent_polls=1),
+               clock=lambda: now[0])
+    refusals: list[TenantError] = []
+    t.check_rate()
+    with pytest.raises(TenantError) as info:
+        t.check_rate()
+    refusals.append(info.value)
+    assert info.value.headers == {"Retry-After": "4"}  # 1 token at 0.25/s
+    with pytest.raises(TenantError) as info:
+        t.check_instance_quota(1)
+    refusals.append(info.value)
+    async with t.poll_slot():
+        with pytest.raises(TenantError) as info:
+            async with t.poll_slot():
+                pass
+    refusals.append(info.value)
+    refusals.append(TenantError(429, 42901, "a refusal that forgot its retry_after"))
+    refusals.append(TenantError(429, 42901, "zero seconds", retry_after=0))
+    for exc in refusals:
+        assert exc.status == 429 and int(exc.headers["Retry-After"]) >= 1, exc
+    # the one constructor of error answers adds it to any 429 that has none, and keeps a given one
+    assert error_response(429, 42901, "x").headers["retry-after"] == "1"
+    assert error_response(429, 42901, "x", {"Retry-After": "7"}).headers["retry-after"] == "7"
+    assert "retry-after" not in error_response(404, 40403, "x").headers
+    bare = TooManyInstances("no headers given")
+    assert error_response(bare.status, bare.error_code, bare.message, bare.headers or None
+                          ).headers["retry-after"] == "1"

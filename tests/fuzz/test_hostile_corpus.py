@@ -5,7 +5,7 @@ else; the case's outcome class (record_error / schema_refused / ok) must be what
 time and a memory bound.
 
 ``KCG_HOSTILE_SECONDS`` (default 5) bounds the decode step; ``make fuzz`` raises it for the sanitizer builds.
-The child is killed after four times that (at least 20 s) or when its resident memory passes 1.5 GB."""
+The child is killed after three times that (at least 15 s) or when its resident memory passes 1.5 GB."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ CORPUS = ROOT / "tests" / "corpus" / "hostile"
 CASES = sorted(CORPUS.glob("*.json"))
 OUTCOMES = {"record_error", "schema_refused", "ok"}
 SECONDS = float(os.environ.get("KCG_HOSTILE_SECONDS") or 5)
-KILL_AFTER = max(20.0, 4 * SECONDS)
+KILL_AFTER = max(15.0, 3 * SECONDS)
 KILL_RSS_KB = 1_500_000
 RSS_GROWTH_MB = 256
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import tests.fuzz
 from tests.fuzz.conftest import MODULES
-from tests.fuzz.twins import COVERED, TWINS
+from tests.fuzz.twins import COVERED, TWINS, UNIT_TESTS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def public_names() -> Iterator[str]:
@@ -48,3 +52,12 @@ def test_the_tests_named_as_covering_are_property_tests_or_subprocess_cases() ->
             assert hasattr(obj, "hypothesis") or module.endswith("test_index_arguments"), (name, ref)
         assert any(hasattr(getattr(importlib.import_module(r.split(":")[0]), r.split(":")[1]), "hypothesis")
                    for r in tests_of), f"{name}: no property test"
+
+
+def test_the_unit_tests_named_beside_the_twins_exist() -> None:
+    assert UNIT_TESTS.keys() <= TWINS.keys()
+    for name, refs in UNIT_TESTS.items():
+        for ref in refs:
+            path, fn = ref.split("::")
+            text = (ROOT / path).read_text()
+            assert re.search(rf"^(async )?def {fn}\(", text, re.M), f"{name}: {ref} is gone"

@@ -6,7 +6,7 @@ no twin of its own, to what it is checked against). Every fuzz test says which n
 :func:`covers`; ``test_coverage.py`` fails when a public name of a C module has no entry here or no test.
 
 Profiles (``KCG_FUZZ_PROFILE``): ``default`` (``make test``: a few hundred examples per test, the whole tier
-in about a minute on two cores) and ``long`` (``make fuzz``, under ASan/UBSan builds: thousands).
+in one to two minutes on two cores) and ``long`` (``make fuzz``, under ASan/UBSan builds: 2,000).
 ``KCG_FUZZ_EXAMPLES=N`` overrides the number of examples of either.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, settings
 
-PROFILES = {"default": 200, "long": 5000}
+PROFILES = {"default": 200, "long": 2000}
 PROFILE = os.environ.get("KCG_FUZZ_PROFILE") or "default"
 if PROFILE not in PROFILES:
     raise ValueError(f"KCG_FUZZ_PROFILE={PROFILE!r}: expected one of {', '.join(PROFILES)}")
@@ -62,6 +62,39 @@ TWINS: dict[str, str] = {
     "_cproduce.plain_sizes": "service.producer.encoding._plain_sizes_py",
     "_cproduce.render_offsets": "api.produce.render without the C helpers",
     "_cproduce.render_offset_runs": "_cproduce.render_offsets of one RecordMetadata per record",
+}
+
+# The older example-based differential tests of the same entry points (tests/unit, fixed seeds and hand-picked
+# edge cases); test_coverage.py checks that each still exists.
+UNIT_TESTS: dict[str, list[str]] = {
+    "_crecords.decode_records": ["tests/unit/test_records.py::test_c_and_python_decoders_agree",
+                                 "tests/unit/test_records.py::test_property_garbage_never_crashes_and_paths_agree"],
+    "_crecords.take_budget": ["tests/unit/test_take_budget.py::test_c_matches_python_on_random_records"],
+    "_crecords.render": ["tests/unit/test_render.py::test_c_and_python_give_identical_bytes",
+                         "tests/unit/test_render.py::test_c_json_render_never_loses_a_record",
+                         "tests/unit/test_render_framed.py::test_base64_every_length_and_byte"],
+    "_crecords.render_framed": ["tests/unit/test_render_framed.py::test_framed_binary_equals_joined_chunks_and_python",
+                                "tests/unit/test_render_framed.py::test_ndjson_with_resume_equals_python"],
+    "_crecords.json_valid": ["tests/unit/test_render.py::test_json_validator_examples",
+                             "tests/unit/test_render.py::test_json_validator_agrees_with_a_strict_parser"],
+    "_crecords.RecordRun": ["tests/unit/test_record_run.py::test_run_holds_the_decoded_records_and_renders_the_same_bytes",
+                            "tests/unit/test_record_run.py::test_run_path_agrees_with_decode_and_filter"],
+    "_crecords.RecordRun.add": ["tests/unit/test_record_run.py::test_run_refuses_corrupt_sections_and_growth_after_slicing"],
+    "_cavro.render_value": ["tests/unit/test_cavro.py::test_random_values_render_as_the_python_path",
+                            "tests/unit/test_cavro.py::test_malformed_payloads_bail_never_crash",
+                            "tests/unit/test_cavro.py::test_deep_nesting_bails"],
+    "_cavro.render_chunk": ["tests/unit/test_cavro.py::test_chunks_render_as_render_decoded"],
+    "_cavro.schema_ids": ["tests/unit/test_cavro.py::test_schema_ids_in_c_and_python_agree"],
+    "_cproduce.encode_runs": ["tests/unit/test_producer_runs.py::test_c_encoder_matches_python_and_decodes"],
+    "_cproduce.parse_binary": ["tests/unit/test_producer_runs.py::test_parse_binary_in_c_is_the_python_parse"],
+    "_cproduce.parse_body_binary": [
+        "tests/unit/test_producer_runs.py::test_parse_body_binary_in_c_is_orjson_and_parse_records",
+        "tests/unit/test_producer_runs.py::test_parse_body_binary_declines_every_corrupted_base64_value"],
+    "_cproduce.metas": ["tests/unit/test_producer_runs.py::test_metas_in_c_are_record_metadata_counting_up"],
+    "_cproduce.plain_sizes": ["tests/unit/test_producer_runs.py::test_plain_sizes_in_c_is_the_python_check"],
+    "_cproduce.render_offsets": ["tests/unit/test_producer_runs.py::test_render_offsets_in_c_is_the_python_render"],
+    "_cproduce.render_offset_runs": [
+        "tests/unit/test_producer_runs.py::test_render_offset_runs_is_render_offsets_of_the_same_records"],
 }
 
 #: name -> the fuzz tests (module:function) that cover it, filled by @covers at import time

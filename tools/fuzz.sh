@@ -12,6 +12,7 @@
 #   KCG_FUZZ_PROFILE   default | long (the default here): examples per property test (tests/fuzz/twins.py)
 #   KCG_FUZZ_EXAMPLES  overrides the number of examples of either profile
 #   KCG_HOSTILE_SECONDS the corpus's time bound per case (10 here: the sanitizer builds are slower)
+#   KCG_FUZZ_TIMEOUT   pytest-timeout per test, seconds (3600 here; pyproject's 120 is for the default profile)
 #   CC                 the compiler (gcc by default; clang works with its own libclang_rt.asan)
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,7 +65,7 @@ for name in ("service.protocol._crecords", "service.schemas._cavro", "service.pr
 print("fuzz: the three extensions import from the sanitizer builds")
 EOF
 status=0
-"$PY" -m pytest -q -p no:cacheprovider tests/fuzz "$@" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider --timeout="${KCG_FUZZ_TIMEOUT:-3600}" tests/fuzz "$@" || status=$?
 for report in "$WORK"/sanitizer.*; do
   [ -e "$report" ] || continue
   echo "fuzz: sanitizer report $report:" >&2

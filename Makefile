@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 DEPS := pyproject.toml $(wildcard hatch_build.py service/protocol/_crecords.c service/schemas/_cavro.c service/producer/_cproduce.c)
 
-.PHONY: run test lint bench sink-demo clean system-deps
+.PHONY: run test fuzz lint bench sink-demo clean system-deps
 
 $(RUN_STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test: $(TEST_STAMP) system-deps
 	sh tools/install-registry.sh $(PY)
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
+
+# The fuzz tier (tests/fuzz, also part of `make test`) run longer (KCG_FUZZ_PROFILE=long) against ASan/UBSan
+# builds of the three C extensions, made in a temporary copy of the sources (tools/fuzz.sh; the in-tree modules
+# are not touched). KCG_FUZZ_EXAMPLES=N sets the examples per property test.
+fuzz: $(TEST_STAMP)
+	sh tools/fuzz.sh $(PY)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .

@@ -116,7 +116,8 @@ ENCODE_IN_THREAD = 1000
 class ProducedOffset(BaseModel):
     partition: int | None = Field(description="null when the record failed")
     offset: int | None = Field(description="null when the record failed; -1 if the broker stored the record but "
-                                           "could not tell its offset (a retried duplicate)")
+                                           "could not tell its offset (a retried duplicate)",
+                               json_schema_extra={"format": "int64"})
     error_code: int | None = Field(description="50002 Kafka error, 50003 retriable Kafka error, 40301 not "
                                                "authorized; null on success")
     error: str | None = Field(description="the Kafka error; null on success")

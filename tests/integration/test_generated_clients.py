@@ -4,7 +4,8 @@ Six generated clients: openapi-generator's ``typescript-fetch`` and ``typescript
 --strict``, run with node), ``python``, ``java`` (okhttp-gson, compiled by Maven; its dependencies come from
 Maven Central into ``~/.m2``) and ``go`` (built by the Go toolchain), and openapi-python-client. Each generated
 client runs the consumer flow of ``tests/integration/clients/`` against a real gateway process (with API-key
-authentication) over Tansu: produce, then for a binary and a json instance create → subscribe → poll → commit →
+authentication) over Tansu: produce binary and json records (openapi-generator's clients with their one body
+type, JsonProduceRequest, and the ``Content-Type`` parameter; openapi-python-client by the body's class), then for a binary and a json instance create → subscribe → poll → commit →
 committed offsets (``GET .../offsets`` with a body, query parameters or neither, as each client can) → delete.
 Generated and compiled sources are cached under ``.cache/generated-clients/<hash of the contract, the flows and
 the tool versions>`` (git-ignored), so only a changed contract pays the generating and compiling (about a
@@ -113,8 +114,8 @@ def _generate(out: Path) -> None:
         batch.append(str(config))
     _run_all(out, {
         "openapi-generator": ([str(BIN / "openapi-generator-cli"), "batch", "--fail-fast", *batch], out, env),
-        "opc": ([str(BIN / "openapi-python-client"), "generate", "--path", str(OPENAPI), "--output-path", "opc",
-                 "--config", str(FLOWS / "opc-config.yaml")], out, env),
+        "opc": ([str(BIN / "openapi-python-client"), "generate", "--path", str(OPENAPI), "--output-path", "opc"],
+                out, env),
     }, "generating")
     for ts, flow in (("ts", "flow.ts"), ("tsaxios", "flow-axios.ts")):
         shutil.copy(FLOWS / flow, out / ts / flow)
@@ -208,8 +209,8 @@ async def test_typescript_fetch_client(clients: Path, gw: GatewayProcess, kclien
 
 
 async def test_openapi_python_client(clients: Path, gw: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
-    """openapi-python-client (generated with clients/opc-config.yaml, see there): also reads committed offsets
-    with a body on the GET, as Confluent clients do."""
+    """openapi-python-client (default options): produces with the body's class choosing the media type, and
+    also reads committed offsets with a body on the GET, as Confluent clients do."""
     out = await _flow([sys.executable, str(FLOWS / "flow_opc.py")], _python_env(clients / "opc"), gw, kclient,
                       topic_name)
     assert "committedByBody" in out["binary"] and "committedByBody" in out["json"]

@@ -1,6 +1,6 @@
 // The consumer flow through the Java client that openapi-generator's `java` generator (okhttp-gson) makes from
 // openapi.yaml (unmodified; tests/integration/test_generated_clients.py compiles this file with Maven beside it):
-// produce -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
+// produce (binary and json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
 // (query parameters, none) -> delete. Prints one JSON object with what it saw; exits non-zero on any error.
 // Usage: java Flow <gateway URL> <API key> <topic> <group prefix> <records>
 import com.google.gson.Gson;
@@ -17,14 +17,14 @@ import kcg.client.ApiException;
 import kcg.client.api.ConsumersApi;
 import kcg.client.api.ProduceApi;
 import kcg.client.model.AutoCommitEnable;
-import kcg.client.model.BinaryProduceRecord;
-import kcg.client.model.BinaryProduceRequest;
 import kcg.client.model.CommitOffset;
 import kcg.client.model.CommitOffsets;
 import kcg.client.model.CommittedOffset;
 import kcg.client.model.CommittedOffsets;
 import kcg.client.model.ConsumerRecord;
 import kcg.client.model.CreateConsumer;
+import kcg.client.model.JsonProduceRecord;
+import kcg.client.model.JsonProduceRequest;
 import kcg.client.model.ProducedOffset;
 import kcg.client.model.Subscription;
 
@@ -53,13 +53,24 @@ public final class Flow {
         client.setBearerToken(apiKey);
         ConsumersApi consumers = new ConsumersApi(client);
         try {
-            BinaryProduceRequest body = new BinaryProduceRequest();
-            for (int i = 0; i < n; i++) {
-                body.addRecordsItem(new BinaryProduceRecord().key(utf8(GSON.toJson("k" + i)))
-                        .value(utf8("{\"n\": " + i + "}")));
+            // the first half as binary records (base64, the format named by the contentType parameter), the rest
+            // as json records (the body's default media type): one body type, JsonProduceRequest, carries both
+            int half = n / 2;
+            JsonProduceRequest binary = new JsonProduceRequest(), json = new JsonProduceRequest();
+            Base64.Encoder b64 = Base64.getEncoder();
+            for (int i = 0; i < half; i++) {
+                binary.addRecordsItem(new JsonProduceRecord().key(b64.encodeToString(utf8(GSON.toJson("k" + i))))
+                        .value(b64.encodeToString(utf8("{\"n\": " + i + "}"))));
             }
+            for (int i = half; i < n; i++) {
+                json.addRecordsItem(new JsonProduceRecord().key("k" + i).value(Collections.singletonMap("n", i)));
+            }
+            ProduceApi producer = new ProduceApi(client);
+            List<ProducedOffset> answers = new ArrayList<>(
+                    producer.produceToTopic(topic, binary, "application/vnd.kafka.binary.v2+json").getOffsets());
+            answers.addAll(producer.produceToTopic(topic, json, null).getOffsets());
             List<Long> produced = new ArrayList<>();
-            for (ProducedOffset o : new ProduceApi(client).produceToTopic(topic, body).getOffsets()) {
+            for (ProducedOffset o : answers) {
                 if (o.getErrorCode() != null) throw new IllegalStateException("produce failed: " + o.getError());
                 produced.add(o.getOffset());
             }

@@ -1,6 +1,6 @@
 // The consumer flow through the Go client that openapi-generator's `go` generator makes from openapi.yaml
 // (unmodified; tests/integration/test_generated_clients.py builds this file as a command of the generated module):
-// produce -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
+// produce (binary and json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
 // (query parameters, none) -> delete. Prints one JSON object with what it saw; exits non-zero on any error.
 // Usage: flow <gateway URL> <API key> <topic> <group prefix> <records>
 package main
@@ -49,21 +49,36 @@ func main() {
 	client := kcg.NewAPIClient(cfg)
 	ctx := context.WithValue(context.Background(), kcg.ContextAccessToken, apiKey)
 
-	records := make([]kcg.BinaryProduceRecord, n)
-	for i := range records {
-		records[i] = *kcg.NewBinaryProduceRecord()
-		records[i].SetKey(b64(fmt.Sprintf("%q", fmt.Sprintf("k%d", i))))
-		records[i].SetValue(b64(fmt.Sprintf(`{"n": %d}`, i)))
-	}
-	answer, _, err := client.ProduceAPI.ProduceToTopic(ctx, topic).
-		BinaryProduceRequest(*kcg.NewBinaryProduceRequest(records)).Execute()
-	check(err, "produce")
-	produced := []int64{}
-	for _, o := range answer.Offsets {
-		if o.ErrorCode.Get() != nil {
-			check(fmt.Errorf("%s", *o.Error.Get()), "produce record")
+	// the first half as binary records (base64, the format named by ContentType), the rest as json records (the
+	// body's default media type): one body type, JsonProduceRequest, carries both
+	half := n / 2
+	binary, asJSON := []kcg.JsonProduceRecord{}, []kcg.JsonProduceRecord{}
+	for i := 0; i < n; i++ {
+		record := kcg.NewJsonProduceRecord()
+		if i < half {
+			record.SetKey(b64(fmt.Sprintf("%q", fmt.Sprintf("k%d", i))))
+			record.SetValue(b64(fmt.Sprintf(`{"n": %d}`, i)))
+			binary = append(binary, *record)
+		} else {
+			record.SetKey(fmt.Sprintf("k%d", i))
+			record.SetValue(map[string]int{"n": i})
+			asJSON = append(asJSON, *record)
 		}
-		produced = append(produced, *o.Offset.Get())
+	}
+	produced := []int64{}
+	for _, request := range []kcg.ApiProduceToTopicRequest{
+		client.ProduceAPI.ProduceToTopic(ctx, topic).JsonProduceRequest(*kcg.NewJsonProduceRequest(binary)).
+			ContentType("application/vnd.kafka.binary.v2+json"),
+		client.ProduceAPI.ProduceToTopic(ctx, topic).JsonProduceRequest(*kcg.NewJsonProduceRequest(asJSON)),
+	} {
+		answer, _, err := request.Execute()
+		check(err, "produce")
+		for _, o := range answer.Offsets {
+			if o.ErrorCode.Get() != nil {
+				check(fmt.Errorf("%s", *o.Error.Get()), "produce record")
+			}
+			produced = append(produced, *o.Offset.Get())
+		}
 	}
 	out := map[string]interface{}{"produced": produced}
 	for _, format := range []string{"binary", "json"} {

@@ -101,7 +101,7 @@ def _json_number(v: Any) -> Any:
 
 # JSON numbers with an integral value, in range (constraints before the validator keep them in the schema)
 Int32 = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_json_number)]
-Int64 = Annotated[int, Field(ge=0, le=OFFSET_MAX), BeforeValidator(_json_number)]
+Int64 = Annotated[int, Field(ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"}), BeforeValidator(_json_number)]
 
 # Confluent clients send numeric and boolean configs as strings: accept exactly what the schema says.
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -298,7 +298,7 @@ class CommitOffsets(BaseModel):
 class CommittedOffset(BaseModel):
     topic: str
     partition: int
-    offset: int
+    offset: int = Field(json_schema_extra={"format": "int64"})  # 64-bit in generated clients (Java, Go)
     metadata: str | None = None
 
 
@@ -666,10 +666,20 @@ def committed_partitions(body: list[TopicPartition] | None, topics: list[str] | 
     return list(dict.fromkeys(out))
 
 
+def _empty_object_is_no_body(value: Any) -> Any:
+    """``{}`` on ``GET .../offsets`` is no body: generated clients (openapi-generator's typescript-axios) send
+    an empty object for a GET whose optional body was left out."""
+    return None if value == {} else value
+
+
+#: ``GET .../offsets``'s optional body: Confluent's ``{"partitions": [...]}``, or none (an empty object is none).
+CommittedBody = Annotated[Partitions | None, BeforeValidator(_empty_object_is_no_body), Body()]
+
+
 @router.get(BASE + "/offsets", response_model=CommittedOffsets, responses=ERRORS,
             summary="Last committed offsets of the given partitions (request body on GET, as Confluent, or "
             "query parameters, or none: the assigned partitions); partitions never committed are left out")
-async def committed(request: Request, group: str, instance_id: str, body: Partitions | None = Body(None),
+async def committed(request: Request, group: str, instance_id: str, body: CommittedBody = None,
                     topic: QueryTopics = None, partition: QueryPartitions = None,
                     tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = await instance(request, tenant, group, instance_id)

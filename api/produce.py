@@ -116,7 +116,8 @@ ENCODE_IN_THREAD = 1000
 class ProducedOffset(BaseModel):
     partition: int | None = Field(description="null when the record failed")
     offset: int | None = Field(description="null when the record failed; -1 if the broker stored the record but "
-                                           "could not tell its offset (a retried duplicate)")
+                                           "could not tell its offset (a retried duplicate)",
+                               json_schema_extra={"format": "int64"})
     error_code: int | None = Field(description="50002 Kafka error, 50003 retriable Kafka error, 40301 not "
                                                "authorized; null on success")
     error: str | None = Field(description="the Kafka error; null on success")
@@ -207,12 +208,28 @@ PRODUCE_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _openapi() -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {
-        BINARY: {"schema": {"$ref": "#/components/schemas/BinaryProduceRequest"}},
-        JSONFMT: {"schema": {"$ref": "#/components/schemas/JsonProduceRequest"}},
-        **{ct: {"schema": {"$ref": f"#/components/schemas/{'JsonSchema' if f == 'jsonschema' else f.capitalize()}"
-                                   "ProduceRequest"}} for ct, f in SCHEMA_FORMATS.items()},
-    }}}
+    """The produce operations' body and format, in a shape that clients generated from the contract can use.
+
+    The body keeps one media type per embedded format, each with its own schema (what the gateway accepts).
+    Generators differ in what they make of several media types: openapi-generator types the body with the
+    first one's schema and sends the first JSON media type unless a ``Content-Type`` parameter says otherwise;
+    openapi-python-client picks the media type from the body's class. So the json format comes first (its
+    records take any JSON value, base64 text included, so that one body type can carry binary records too),
+    and ``Content-Type`` is also listed as an optional header parameter, with the five media types: it is the
+    header the gateway reads anyway (OpenAPI tools that follow the specification ignore such a parameter and
+    use the body's media types).
+    """
+    schema = {f: {"schema": {"$ref": f"#/components/schemas/{name}ProduceRequest"}}
+              for f, name in (("json", "Json"), ("binary", "Binary"), ("avro", "Avro"), ("protobuf", "Protobuf"),
+                              ("jsonschema", "JsonSchema"))}
+    return {
+        "parameters": [{
+            "name": "Content-Type", "in": "header", "required": False,
+            "description": "the embedded format of the records: the media type of the body (the header the "
+                           "gateway reads; for generated clients that otherwise send their first media type)",
+            "schema": {"type": "string", "enum": [_MEDIA_TYPE[f] for f in schema]}}],
+        "requestBody": {"required": True, "content": {_MEDIA_TYPE[f]: body for f, body in schema.items()}},
+    }
 
 
 PRODUCE_ERRORS: dict[int | str, dict[str, Any]] = {

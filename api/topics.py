@@ -227,7 +227,7 @@ def _page_json(page: RangePage, media: str) -> tuple[bytes, int]:
                         "markers, aborted records): read again from `next_offset` until `next_offset >= "
                         "end_offset` (also in `X-Next-Offset` / `X-End-Offset` and, for Arrow, in the schema "
                         "metadata). Accept: `application/vnd.kafka.binary.v2+json` (default; also for "
-                        "`application/json`, `*/*`), `application/vnd.kafka.json.v2+json` (embedded JSON) or "
+                        "`application/json` and a wildcard), `application/vnd.kafka.json.v2+json` (embedded JSON) or "
                         "`application/vnd.apache.arrow.stream` (Arrow IPC stream). An offset below the log "
                         "start or past the high watermark is 422 (42207) with `X-Log-Start-Offset` and "
                         "`X-High-Watermark`; an end_offset at or below offset is an empty range (answered "
@@ -238,9 +238,10 @@ def _page_json(page: RangePage, media: str) -> tuple[bytes, int]:
                         "into it, undecodable ones as rows with `error` set); docs/typed-ranges.md.")
 async def read_partition_records(
         request: Request, topic: str, partition: int,
-        offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="the first offset to read")],
+        offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="the first offset to read",
+                                     json_schema_extra={"format": "int64"})],
         end_offset: Annotated[int | None, Query(
-            ge=0, le=OFFSET_MAX, description="read below this offset (default: the LSO under read_committed, "
+            ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"}, description="read below this offset (default: the LSO under read_committed, "
                                              "else the high watermark; never past either)")] = None,
         isolation_level: Annotated[Literal["read_committed", "read_uncommitted"], Query(
             description="read_committed: aborted transactions and records at or past the LSO left out")

@@ -6,7 +6,10 @@
 #     typescript, @types/node  (tsc compiles the TypeScript client generated from openapi.yaml and its node test)
 #   system packages, from the Debian archive when missing (as root with apt-get):
 #     nodejs and npm (runs the above and the compiled client), a Java runtime >= 11 (openapi-generator's jar,
-#     which the PyPI package openapi-generator-cli of the test extra ships)
+#     which the PyPI package openapi-generator-cli of the test extra ships), a JDK and Maven (the generated
+#     Java client; its dependencies come from Maven Central into ~/.m2 when the test builds it)
+#   not installed here: the Go toolchain (>= 1.23, for the generated Go client), from go.dev; the test fails
+#     without it
 # Idempotent: does nothing when the pinned versions are installed. Exit status 0 when everything is there.
 set -u
 
@@ -17,7 +20,8 @@ STAMP="$PREFIX/.installed"
 
 missing=""
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
-command -v java >/dev/null 2>&1 || missing="$missing default-jre-headless"
+command -v java >/dev/null 2>&1 && command -v javac >/dev/null 2>&1 || missing="$missing default-jdk-headless"
+command -v mvn >/dev/null 2>&1 || missing="$missing maven"
 if [ -n "$missing" ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         echo "install-node-deps: missing Debian package(s):$missing; as root run:" >&2

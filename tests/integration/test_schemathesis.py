@@ -51,9 +51,22 @@ API_KEY = "schemathesis-test-key-7Qx2"  # the test tenant's key; its sha256 goes
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 DOCUMENTED_503 = {50003, 50302}
 
+
+def _without_ignored_headers(contract: dict[str, Any]) -> dict[str, Any]:
+    """The contract as OpenAPI 3.0 tells tools to read it: header parameters named Content-Type (produce lists one,
+    for generated clients) are ignored. Schemathesis would send that header and then no body at all."""
+    for item in contract["paths"].values():
+        for op in item.values():
+            if isinstance(op, dict) and "parameters" in op:
+                op["parameters"] = [p for p in op["parameters"]
+                                    if not (p.get("in") == "header" and p["name"].lower() == "content-type")]
+    return contract
+
+
 # Credentials for the Bearer scheme (an API key): schemathesis sends them, and also probes each operation
 # without / with invalid ones (ignored_auth).
-schema = schemathesis.openapi.from_path(OPENAPI, config=SchemathesisConfig.from_dict(
+schema = schemathesis.openapi.from_dict(_without_ignored_headers(yaml.safe_load(OPENAPI.read_text())),
+                                        config=SchemathesisConfig.from_dict(
     {"auth": {"openapi": {"BearerAuth": {"bearer": API_KEY}}}, "request-timeout": 10,
      # invalid data may also be refused by the server before any route: a request head over the header cap
      # (e.g. hundreds of generated query parameters) is 431 / 43101 (service/httpserver.py)

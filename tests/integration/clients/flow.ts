@@ -1,6 +1,6 @@
 // The consumer flow through the TypeScript client that openapi-generator's `typescript-fetch` generates from
 // openapi.yaml (unmodified; this file is compiled beside it by tests/integration/test_generated_clients.py):
-// produce -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
+// produce (binary and json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
 // (body-free forms) -> delete. Prints one JSON object with what it saw; exits non-zero on any error.
 // Usage: node dist/flow.js <gateway URL> <API key> <topic> <group prefix> <records>
 import {
@@ -21,9 +21,21 @@ const b64 = (text: string): string => Buffer.from(text, "utf8").toString("base64
 const unb64 = (data: string): string => Buffer.from(data, "base64").toString("utf8");
 
 async function produce(): Promise<number[]> {
-    const records = Array.from({ length: n }, (_, i) => ({ key: b64(JSON.stringify(`k${i}`)), value: b64(JSON.stringify({ n: i })) }));
-    const answer = await producer.produceToTopic({ topic, binaryProduceRequest: { records } });
-    return answer.offsets.map((o) => {
+    // the first half as binary records (base64, the format named by contentType), the rest as json records (the
+    // body's default media type): one body type, JsonProduceRequest, carries both
+    const half = Math.floor(n / 2);
+    const binary = await producer.produceToTopic({
+        topic,
+        contentType: "application/vnd.kafka.binary.v2+json",
+        jsonProduceRequest: {
+            records: Array.from({ length: half }, (_, i) => ({ key: b64(JSON.stringify(`k${i}`)), value: b64(JSON.stringify({ n: i })) })),
+        },
+    });
+    const json = await producer.produceToTopic({
+        topic,
+        jsonProduceRequest: { records: Array.from({ length: n - half }, (_, i) => ({ key: `k${half + i}`, value: { n: half + i } })) },
+    });
+    return [...binary.offsets, ...json.offsets].map((o) => {
         if (o.errorCode != null) throw new Error(`produce failed: ${o.error}`);
         return o.offset as number;
     });

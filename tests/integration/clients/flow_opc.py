@@ -1,6 +1,6 @@
 """The consumer flow through the client that openapi-python-client generates from openapi.yaml (unmodified;
-run by tests/integration/test_generated_clients.py with the generated package on PYTHONPATH): produce -> for
-a binary and a json instance: create -> subscribe -> poll -> commit -> committed
+run by tests/integration/test_generated_clients.py with the generated package on PYTHONPATH): produce (binary and
+json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed
 offsets (body in the GET, query parameters, none) -> delete. Prints one JSON object; exits non-zero on error.
 
 Usage: python flow_opc.py <gateway URL> <API key> <topic> <group prefix> <records>
@@ -35,6 +35,8 @@ from kafka_consumer_gateway_client.models import (
     CreateConsumer,
     CreateConsumerFormat,
     CreateConsumerResponse,
+    JsonProduceRecord,
+    JsonProduceRequest,
     PartitionRef,
     Partitions,
     ProduceResponse,
@@ -57,11 +59,14 @@ def main() -> None:
     url, api_key, topic, prefix, count = sys.argv[1:]
     n = int(count)
     client = AuthenticatedClient(base_url=url, token=api_key, timeout=30.0)  # type: ignore[arg-type]
-    body = BinaryProduceRequest(records=[
-        BinaryProduceRecord(key=b64(json.dumps(f"k{i}")), value=b64(json.dumps({"n": i}))) for i in range(n)])
-    answer = ok(produce_to_topic.sync_detailed(topic, client=client, body=body))
-    assert isinstance(answer, ProduceResponse)
-    out: dict[str, Any] = {"produced": [o.offset for o in answer.offsets]}
+    # the first half as binary records, the rest as json records: the body's class picks the media type
+    half = n // 2
+    binary = ok(produce_to_topic.sync_detailed(topic, client=client, body=BinaryProduceRequest(records=[
+        BinaryProduceRecord(key=b64(json.dumps(f"k{i}")), value=b64(json.dumps({"n": i}))) for i in range(half)])))
+    as_json = ok(produce_to_topic.sync_detailed(topic, client=client, body=JsonProduceRequest(records=[
+        JsonProduceRecord(key=f"k{i}", value={"n": i}) for i in range(half, n)])))
+    assert isinstance(binary, ProduceResponse) and isinstance(as_json, ProduceResponse)
+    out: dict[str, Any] = {"produced": [o.offset for o in binary.offsets + as_json.offsets]}
     for fmt in ("binary", "json"):
         group = f"{prefix}-{fmt}"
         created = ok(create_consumer.sync_detailed(group, client=client, body=CreateConsumer.from_dict({

@@ -2,7 +2,8 @@
 recursion, enums, fixed, logical types, arrays and maps nested), values, mutated and garbage payloads.
 
 render_value: equal to ``orjson.dumps(AvroCodec(schema, rendering).decode(payload))`` whenever it renders (a
-bail, None, hands the payload to the Python path); render_chunk: byte for byte what render_decoded_chunk writes
+bail, None, hands the payload to the Python path; a refusal code of service/schemas/avro_limits.py only where
+the Python path refuses too); scan and scan_many: the refusal codes of avro_limits.scan_py; render_chunk: byte for byte what render_decoded_chunk writes
 for the same records decoded in Python; compile: any node list is refused or compiles into a program that
 renders or bails, never crashes; schema_ids: SchemaResolver.schema_ids."""
 
@@ -18,8 +19,9 @@ from hypothesis import strategies as st
 
 from api import render as Rd
 from service.protocol.records import Record
-from service.schemas import avro_fast
+from service.schemas import avro_fast, avro_limits
 from service.schemas.avro import AvroCodec, _Node
+from service.schemas.avro_limits import R_BYTES, R_DEPTH, R_ITEMS, R_MALFORMED, R_NONE, DecodeLimits, scan_py
 from service.schemas.codecs import DecodeError
 from service.schemas.formats import SchemaResolver
 from service.schemas.wire import frame
@@ -29,6 +31,7 @@ from tests.fuzz.twins import covers, fuzz
 
 C: Any = avro_fast._cavro
 RENDERINGS = ("confluent", "karapace")
+REFUSALS = (R_DEPTH, R_ITEMS, R_BYTES, R_MALFORMED)
 PRIMITIVES = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"]
 LOGICAL = [{"type": "int", "logicalType": "date"}, {"type": "long", "logicalType": "timestamp-millis"},
            {"type": "long", "logicalType": "timestamp-micros"}, {"type": "int", "logicalType": "time-millis"},
@@ -140,10 +143,25 @@ def _value(data: st.DataObject, node: _Node, depth: int = 0) -> Any:
 
 
 def _reference(codec: AvroCodec, payload: bytes) -> bytes | None:
+    """What the Python path renders, or None where it refuses: a decode error (its scan of the limits first,
+    then fastavro), or a rendering longer than the byte limit of a payload that long."""
     try:
-        return orjson.dumps(codec.decode(payload), option=orjson.OPT_NON_STR_KEYS)
+        text = orjson.dumps(codec.decode(payload), option=orjson.OPT_NON_STR_KEYS)
     except Exception:
         return None
+    return None if len(text) > avro_limits.LIMITS.max_out(len(payload)) else text
+
+
+def _same_verdict(got: bytes | int | None, codec: AvroCodec, payload: bytes) -> None:
+    """render_value's answer against the Python path: a bail (None) leaves the payload to it; a refusal code
+    only where the Python path refuses too; bytes only where it renders the same bytes."""
+    if got is None:
+        return
+    want = _reference(codec, payload)
+    if isinstance(got, int):
+        assert got in REFUSALS and want is None, (payload, got, want)
+    else:
+        assert got == want, (payload, got, want)
 
 
 @covers("_cavro.render_value", "_cavro.compile")
@@ -159,9 +177,7 @@ def test_render_value_is_the_python_decoder(schema: Any, data: st.DataObject, mu
         if program is None:  # a shape the C renderer leaves to Python (karapace look-alike unions)
             continue
         for p in (payload, mutated):
-            got = C.render_value(program, p)
-            if got is not None:
-                assert got == _reference(codec, p), (json.dumps(schema), p)
+            _same_verdict(C.render_value(program, p), codec, p)
 
 
 @covers("_cavro.render_value")
@@ -172,8 +188,33 @@ def test_render_value_on_garbage_payloads(schema: Any, payload: bytes) -> None:
         codec = AvroCodec(schema, rendering=rendering)
         program = avro_fast.compile_program(codec)
         if program is not None:
-            got = C.render_value(program, payload)
-            assert got is None or got == _reference(codec, payload)
+            _same_verdict(C.render_value(program, payload), codec, payload)
+
+
+_LIMITS = st.builds(DecodeLimits, max_depth=st.integers(0, 12), items_per_byte=st.integers(0, 4),
+                    items_base=st.integers(0, 64), expansion=st.integers(0, 8), floor=st.integers(0, 300),
+                    cap=st.integers(0, 2000)) | st.just(DecodeLimits())
+
+
+@covers("_cavro.scan", "_cavro.scan_many")
+@fuzz(scale=0.5)
+@given(schemas(), st.data(), st.lists(S.mutations, min_size=1, max_size=4), st.binary(max_size=40), _LIMITS)
+def test_scan_is_the_python_scan(schema: Any, data: st.DataObject, muts: list[Any], garbage: bytes,
+                                 lim: DecodeLimits) -> None:
+    """The limits' scan in C and scan_py, on valid, mutated and garbage payloads, under random limits: the
+    same refusal code; scan_many of a list is scan of each (index -> code of the refused ones)."""
+    codec = AvroCodec(schema)
+    if codec._scan_program is None:  # a node list the C module refuses: the Python twin alone scans
+        return
+    payload = codec.encode(_value(data, codec._root))
+    payloads = [payload, garbage, b"", *(S.mutate(payload, m) for m in muts)]
+    want = {i: code for i, p in enumerate(payloads) if (code := scan_py(codec._scan_nodes, p, lim))}
+    for i, p in enumerate(payloads):
+        assert C.scan(codec._scan_program, p, lim.as_tuple()) == want.get(i, R_NONE), (json.dumps(schema), p)
+    assert C.scan_many(codec._scan_program, payloads, lim.as_tuple()) == want
+    assert C.scan_many(codec._scan_program, [memoryview(p) for p in payloads], lim.as_tuple()) == want
+    default = {i: code for i, p in enumerate(payloads) if (code := scan_py(codec._scan_nodes, p))}
+    assert C.scan_many(codec._scan_program, payloads) == default
 
 
 nodes = st.lists(st.tuples(st.integers(-2, 16), st.integers(-2, 12), st.integers(-3, 8),

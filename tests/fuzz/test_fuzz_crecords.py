@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -97,8 +98,14 @@ def test_record_run_is_the_decoded_list(bs: list[Any], log_append: bool, data: s
     start, stop = data.draw(st.integers(-n - 2, n + 2)), data.draw(st.integers(-n - 2, n + 2))
     step = data.draw(st.sampled_from([None, 1, 2, -1, 3]))
     assert list(run[start:stop:step]) == recs[start:stop:step]
-    p = data.draw(st.integers(0, n + 2))
-    assert run.payload(p) == F._payload_from(recs, p)
+    p = data.draw(st.integers(-2, n + 2))
+    if 0 <= p <= n:  # payload(n) is 0: the records from n on
+        assert run.payload(p) == F._payload_from(recs, p)
+    else:  # outside 0..n: refused by the run and by the twin on a list alike
+        with pytest.raises(IndexError):
+            run.payload(p)
+        with pytest.raises(IndexError):
+            F._payload_from(recs, p)
     budget, started = data.draw(st.integers(-3, 3000)), data.draw(st.booleans())
     lo = data.draw(st.integers(0, n))
     hi = data.draw(st.integers(lo, n + 3))

@@ -54,6 +54,8 @@ TWINS: dict[str, str] = {
     "_cavro.render_value": "orjson.dumps(AvroCodec(schema, rendering).decode(payload))",
     "_cavro.render_chunk": "api.render.render_decoded_chunk over SchemaResolver.decode",
     "_cavro.schema_ids": "service.schemas.formats.SchemaResolver.schema_ids",
+    "_cavro.scan": "service.schemas.avro_limits.scan_py",
+    "_cavro.scan_many": "service.schemas.avro_limits.scan_py of each payload (AvroCodec.refusals without C)",
     # service/producer/_cproduce.c
     "_cproduce.encode_runs": "service.producer.encoding._encode_runs_py",
     "_cproduce.parse_binary": "api.produce.parse_records without the C helpers",
@@ -85,6 +87,9 @@ UNIT_TESTS: dict[str, list[str]] = {
                             "tests/unit/test_cavro.py::test_deep_nesting_bails"],
     "_cavro.render_chunk": ["tests/unit/test_cavro.py::test_chunks_render_as_render_decoded"],
     "_cavro.schema_ids": ["tests/unit/test_cavro.py::test_schema_ids_in_c_and_python_agree"],
+    "_cavro.scan": ["tests/unit/test_avro_limits.py::test_the_c_scan_and_its_python_twin_agree",
+                    "tests/unit/test_avro_limits.py::test_hostile_values_are_refused_by_both_scans_quickly"],
+    "_cavro.scan_many": ["tests/unit/test_avro_limits.py::test_scan_many_is_scan_of_each"],
     "_cproduce.encode_runs": ["tests/unit/test_producer_runs.py::test_c_encoder_matches_python_and_decodes"],
     "_cproduce.parse_binary": ["tests/unit/test_producer_runs.py::test_parse_binary_in_c_is_the_python_parse"],
     "_cproduce.parse_body_binary": [

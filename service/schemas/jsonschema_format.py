@@ -10,8 +10,9 @@ selects it. Schema references (the registry's ``references``: name -> schema) re
 Hostile schemas and values (every check names the schema path, ``#/properties/name/pattern``):
 
 * ``pattern`` and ``patternProperties`` are ECMA-262 regular expressions run on RE2 (linear time,
-  :mod:`service.schemas.ecma_regex`), never on Python's backtracking ``re``; a pattern RE2 cannot run
-  (backreferences, lookaround) is refused when the schema compiles;
+  :mod:`service.schemas.ecma_regex`), never on Python's backtracking ``re`` -- also where
+  ``additionalProperties`` and ``unevaluatedProperties`` match names against ``patternProperties``; a
+  pattern RE2 cannot run (backreferences, lookaround) is refused when the schema compiles;
 * every ``$ref`` must resolve (in the schema or its references) when the schema compiles;
 * subschemas nest at most ``max_depth`` levels (GATEWAY_SCHEMA_MAX_DEPTH), and a value (encoded, or
   decoded, validated or not) at most ``max_depth`` levels of arrays and objects; a ``$ref`` cycle that
@@ -30,7 +31,7 @@ from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
-from referencing.jsonschema import DRAFT7, specification_with
+from referencing.jsonschema import DRAFT7, lookup_recursive_ref, specification_with
 
 from service.schemas.ecma_regex import EcmaRegexError, compile_pattern
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
@@ -131,10 +132,138 @@ def _re2_pattern_properties(validator: Any, pattern_properties: Any, instance: A
                 yield from validator.descend(v, subschema, path=k, schema_path=pattern)
 
 
+def _matches_a_pattern(patterns: Any, key: str) -> bool:
+    """Whether a property name matches one of a ``patternProperties``' patterns (on RE2; a pattern RE2
+    cannot run, or a name that is not valid Unicode, matches nothing: ``patternProperties`` reports those)."""
+    if not isinstance(patterns, dict):
+        return False
+    for pattern in patterns:
+        try:
+            if compile_pattern(pattern).search(key) is not None:
+                return True
+        except (EcmaRegexError, UnicodeEncodeError, TypeError):
+            continue
+    return False
+
+
+def _re2_additional_properties(validator: Any, additional: Any, instance: Any,
+                               schema: Any) -> Iterator[ValidationError]:
+    """``additionalProperties``: the properties neither named by ``properties`` nor matched by a pattern of
+    ``patternProperties`` (on RE2) hold to it; the messages are the jsonschema library's."""
+    if not validator.is_type(instance, "object"):
+        return
+    named = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extras = [k for k in instance if k not in named and not _matches_a_pattern(patterns, k)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        if "patternProperties" in schema:
+            verb = "does" if len(extras) == 1 else "do"
+            names = ", ".join(repr(k) for k in sorted(extras))
+            yield ValidationError(f"{names} {verb} not match any of the regexes: "
+                                  f"{', '.join(repr(p) for p in sorted(patterns))}")
+        else:
+            yield ValidationError(f"Additional properties are not allowed ({_extras(sorted(extras, key=str))} "
+                                  f"unexpected)")
+
+
+def _extras(names: list[Any]) -> str:
+    verb = "was" if len(names) == 1 else "were"
+    return f"{', '.join(repr(n) for n in names)} {verb}"
+
+
+def _valid_under(validator: Any, instance: Any, subschema: Any) -> bool:
+    return next(validator.descend(instance, subschema), None) is None
+
+
+def _evaluated_keys(validator: Any, instance: dict[str, Any], schema: Any, legacy: bool) -> set[str]:
+    """The property names of ``instance`` that ``schema`` (and what it applies in place: ``$ref``, ``allOf``,
+    ``if``...) evaluates, as the jsonschema library finds them for ``unevaluatedProperties`` (``legacy``: its
+    draft 2019-09 variant), with the ``patternProperties`` patterns on RE2."""
+    if not isinstance(schema, dict):
+        return set()
+    keys: set[str] = set()
+
+    def into(resolved: Any) -> None:
+        keys.update(_evaluated_keys(validator.evolve(schema=resolved.contents, _resolver=resolved.resolver),
+                                    instance, resolved.contents, legacy))
+
+    ref = schema.get("$ref")
+    if ref is not None:
+        into(validator._resolver.lookup(ref))
+    if legacy:
+        if "$recursiveRef" in schema:
+            into(lookup_recursive_ref(validator._resolver))
+        for keyword in ("properties", "additionalProperties", "unevaluatedProperties"):
+            value = schema.get(keyword)
+            if value is True:
+                keys.update(instance)
+            elif isinstance(value, dict):
+                keys.update(k for k in value if k in instance)
+    else:
+        if schema.get("$dynamicRef") is not None:
+            into(validator._resolver.lookup(schema["$dynamicRef"]))
+        if isinstance(schema.get("properties"), dict):
+            keys.update(schema["properties"].keys() & instance.keys())
+        for keyword in ("additionalProperties", "unevaluatedProperties"):
+            sub = schema.get(keyword)
+            if sub is not None:
+                keys.update(k for k, v in instance.items() if _valid_under(validator, v, sub))
+    if "patternProperties" in schema:
+        keys.update(k for k in instance if _matches_a_pattern(schema["patternProperties"], k))
+    for name, sub in (schema.get("dependentSchemas") or {}).items():
+        if name in instance:
+            keys.update(_evaluated_keys(validator, instance, sub, legacy))
+    for keyword in ("allOf", "oneOf", "anyOf"):
+        for sub in schema.get(keyword, []):
+            if _valid_under(validator, instance, sub):
+                keys.update(_evaluated_keys(validator, instance, sub, legacy))
+    if "if" in schema:
+        if validator.evolve(schema=schema["if"]).is_valid(instance):
+            keys.update(_evaluated_keys(validator, instance, schema["if"], legacy))
+            if "then" in schema:
+                keys.update(_evaluated_keys(validator, instance, schema["then"], legacy))
+        elif "else" in schema:
+            keys.update(_evaluated_keys(validator, instance, schema["else"], legacy))
+    return keys
+
+
+def _re2_unevaluated_properties(legacy: bool) -> Any:
+    """``unevaluatedProperties`` (``legacy``: draft 2019-09's) with :func:`_evaluated_keys`; the messages are
+    the jsonschema library's."""
+
+    def keyword(validator: Any, unevaluated: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if not validator.is_type(instance, "object"):
+            return
+        evaluated = _evaluated_keys(validator, instance, schema, legacy)
+        bad = [k for k in instance if k not in evaluated
+               and next(validator.descend(instance[k], unevaluated, path=k, schema_path=k), None) is not None]
+        if not bad:
+            return
+        if unevaluated is False:
+            yield ValidationError(f"Unevaluated properties are not allowed ({_extras(sorted(bad, key=str))} "
+                                  f"unexpected)")
+        else:
+            yield ValidationError(f"Unevaluated properties are not valid under the given schema "
+                                  f"({_extras(bad)} unevaluated and invalid)")
+    return keyword
+
+
 @cache
 def _re2_validator(cls: Any) -> Any:
-    """The draft's validator class with ``pattern`` and ``patternProperties`` on RE2 (one per draft)."""
-    return validators.extend(cls, {"pattern": _re2_pattern, "patternProperties": _re2_pattern_properties})
+    """The draft's validator class with every keyword that matches a schema's patterns on RE2 (one per
+    draft): ``pattern``, ``patternProperties``, and ``additionalProperties`` / ``unevaluatedProperties``,
+    which the jsonschema library otherwise matches against ``patternProperties`` with Python's ``re``
+    (``propertyNames`` applies ``pattern``; ``format: regex`` is only checked on schemas, by
+    :func:`_meta_format_checker`)."""
+    replaced = {"pattern": _re2_pattern, "patternProperties": _re2_pattern_properties,
+                "additionalProperties": _re2_additional_properties}
+    if "unevaluatedProperties" in cls.VALIDATORS:
+        replaced["unevaluatedProperties"] = _re2_unevaluated_properties(legacy=cls.META_SCHEMA.get("$schema", "")
+                                                                        .endswith("2019-09/schema"))
+    return validators.extend(cls, replaced)
 
 
 def _is_regex(value: object) -> bool:

@@ -139,6 +139,99 @@ def test_check_schema_reads_patterns_as_ecma() -> None:
     assert codec.errors("\u00e9t\u00e9") is None and codec.errors("1") is not None
 
 
+# -- JSON Schema: every keyword that matches a schema pattern runs it on RE2 ------------------------------------
+D7, D2019, D2020 = ("http://json-schema.org/draft-07/schema#", "https://json-schema.org/draft/2019-09/schema",
+                    "https://json-schema.org/draft/2020-12/schema")
+SLOW = "^(a|aa)+$"  # Python's re: ~2**(n/1.4) steps on "a" * n + "!" (seconds at 40 characters)
+SLOW_KEY = "a" * 40 + "!"
+
+
+@pytest.fixture
+def no_python_re(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's ``re`` inside the jsonschema library fails the test: no schema pattern may reach it."""
+    import jsonschema._format
+    import jsonschema._keywords
+    import jsonschema._legacy_keywords
+    import jsonschema._utils
+
+    class NoRe:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"jsonschema ran re.{name} on a schema's pattern")
+
+    for module in (jsonschema._keywords, jsonschema._utils, jsonschema._legacy_keywords, jsonschema._format):
+        monkeypatch.setattr(module, "re", NoRe())
+
+
+@pytest.mark.parametrize(("schema", "evil", "where", "fragment", "good"), [
+    ({"type": "object", "patternProperties": {SLOW: {"type": "integer"}}, "additionalProperties": False},
+     {SLOW_KEY: 1}, "$", "does not match any of the regexes", {"aaaa": 1}),
+    ({"type": "object", "patternProperties": {SLOW: {}}, "additionalProperties": {"type": "integer"}},
+     {SLOW_KEY: "x"}, f'$["{SLOW_KEY}"]', "is not of type", {"aa": "x"}),
+    ({"$schema": D2020, "type": "object", "patternProperties": {SLOW: {}}, "unevaluatedProperties": False},
+     {SLOW_KEY: 1}, "$", "Unevaluated properties are not allowed", {"aaa": 1}),
+    ({"$schema": D2019, "type": "object", "patternProperties": {SLOW: {}}, "unevaluatedProperties": False},
+     {SLOW_KEY: 1}, "$", "Unevaluated properties are not allowed", {"aaa": 1}),
+    ({"$schema": D2020, "allOf": [{"patternProperties": {SLOW: {}}}], "unevaluatedProperties": {"type": "integer"}},
+     {SLOW_KEY: "x"}, "$", "unevaluated and invalid", {"aaa": "x"}),
+    ({"type": "object", "propertyNames": {"pattern": SLOW}}, {SLOW_KEY: 1}, "$", "does not match", {"aa": 1}),
+    ({"$schema": D2020, "propertyNames": {"pattern": SLOW}}, {SLOW_KEY: 1}, "$", "does not match", {"aa": 1}),
+])
+def test_keywords_that_match_patterns_run_them_on_re2(no_python_re: None, schema: Any, evil: Any, where: str,
+                                                      fragment: str, good: Any) -> None:
+    """additionalProperties and unevaluatedProperties (which match names against patternProperties) and
+    propertyNames.pattern: a pattern that takes seconds under Python's re never reaches it."""
+    codec = JsonSchemaCodec(json.dumps(schema))
+    started = time.perf_counter()
+    error = codec.errors(evil)
+    long_error = codec.errors({"a" * 5000 + "!": "x"})
+    assert time.perf_counter() - started < 2.0  # linear: 5,000 characters at once
+    assert error is not None and error.path == where and fragment in error.reason, error
+    assert long_error is not None
+    assert codec.errors(good) is None
+
+
+def test_format_regex_never_compiles_with_python_re(no_python_re: None) -> None:
+    codec = JsonSchemaCodec(json.dumps({"type": "string", "format": "regex", "pattern": "^(a+)+$"}))
+    assert codec.errors("(a|aa)+") is not None and codec.errors("aaa") is None  # format: an annotation here
+    with pytest.raises(JsonSchemaSchemaError):  # in a schema, "pattern" is format regex: read as ECMA on RE2
+        JsonSchemaCodec(json.dumps({"pattern": "(?<=a)"}))
+
+
+_BENIGN = [
+    {"properties": {"id": {}}, "patternProperties": {"^x_": {"type": "integer"}, "^y": {}},
+     "additionalProperties": False},
+    {"properties": {"id": {}}, "patternProperties": {"^x_": {}}, "additionalProperties": {"type": "string"}},
+    {"properties": {"id": {}}, "additionalProperties": False},
+    {"allOf": [{"properties": {"id": {}}}, {"patternProperties": {"^x_": {"type": "integer"}}}],
+     "anyOf": [{"patternProperties": {"^y": {}}}, {"required": ["zz"]}],
+     "if": {"required": ["id"]}, "then": {"patternProperties": {"z$": {}}}, "else": {"properties": {"q": {}}},
+     "dependentSchemas": {"id": {"patternProperties": {"^w": {}}}}, "unevaluatedProperties": False},
+    {"$defs": {"p": {"patternProperties": {"^x_": {}}}}, "$ref": "#/$defs/p",
+     "additionalProperties": {"type": "integer"}, "unevaluatedProperties": {"type": "string"}},
+    {"properties": {"a": {"type": "integer"}}, "unevaluatedProperties": {"type": "integer"}},
+    {"propertyNames": {"pattern": "^[a-z_]+$"}, "oneOf": [{"patternProperties": {"^x": {}}}, {}],
+     "unevaluatedProperties": True},
+]
+_INSTANCES = [{}, {"id": 1}, {"x_1": 1}, {"x_1": "s"}, {"y": None, "x_2": 2}, {"id": 1, "zz": 3, "q": "w"},
+              {"other": "s"}, {"other": 1, "wz": 2, "A": 3}, {"id": 1, "w1": [], "x_3": 3}, [1], "s"]
+
+
+@pytest.mark.parametrize("draft", [D7, D2019, D2020])
+@pytest.mark.parametrize("schema", _BENIGN)
+def test_re2_keywords_give_the_jsonschema_librarys_verdicts_and_messages(draft: str, schema: Any) -> None:
+    from jsonschema import validators
+
+    from service.schemas.jsonschema_format import _re2_validator
+
+    full = {"$schema": draft, **schema}
+    stock = validators.validator_for(full)
+    ours, theirs = _re2_validator(stock)(full), stock(full)
+    for instance in _INSTANCES:
+        got = sorted((list(e.absolute_path), e.message) for e in ours.iter_errors(instance))
+        want = sorted((list(e.absolute_path), e.message) for e in theirs.iter_errors(instance))
+        assert got == want, (schema, instance)
+
+
 # -- JSON Schema: $ref -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("schema", "where", "ref"), [
     ({"properties": {"a": {"$ref": "#/definitions/missing"}}}, "#/properties/a/$ref", "#/definitions/missing"),

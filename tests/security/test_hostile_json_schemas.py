@@ -5,7 +5,9 @@ schema, as a shared registry of many tenants may, so the gateway's own checks ar
 
 - ReDoS: a JSON Schema ``pattern`` / ``patternProperties`` of ``^(a+)+$`` against ``"a" * 30 + "!"`` (Python's
   backtracking ``re`` takes ~1.3 s at 25 characters and x2 per character, holding the GIL: ~40 s here, the
-  whole gateway stalled) is answered 422/42203 at once while ``/healthz`` keeps answering;
+  whole gateway stalled) is answered 422/42203 at once while ``/healthz`` keeps answering; so are the
+  patterns ``additionalProperties`` / ``unevaluatedProperties`` match names against (``patternProperties``
+  ``^(a|aa)+$`` and a 40-character name ending in ``!``) and ``propertyNames.pattern``;
 - a pattern RE2 cannot run is refused at compile, 422/42205 naming its schema path;
 - an unresolvable ``$ref`` is 422/42205 naming it on produce (not a 500), and each record's error on poll;
 - Protobuf records that have no JSON form (a ``google.protobuf.Value`` holding NaN) or nest past
@@ -158,6 +160,43 @@ async def test_catastrophic_patterns_do_not_stall_the_gateway(http: httpx.AsyncC
     r = await http.post(f"/topics/{topic}", headers={"Content-Type": JSONSCHEMA, "Accept": V2},
                         json={"value_schema": schema, "records": [{"value": {"name": "aaaa", "bb": 2}}]})
     assert r.status_code == 200, r.text
+
+
+SLOW = "^(a|aa)+$"  # Python's re on "a" * 40 + "!": tens of seconds, the GIL held
+
+
+async def test_patterns_matched_by_additional_and_unevaluated_properties_do_not_stall(http: httpx.AsyncClient
+                                                                                      ) -> None:
+    """additionalProperties and unevaluatedProperties match names against patternProperties' patterns (in
+    the jsonschema library, with Python's re): on RE2 here, answered 422 at once, /healthz responsive."""
+    key = "a" * 40 + "!"
+    schemas = [{"type": "object", "patternProperties": {SLOW: {"type": "integer"}}, "additionalProperties": False},
+               {"type": "object", "patternProperties": {SLOW: {}}, "additionalProperties": {"type": "integer"}},
+               {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+                "patternProperties": {SLOW: {}}, "unevaluatedProperties": False},
+               {"type": "object", "propertyNames": {"pattern": SLOW}}]
+    topic = _topic()
+
+    async def attack() -> list[httpx.Response]:
+        return list(await asyncio.gather(*(
+            http.post(f"/topics/{topic}", headers={"Content-Type": JSONSCHEMA, "Accept": V2},
+                      json={"value_schema": json.dumps(s), "records": [{"value": {key: "x"}}]})
+            for s in schemas)))
+
+    started = time.monotonic()
+    task = asyncio.ensure_future(asyncio.wait_for(attack(), 60))
+    probes = await _healthz_while(http, task, bound_s=1.0)
+    answers = await task
+    assert time.monotonic() - started < 15, "the hostile produces took as long as a backtracking match"
+    assert probes >= 1
+    refused(answers[0], 422, 42203, "does not match any of the regexes")
+    refused(answers[1], 422, 42203, "is not of type 'integer'")
+    refused(answers[2], 422, 42203, "Unevaluated properties are not allowed")
+    refused(answers[3], 422, 42203, "does not match")
+    for s in schemas:  # names the patterns match (or no extra names at all) are written
+        r = await http.post(f"/topics/{topic}", headers={"Content-Type": JSONSCHEMA, "Accept": V2},
+                            json={"value_schema": json.dumps(s), "records": [{"value": {"aaaa": 1}}]})
+        assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(("schema", "where"), [

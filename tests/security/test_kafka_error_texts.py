@@ -104,6 +104,7 @@ tenants:
   - id: good
     api_keys: ["{sha(KEY_GOOD)}"]
     topics: ["{LEAKY}", "{FINE}", "created-*"]
+    admin_topics: ["created-*"]
   - id: down
     api_keys: ["{sha(KEY_DOWN)}"]
     topics: ["*"]

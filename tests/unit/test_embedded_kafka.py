@@ -1,0 +1,113 @@
+"""The embedded Apache Kafka launcher's sans-io parts: its configuration file, cluster ids, where it finds the jars,
+the settings that choose it, and that its version is the one tools/kafka/pom.xml installs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from service.embedded import EmbeddedBrokerError
+from service.embedded_kafka import (
+    KAFKA_VERSION,
+    SINGLE_NODE_CONFIG,
+    EmbeddedKafka,
+    cache_dir,
+    find_kafka_lib,
+    min_heap,
+    new_cluster_id,
+    render_properties,
+    start_problem,
+)
+from service.settings import Settings
+from tests.conftest import REPO
+
+
+def test_the_launcher_runs_the_version_the_pom_installs() -> None:
+    pom = (REPO / "tools" / "kafka" / "pom.xml").read_text()
+    m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom)
+    assert m and m.group(1) == KAFKA_VERSION
+    # the slf4j 1.7 binding (without it the broker logs nothing) is part of what is installed
+    assert "<artifactId>log4j-slf4j-impl</artifactId>" in pom
+
+
+def test_cluster_ids_are_kafka_uuids() -> None:
+    ids = {new_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for cid in ids:
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid) and not cid.startswith("-"), cid
+
+
+def test_properties_escape_what_java_reads_specially() -> None:
+    text = render_properties({"a.b": "x", "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                              'PlainLoginModule required user_alice="a=b";', "k y": "C:\\dir\nnext"})
+    assert text.splitlines() == [
+        "a.b=x",
+        'listener.name.sasl_plaintext.plain.sasl.jaas.config=PlainLoginModule required user_alice="a=b";',
+        "k\\ y=C:\\\\dir\\nnext",
+    ]
+
+
+def test_server_properties_single_node_on_loopback() -> None:
+    k = EmbeddedKafka(port=19092, overrides={"num.partitions": "3", "log.retention.ms": "1000"})
+    k.workdir = Path("/nowhere")
+    props = k.server_properties()
+    assert props["listeners"] == f"PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:{k.controller_port}"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["controller.quorum.voters"] == f"1@127.0.0.1:{k.controller_port}"
+    assert props["process.roles"] == "broker,controller" and props["log.dirs"] == "/nowhere/data"
+    assert k.controller_port != k.port and k.bootstrap == "127.0.0.1:19092"
+    # one node: every internal topic has one replica
+    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
+                "transaction.state.log.min.isr", "share.coordinator.state.topic.replication.factor"):
+        assert props[key] == "1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    # the gateway's embedded-broker session timeout (4 s) and the tests' (2 s) are allowed
+    assert int(props["group.min.session.timeout.ms"]) <= 2000
+    assert props["num.partitions"] == "3" and props["log.retention.ms"] == "1000"  # overrides win
+    assert SINGLE_NODE_CONFIG["num.partitions"] == "1"
+
+
+def test_min_heap() -> None:
+    assert (min_heap("256m"), min_heap("1g"), min_heap("1m")) == ("128m", "1g", "1m")
+
+
+def test_a_missing_install_names_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCG_KAFKA_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+    with pytest.raises(EmbeddedBrokerError, match=r"tools/install-kafka\.sh"):
+        find_kafka_lib()
+    lib = tmp_path / "cache" / KAFKA_VERSION / "lib"
+    lib.mkdir(parents=True)
+    (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").write_bytes(b"")
+    assert find_kafka_lib() == lib
+    assert find_kafka_lib(str(lib)) == lib
+    with pytest.raises(EmbeddedBrokerError):
+        find_kafka_lib(tmp_path)
+
+
+def test_the_setting_chooses_the_embedded_broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("GATEWAY_EMBEDDED_BROKER", "GATEWAY_KAFKA_BOOTSTRAP", "GATEWAY_EMBEDDED_KAFKA_LIB",
+                "GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS"):
+        monkeypatch.delenv(var, raising=False)
+    assert Settings().embedded_broker == "tansu"
+    monkeypatch.setenv("GATEWAY_EMBEDDED_BROKER", "kafka")
+    s = Settings()
+    assert s.embedded_broker == "kafka"
+    # the brisk fetch wait is for Tansu (which answers a parked fetch only when its wait ends); Kafka's is kept
+    assert Settings(embedded_broker="tansu").long_poll_fetch_wait_ms() == 10
+    assert s.long_poll_fetch_wait_ms() is None
+    monkeypatch.setenv("GATEWAY_EMBEDDED_BROKER", "redpanda")
+    with pytest.raises(ValueError, match="embedded_broker"):
+        Settings()
+
+
+def test_the_gateway_refuses_to_start_on_a_missing_kafka_install(tmp_path: Path) -> None:
+    missing = Settings(embedded_broker="kafka", embedded_kafka_lib=str(tmp_path))
+    problem = start_problem(missing)
+    assert problem is not None and "GATEWAY_EMBEDDED_BROKER=kafka" in problem and "install-kafka.sh" in problem
+    assert start_problem(Settings(embedded_broker="tansu", embedded_kafka_lib=str(tmp_path))) is None
+    # an external broker: nothing embedded to check
+    assert start_problem(Settings(embedded_broker="kafka", embedded_kafka_lib=str(tmp_path),
+                                  kafka_bootstrap="broker:9092")) is None

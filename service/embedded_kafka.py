@@ -191,6 +191,9 @@ class EmbeddedKafka:
     (``<dir>/kafka.log`` unless ``log_file`` is given).
     """
 
+    #: which broker this is (the Tansu launcher says "tansu")
+    name = "kafka"
+
     def __init__(self, port: int = 0, host: str = "127.0.0.1", *, lib_dir: str | os.PathLike[str] | None = None,
                  overrides: Mapping[str, str] | None = None, heap: str = "256m", fast_start: bool = True,
                  log_level: str = "WARN", log_file: str | os.PathLike[str] | None = None,

@@ -1,6 +1,7 @@
-"""The consumer engine against real Tansu: groups, rebalances, static membership, offsets, seeks.
+"""The consumer engine against real brokers: groups, rebalances, static membership, offsets, seeks.
 
-Session timeouts are small (Tansu holds a JoinGroup for about half the session timeout).
+The group tests (the ``group`` fixture) and the commit round trip run on Tansu and on Apache Kafka (``broker``);
+the others on Tansu. Session timeouts are small (Tansu holds a JoinGroup for about half the session timeout).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
 from service.embedded import EmbeddedBroker
 from service.group.coordinator import OffsetAndMetadata
 from service.subscription import NoOffsetForPartitionError, TopicPartition
+from tests.conftest import AnyBroker
 
 pytestmark = pytest.mark.integration
 FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 300, "auto_offset_reset": "earliest",
@@ -72,8 +74,9 @@ class Group:
 
 
 @pytest.fixture
-async def group(kclient: KafkaClient, topic_name: str) -> AsyncIterator[Group]:
-    g = Group(kclient, f"g-{topic_name}")
+async def group(bclient: KafkaClient, topic_name: str) -> AsyncIterator[Group]:
+    """Consumers of one group on ``broker`` (each test using it runs on Tansu and on Kafka)."""
+    g = Group(bclient, f"g-{topic_name}")
     try:
         yield g
     finally:
@@ -93,15 +96,15 @@ async def drain(consumers: Sequence[Consumer], want: int, timeout: float = 30.0)
 
 
 async def test_three_members_share_six_partitions_and_deliver_each_record_once(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     members = [group.add() for _ in range(3)]
     for c in members:
         await c.subscribe([topic_name])
     await drain(members, 1, timeout=0.5)  # first polls: wait for assignment
     await group.converge(members, 6)
     assert all(len(c.assignment()) == 2 for c in members)
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 600, 6)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 600, 6)
     got = await drain(members, 600)
     keys = [(r.partition, r.offset) for r in got]
     assert len(keys) == 600 and len(set(keys)) == 600
@@ -112,10 +115,10 @@ async def test_three_members_share_six_partitions_and_deliver_each_record_once(
 
 
 async def test_rebalance_with_auto_commit_loses_and_repeats_nothing(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
     """Records produced up front; a second member joins mid-stream (eager rebalance, commit on revoke)."""
-    await kclient.create_topics({topic_name: 6})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3000, 6)
+    await bclient.create_topics({topic_name: 6})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 3000, 6)
     a = group.add(max_partition_fetch_bytes=2048)
     await a.subscribe([topic_name])
     first = await drain([a], 300)
@@ -130,8 +133,8 @@ async def test_rebalance_with_auto_commit_loses_and_repeats_nothing(
 
 
 async def test_crashed_member_partitions_move_after_session_timeout(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     members = [group.add() for _ in range(3)]
     for c in members:
         await c.subscribe([topic_name])
@@ -147,8 +150,8 @@ async def test_crashed_member_partitions_move_after_session_timeout(
 
 
 async def test_graceful_leave_rebalances_without_waiting_for_the_session(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 4})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 4})
     session_ms = 8000
     members = [group.add(session_timeout_ms=session_ms) for _ in range(2)]
     for c in members:
@@ -165,8 +168,8 @@ async def test_graceful_leave_rebalances_without_waiting_for_the_session(
 
 
 async def test_static_member_restart_keeps_partitions_without_rebalancing_others(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 4})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 4})
     # Tansu holds a static member's JoinGroup and SyncGroup 3 s each and does not count the restarted
     # member's JoinGroup as contact: the session timeout must be well above those 6 s, or the broker expires
     # the restarted member's slot before its first heartbeat and b rebalances (docs/groups.md)
@@ -189,8 +192,8 @@ async def test_static_member_restart_keeps_partitions_without_rebalancing_others
 
 
 async def test_cooperative_sticky_revokes_only_what_moves(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     a = group.add(assignment_strategies=("cooperative-sticky",))
     await a.subscribe([topic_name])
     await drain([a], 1, timeout=3)
@@ -206,21 +209,21 @@ async def test_cooperative_sticky_revokes_only_what_moves(
     assert b.revoked_history == []
 
 
-async def test_commit_and_committed_round_trip(kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
+async def test_commit_and_committed_round_trip(broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
     try:
         tp0, tp1 = TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)
         await c.assign([tp0, tp1])
         assert await c.committed([tp0, tp1]) == {tp0: None, tp1: None}
         await c.commit({tp0: OffsetAndMetadata(5, "five"), tp1: 7})
         got = await c.committed([tp0, tp1])
-        # Tansu 0.6 does not store commit metadata (answers "" or null); the metadata round trip is
-        # checked against the protocol-level test broker.
-        assert got[tp0] is not None and got[tp0].offset == 5 and got[tp0].metadata in ("five", "", None)
+        # Kafka keeps the commit's metadata; Tansu 0.6 does not (answers "" or null: docs/brokers.md)
+        assert got[tp0] is not None and got[tp0].offset == 5
+        assert got[tp0].metadata == "five" if broker.name == "kafka" else got[tp0].metadata in ("five", "", None)
         assert got[tp1] is not None and got[tp1].offset == 7
         # a fresh consumer of the group starts at the committed offsets
-        c2 = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
+        c2 = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
         await c2.assign([tp0, tp1])
         assert await c2.position(tp0) == 5 and await c2.position(tp1) == 7
         await c2.close()

@@ -150,6 +150,34 @@ def render_properties(props: Mapping[str, str]) -> str:
     return "".join(f"{esc(k, True)}={esc(v, False)}\n" for k, v in props.items())
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+def sweep_stale_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Delete the directories of embedded brokers whose owner process and broker are both gone (a gateway killed
+    with -9 takes its broker with it through PR_SET_PDEATHSIG but cannot delete the data). Only directories with an
+    ``owner.pid`` file are considered; returns those deleted. Linux only (reads /proc): elsewhere nothing is swept."""
+    if not Path("/proc/self/stat").exists():
+        return []
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob("kcg-kafka-*"):
+        try:
+            pids = [int(x) for x in (d / "owner.pid").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        if pids and not any(_pid_alive(pid) for pid in pids):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 async def probe(bootstrap: str, timeout: float = 2.0) -> str | None:
     """One readiness check with our own client: ApiVersions (the connection's negotiation) and a Metadata
     request that lists at least one broker. The cluster id when ready, None when not (yet)."""
@@ -278,8 +306,11 @@ class EmbeddedKafka:
         if self.proc is not None and self.proc.poll() is None:
             return
         find_kafka_lib(self.lib_dir)  # a clear error before creating anything
+        for stale in sweep_stale_dirs():
+            log.info("deleted %s, left behind by an embedded Kafka whose owner is gone", stale)
         t0 = time.monotonic()
         self.workdir = Path(tempfile.mkdtemp(prefix="kcg-kafka-"))
+        (self.workdir / "owner.pid").write_text(f"{os.getpid()}\n")
         (self.workdir / "tmp").mkdir()
         self.data_dir.mkdir()
         props_file = self.workdir / "server.properties"
@@ -300,6 +331,7 @@ class EmbeddedKafka:
                     self._java_command("kafka.Kafka", str(props_file), broker=True),
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     preexec_fn=_set_pdeathsig, cwd=self.workdir)
+            (self.workdir / "owner.pid").write_text(f"{os.getpid()} {self.proc.pid}\n")
             self._wait_ready(t0 + timeout)
             self.ready_s = time.monotonic() - t1
             self.startup_s = time.monotonic() - t0

@@ -35,12 +35,14 @@ mkdir -p "$dir"
 tmp="$dir/lib.partial"
 rm -rf "$tmp"
 echo "install-kafka: resolving org.apache.kafka:kafka_2.13:$version from Maven Central into $dir/lib" >&2
-# -B: no colours or progress bars in the log; the build directory goes to the cache, not the repository
-if ! mvn -B -q -f "$pom" -Dkcg.build.dir="$dir/build" dependency:copy-dependencies -DincludeScope=runtime \
+# -B: no progress bars in the log; -U: a failure Maven remembers (a network error) is retried, not replayed;
+# the build directory goes to the cache, not the repository
+if ! mvn -B -U -q -Dstyle.color=never -f "$pom" -Dkcg.build.dir="$dir/build" dependency:copy-dependencies -DincludeScope=runtime \
         -DoutputDirectory="$tmp" > "$dir/mvn.log" 2>&1 || [ ! -f "$tmp/$jar" ]; then
     echo "install-kafka: Maven could not resolve org.apache.kafka:kafka_2.13:$version and its dependencies" \
          "(Maven Central unreachable, or the version is not served?). Last lines of $dir/mvn.log:" >&2
-    tail -n 20 "$dir/mvn.log" >&2
+    esc=$(printf '\033')
+    tail -n 20 "$dir/mvn.log" | sed "s/${esc}\[[0-9;]*m//g" >&2
     exit 1
 fi
 rm -rf "$dir/lib"

@@ -3,7 +3,9 @@ the settings that choose it, and that its version is the one tools/kafka/pom.xml
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from service.embedded_kafka import (
     new_cluster_id,
     render_properties,
     start_problem,
+    sweep_stale_dirs,
 )
 from service.settings import Settings
 from tests.conftest import REPO
@@ -111,3 +114,20 @@ def test_the_gateway_refuses_to_start_on_a_missing_kafka_install(tmp_path: Path)
     # an external broker: nothing embedded to check
     assert start_problem(Settings(embedded_broker="kafka", embedded_kafka_lib=str(tmp_path),
                                   kafka_bootstrap="broker:9092")) is None
+
+
+def test_sweep_deletes_only_directories_whose_owners_are_gone(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, mine, fresh, other = (tmp_path / f"kcg-kafka-{n}" for n in ("dead", "mine", "fresh", "other"))
+    for d in (dead, mine, fresh):
+        (d / "data").mkdir(parents=True)
+    other.mkdir()
+    (dead / "owner.pid").write_text(f"{gone.pid} {gone.pid}\n")  # the gateway and its broker: both gone
+    (mine / "owner.pid").write_text(f"{gone.pid} {os.getpid()}\n")  # one of them alive
+    # `fresh` has no owner.pid yet (being created): left alone, as is a directory not named kcg-kafka-*
+    (tmp_path / "unrelated").mkdir()
+    (tmp_path / "unrelated" / "owner.pid").write_text(f"{gone.pid}\n")
+    assert sweep_stale_dirs(tmp_path) == [dead]
+    assert not dead.exists() and mine.exists() and fresh.exists() and other.exists()
+    assert (tmp_path / "unrelated").exists()

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -210,6 +211,56 @@ def _probe_sync(bootstrap: str, timeout: float) -> str | None:
     return box[0] if box else None
 
 
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """The TLS material of the broker's SSL and SASL_SSL listeners: its certificate (chain) and key as PEM files
+    (the key in any form ``cryptography`` reads, unencrypted; the launcher writes Kafka's PEM key store from them,
+    which wants PKCS#8), the CA file of the client certificates it trusts, and whether the SSL listener asks for one
+    (``client_auth``: "none", "requested", "required"; the SASL_SSL listener never does)."""
+
+    certfile: str
+    keyfile: str
+    cafile: str
+    client_auth: str = "none"
+
+
+def pem_keystore(tls: BrokerTls) -> str:
+    """Kafka's PEM key store: the unencrypted PKCS#8 private key, then the certificate chain (the certificate file
+    may hold the key too, as a "key and chain" file: only its certificates are taken)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(Path(tls.keyfile).read_bytes(), password=None)
+    pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()).decode()
+    return pkcs8 + _certificates(Path(tls.certfile).read_text())
+
+
+def _certificates(pem: str) -> str:
+    out = []
+    rest = pem
+    while (start := rest.find("-----BEGIN CERTIFICATE-----")) >= 0:
+        end = rest.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
+        out.append(rest[start:end] + "\n")
+        rest = rest[end:]
+    if not out:
+        raise EmbeddedBrokerError("no certificate in the broker's certificate file")
+    return "".join(out)
+
+
+def _sasl_safe(value: str, what: str) -> str:
+    """A user name or password as it goes, unescaped, into a JAAS line and a --add-scram argument."""
+    if not value or any(ch in value for ch in '"\\\n\r;=,[]'):
+        shown = repr(value) if what == "user name" else "(not shown)"
+        raise EmbeddedBrokerError(f"a SASL {what} of the embedded Kafka must be non-empty, without quotes, "
+                                  f"backslashes, '=', ';', ',', brackets or line breaks: {shown}")
+    return value
+
+
 class EmbeddedKafka:
     """One single-node KRaft broker in a temporary directory.
 
@@ -217,6 +268,11 @@ class EmbeddedKafka:
     ``heap`` the JVM's -Xmx; ``fast_start`` runs the JIT's first tier only (``-XX:TieredStopAtLevel=1``: a faster
     start, slower steady state: leave it off for benchmarks); ``log_level`` the root log level of the broker's log
     (``<dir>/kafka.log`` unless ``log_file`` is given).
+
+    ``sasl_users`` (name -> password) adds a SASL_PLAINTEXT listener (``sasl_bootstrap``) with PLAIN, SCRAM-SHA-256
+    and SCRAM-SHA-512 for those users (the SCRAM credentials are written at format time); ``tls`` adds an SSL
+    listener (``ssl_bootstrap``), and with ``sasl_users`` too a SASL_SSL one (``sasl_ssl_bootstrap``). The PLAINTEXT
+    listener stays (``bootstrap``: the broker's own and the tests' admin access).
     """
 
     #: which broker this is (the Tansu launcher says "tansu")
@@ -225,10 +281,19 @@ class EmbeddedKafka:
     def __init__(self, port: int = 0, host: str = "127.0.0.1", *, lib_dir: str | os.PathLike[str] | None = None,
                  overrides: Mapping[str, str] | None = None, heap: str = "256m", fast_start: bool = True,
                  log_level: str = "WARN", log_file: str | os.PathLike[str] | None = None,
-                 java: str | None = None, keep_data: bool = False) -> None:
+                 java: str | None = None, keep_data: bool = False, sasl_users: Mapping[str, str] | None = None,
+                 tls: BrokerTls | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.controller_port = free_port(host)
+        self.sasl_users = {_sasl_safe(u, "user name"): _sasl_safe(p, "password") for u, p in (sasl_users or {}).items()}
+        self.tls = tls
+        if tls is not None and tls.client_auth not in ("none", "requested", "required"):
+            raise EmbeddedBrokerError(f"client_auth must be none, requested or required, not {tls.client_auth!r}")
+        #: the ports of the SASL_PLAINTEXT, SSL and SASL_SSL listeners (0: none)
+        self.sasl_port = free_port(host) if self.sasl_users else 0
+        self.ssl_port = free_port(host) if tls is not None else 0
+        self.sasl_ssl_port = free_port(host) if tls is not None and self.sasl_users else 0
         self.lib_dir = lib_dir
         self.overrides = dict(overrides or {})
         self.heap = heap
@@ -250,6 +315,27 @@ class EmbeddedKafka:
         return f"{self.host}:{self.port}"
 
     @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener (``sasl_users`` given)."""
+        if not self.sasl_port:
+            raise EmbeddedBrokerError("this broker has no SASL_PLAINTEXT listener (no sasl_users)")
+        return f"{self.host}:{self.sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The SSL listener (``tls`` given)."""
+        if not self.ssl_port:
+            raise EmbeddedBrokerError("this broker has no SSL listener (no tls)")
+        return f"{self.host}:{self.ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """The SASL_SSL listener (``sasl_users`` and ``tls`` given)."""
+        if not self.sasl_ssl_port:
+            raise EmbeddedBrokerError("this broker has no SASL_SSL listener (it needs sasl_users and tls)")
+        return f"{self.host}:{self.sasl_ssl_port}"
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
@@ -268,21 +354,44 @@ class EmbeddedKafka:
         return self.workdir / "kafka.log"
 
     def server_properties(self) -> dict[str, str]:
-        listener = f"PLAINTEXT://{self.host}:{self.port}"
+        clients = {"PLAINTEXT": self.port, "SASL_PLAINTEXT": self.sasl_port, "SSL": self.ssl_port,
+                   "SASL_SSL": self.sasl_ssl_port}
+        advertised = ",".join(f"{name}://{self.host}:{port}" for name, port in clients.items() if port)
+        names = [name for name, port in clients.items() if port]
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
-            "listeners": f"{listener},CONTROLLER://{self.host}:{self.controller_port}",
-            "advertised.listeners": listener,
+            "listeners": f"{advertised},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{n}:{n}" for n in names) + ",CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.data_dir),
             **SINGLE_NODE_CONFIG,
         }
+        if self.sasl_users:
+            props["sasl.enabled.mechanisms"] = ",".join(SASL_MECHANISMS)
+            plain = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            for listener in ("sasl_plaintext", "sasl_ssl") if self.tls is not None else ("sasl_plaintext",):
+                props[f"listener.name.{listener}.plain.sasl.jaas.config"] = f"{_PLAIN_MODULE} required {plain};"
+                for mech in ("scram-sha-256", "scram-sha-512"):
+                    props[f"listener.name.{listener}.{mech}.sasl.jaas.config"] = f"{_SCRAM_MODULE} required;"
+        if self.tls is not None:
+            props.update({
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": str(self.data_dir.parent / "keystore.pem"),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": self.tls.cafile,
+                "listener.name.ssl.ssl.client.auth": self.tls.client_auth,
+            })
         props.update(self.overrides)
         return props
+
+    def format_arguments(self) -> list[str]:
+        """The arguments of ``kafka.tools.StorageTool`` after the properties file: SCRAM users (both hashes)."""
+        return [arg for user, password in self.sasl_users.items() for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+                for arg in ("--add-scram", f"{mech}=[name={user},password={password}]")]
 
     def _java_command(self, main: str, *args: str, broker: bool) -> list[str]:
         """The command line of the broker's JVM, or (``broker`` false) of a short tool JVM such as the format."""
@@ -315,11 +424,15 @@ class EmbeddedKafka:
         self.data_dir.mkdir()
         props_file = self.workdir / "server.properties"
         props_file.write_text(render_properties(self.server_properties()))
+        if self.tls is not None:
+            keystore = self.workdir / "keystore.pem"
+            keystore.touch(0o600)
+            keystore.write_text(pem_keystore(self.tls))
         (self.workdir / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))
         try:
             fmt = subprocess.run(
                 self._java_command("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(props_file),
-                                   broker=False),
+                                   *self.format_arguments(), broker=False),
                 capture_output=True, timeout=timeout, check=False)
             if fmt.returncode != 0:
                 raise EmbeddedBrokerError(f"formatting the Kafka storage failed (exit {fmt.returncode}): "

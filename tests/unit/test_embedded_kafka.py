@@ -9,16 +9,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trustme
 
 from service.embedded import EmbeddedBrokerError
 from service.embedded_kafka import (
     KAFKA_VERSION,
     SINGLE_NODE_CONFIG,
+    BrokerTls,
     EmbeddedKafka,
     cache_dir,
     find_kafka_lib,
     min_heap,
     new_cluster_id,
+    pem_keystore,
     render_properties,
     start_problem,
     sweep_stale_dirs,
@@ -131,3 +134,56 @@ def test_sweep_deletes_only_directories_whose_owners_are_gone(tmp_path: Path) ->
     assert sweep_stale_dirs(tmp_path) == [dead]
     assert not dead.exists() and mine.exists() and fresh.exists() and other.exists()
     assert (tmp_path / "unrelated").exists()
+
+
+def test_sasl_and_tls_listeners_and_their_settings(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+    cert.private_key_pem.write_to_path(tmp_path / "key.pem")  # traditional EC form
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    tls = BrokerTls(str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), str(tmp_path / "ca.pem"), "required")
+    k = EmbeddedKafka(sasl_users={"alice": "a-secret"}, tls=tls)
+    k.workdir = tmp_path
+    props = k.server_properties()
+    ports = {"PLAINTEXT": k.port, "SASL_PLAINTEXT": k.sasl_port, "SSL": k.ssl_port, "SASL_SSL": k.sasl_ssl_port}
+    assert len(set(ports.values()) | {k.controller_port}) == 5
+    assert props["advertised.listeners"] == ",".join(f"{n}://127.0.0.1:{p}" for n, p in ports.items())
+    assert props["listeners"] == props["advertised.listeners"] + f",CONTROLLER://127.0.0.1:{k.controller_port}"
+    assert props["listener.security.protocol.map"] == (
+        "PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT")
+    assert props["sasl.enabled.mechanisms"] == "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+    for listener in ("sasl_plaintext", "sasl_ssl"):
+        assert props[f"listener.name.{listener}.plain.sasl.jaas.config"] == (
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="a-secret";')
+        assert props[f"listener.name.{listener}.scram-sha-512.sasl.jaas.config"].endswith("ScramLoginModule required;")
+    assert props["listener.name.ssl.ssl.client.auth"] == "required"
+    assert (props["ssl.keystore.type"], props["ssl.truststore.type"]) == ("PEM", "PEM")
+    assert k.format_arguments() == ["--add-scram", "SCRAM-SHA-256=[name=alice,password=a-secret]",
+                                    "--add-scram", "SCRAM-SHA-512=[name=alice,password=a-secret]"]
+    store = pem_keystore(tls)
+    assert store.startswith("-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM key store wants
+    assert store.count("-----BEGIN CERTIFICATE-----") == 1 and "EC PRIVATE KEY" not in store
+    # without them: PLAINTEXT only, and asking for another listener says so
+    plain = EmbeddedKafka()
+    plain.workdir = tmp_path
+    assert plain.server_properties()["listener.security.protocol.map"] == "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert "sasl.enabled.mechanisms" not in plain.server_properties() and plain.format_arguments() == []
+    for attr in ("sasl_bootstrap", "ssl_bootstrap", "sasl_ssl_bootstrap"):
+        with pytest.raises(EmbeddedBrokerError, match="no"):
+            getattr(plain, attr)
+
+
+@pytest.mark.parametrize("users", [{"eve": 'x"; user_admin="y'}, {"a=b": "pw"}, {"": "pw"}, {"bob": ""},
+                                   {"bob": "a,password=b]"}])
+def test_sasl_users_that_would_change_the_broker_configuration_are_refused(users: dict[str, str]) -> None:
+    with pytest.raises(EmbeddedBrokerError) as info:
+        EmbeddedKafka(sasl_users=users)
+    for password in users.values():
+        if password and "password" in str(info.value):
+            assert password not in str(info.value)
+
+
+def test_client_auth_values() -> None:
+    with pytest.raises(EmbeddedBrokerError, match="client_auth"):
+        EmbeddedKafka(tls=BrokerTls("c", "k", "ca", client_auth="maybe"))

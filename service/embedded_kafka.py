@@ -264,7 +264,7 @@ def _sasl_safe(value: str, what: str) -> str:
 class EmbeddedKafka:
     """One single-node KRaft broker in a temporary directory.
 
-    ``overrides`` are extra or replaced server properties (e.g. listeners for SASL later);
+    ``overrides`` are extra or replaced server properties;
     ``heap`` the JVM's -Xmx; ``fast_start`` runs the JIT's first tier only (``-XX:TieredStopAtLevel=1``: a faster
     start, slower steady state: leave it off for benchmarks); ``log_level`` the root log level of the broker's log
     (``<dir>/kafka.log`` unless ``log_file`` is given).

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     embedded_broker: Literal["tansu", "kafka"] = Field(
         "tansu", description="The broker started when GATEWAY_KAFKA_BOOTSTRAP is unset: 'tansu' (starts in "
         "milliseconds, in memory) or 'kafka' (Apache Kafka, single-node KRaft from Maven Central jars that "
-        "tools/install-kafka.sh installs; starts in about 5 s, data in a temporary directory deleted at exit). "
+        "tools/install-kafka.sh installs; starts in a few seconds, data in a temporary directory deleted at exit). "
         "See docs/brokers.md")
     embedded_kafka_lib: str | None = Field(
         None, description="Directory of the embedded Apache Kafka's jars (default: where tools/install-kafka.sh "

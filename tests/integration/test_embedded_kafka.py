@@ -67,11 +67,13 @@ async def test_launcher_starts_answers_api_versions_stops_and_deletes_its_data(t
 
 
 def test_a_broker_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
-    k = EmbeddedKafka(log_file=tmp_path / "kafka.log")
+    k = EmbeddedKafka(log_file=tmp_path / "kafka.log", template=False)  # formatted anew (its own cluster id)
+    cluster_id = k.cluster_id
     k.start()
     try:
         proc, workdir = k.proc, k.workdir
         assert proc is not None and workdir is not None
+        assert k.cluster_id == cluster_id and f"cluster.id={cluster_id}" in (k.data_dir / "meta.properties").read_text()
         os.kill(proc.pid, signal.SIGSTOP)  # a hung JVM: SIGTERM is not acted on
         k.stop(grace=1.0)
         assert proc.returncode == -signal.SIGKILL

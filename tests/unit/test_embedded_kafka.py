@@ -187,3 +187,39 @@ def test_sasl_users_that_would_change_the_broker_configuration_are_refused(users
 def test_client_auth_values() -> None:
     with pytest.raises(EmbeddedBrokerError, match="client_auth"):
         EmbeddedKafka(tls=BrokerTls("c", "k", "ca", client_auth="maybe"))
+
+
+def test_the_formatted_template_is_made_once_and_keyed_by_the_scram_users(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCG_KAFKA_CACHE", str(tmp_path / "cache"))
+    lib = tmp_path / "cache" / KAFKA_VERSION / "lib"
+    lib.mkdir(parents=True)
+    (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").write_bytes(b"")
+    formats: list[list[str]] = []
+
+    def fake_format(self: EmbeddedKafka, props_file: Path, timeout: float) -> None:
+        props = props_file.read_text()
+        data = Path(next(line for line in props.splitlines() if line.startswith("log.dirs=")).split("=", 1)[1])
+        (data / "meta.properties").write_text(f"cluster.id={self.cluster_id}\n")
+        formats.append(self.format_arguments())
+
+    monkeypatch.setattr(EmbeddedKafka, "_format", fake_format)
+
+    def template(**kw: object) -> tuple[Path, str]:
+        k = EmbeddedKafka(**kw)  # type: ignore[arg-type]
+        k.workdir = tmp_path / "w"
+        k.workdir.mkdir(exist_ok=True)
+        tpl = k._template(10)
+        return tpl, (tpl / "cluster.id").read_text().strip()
+
+    first, cid = template()
+    again, cid2 = template()
+    assert (again, cid2) == (first, cid) and len(formats) == 1  # formatted once
+    assert (first / "data" / "meta.properties").read_text() == f"cluster.id={cid}\n"
+    assert not (first / "server.properties").exists()
+    scram, _ = template(sasl_users={"alice": "a-secret"})
+    assert scram != first and len(formats) == 2 and formats[1][0] == "--add-scram"
+    assert [p.name for p in first.parent.iterdir() if p.name.startswith("building-")] == []
+    (lib.parent / "stamp").write_text("another pom\n")  # tools/install-kafka.sh resolved new jars
+    fresh, _ = template()
+    assert fresh != first and len(formats) == 3

@@ -59,6 +59,10 @@ SINGLE_NODE_CONFIG: dict[str, str] = {
     "share.coordinator.state.topic.num.partitions": "4",
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "1000",
+    # a broker killed and started again on its data registers anew only once its old registration expired: 4 s
+    # (Kafka's 9 s made such a restart take 12 s)
+    "broker.session.timeout.ms": "4000",
+    "broker.heartbeat.interval.ms": "500",
     "num.network.threads": "2",
     "num.io.threads": "2",
     "background.threads": "2",
@@ -420,6 +424,9 @@ class EmbeddedKafka:
         if self.proc is not None and self.proc.poll() is None:
             return
         find_kafka_lib(self.lib_dir)  # a clear error before creating anything
+        if self.workdir is not None and (self.data_dir / "meta.properties").is_file():
+            self._restart(timeout)  # stopped or killed with keep_data: the same data, ports and cluster
+            return
         for stale in sweep_stale_dirs():
             log.info("deleted %s, left behind by an embedded Kafka whose owner is gone", stale)
         t0 = time.monotonic()
@@ -443,12 +450,7 @@ class EmbeddedKafka:
                 self._format(props_file, timeout)
             self.format_s = time.monotonic() - t0
             t1 = time.monotonic()
-            with open(self.log_path, "ab") as out:
-                self.proc = subprocess.Popen(
-                    self._java_command("kafka.Kafka", str(props_file), broker=True),
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=_set_pdeathsig, cwd=self.workdir)
-            (self.workdir / "owner.pid").write_text(f"{os.getpid()} {self.proc.pid}\n")
+            self._launch(props_file)
             self._wait_ready(t0 + timeout)
             self.ready_s = time.monotonic() - t1
             self.startup_s = time.monotonic() - t0
@@ -458,6 +460,29 @@ class EmbeddedKafka:
         log.info("embedded Apache Kafka %s ready on %s in %.1f s (format %.1f s, broker %.1f s), pid %d, dir %s",
                  KAFKA_VERSION, self.bootstrap, self.startup_s, self.format_s, self.ready_s, self.proc.pid,
                  self.workdir)
+
+    def _restart(self, timeout: float) -> None:
+        assert self.workdir is not None
+        t0 = time.monotonic()
+        try:
+            self._launch(self.workdir / "server.properties")
+            self._wait_ready(t0 + timeout)
+        except BaseException:
+            self.stop(keep_data=True)
+            raise
+        self.format_s, self.ready_s = 0.0, time.monotonic() - t0
+        self.startup_s = self.ready_s
+        log.info("embedded Apache Kafka %s restarted on %s (same data) in %.1f s, pid %d", KAFKA_VERSION,
+                 self.bootstrap, self.startup_s, self.pid)
+
+    def _launch(self, props_file: Path) -> None:
+        assert self.workdir is not None
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self._java_command("kafka.Kafka", str(props_file), broker=True),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_set_pdeathsig, cwd=self.workdir)
+        (self.workdir / "owner.pid").write_text(f"{os.getpid()} {self.proc.pid}\n")
 
     def _format(self, props_file: Path, timeout: float) -> None:
         """``kafka.tools.StorageTool format`` of this broker's storage (a short JVM, about 1 s)."""
@@ -527,9 +552,10 @@ class EmbeddedKafka:
                 return
             time.sleep(0.1)  # readiness probe of an external process: nothing to await
 
-    def stop(self, grace: float = 20.0) -> None:
+    def stop(self, grace: float = 20.0, *, keep_data: bool | None = None) -> None:
         """SIGTERM (a clean shutdown: Kafka flushes and closes its logs), SIGKILL after ``grace`` seconds, then the
-        directory is deleted (unless ``keep_data``)."""
+        directory is deleted, unless ``keep_data`` (default: the constructor's): then :meth:`start` starts the broker
+        again on the same data and ports."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -539,18 +565,20 @@ class EmbeddedKafka:
                 log.warning("embedded Kafka (pid %d) still running %.0f s after SIGTERM: killed", proc.pid, grace)
                 proc.kill()
                 proc.wait(10)
-        self._cleanup()
+        self._cleanup(keep_data)
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would; the directory is deleted too (unless ``keep_data``)."""
+    def kill(self, *, keep_data: bool | None = None) -> None:
+        """SIGKILL, as a crash would; the directory is deleted too, unless ``keep_data`` (default: the
+        constructor's): ``kill(keep_data=True)`` then :meth:`start` is a crash and a restart on the same data."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        self._cleanup()
+        self._cleanup(keep_data)
 
-    def _cleanup(self) -> None:
-        if self.workdir is not None and not self.keep_data:
+    def _cleanup(self, keep_data: bool | None = None) -> None:
+        keep = self.keep_data if keep_data is None else keep_data
+        if self.workdir is not None and not keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedKafka:

@@ -9,9 +9,13 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer as CKConsumer
+from confluent_kafka import Producer as CKProducer
+from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.connection import BrokerConnection, ConnectionConfig
 from service.embedded_kafka import KAFKA_VERSION, EmbeddedKafka, cache_dir, probe
@@ -127,3 +131,39 @@ def test_install_fails_loudly_when_maven_cannot_resolve(tmp_path: Path) -> None:
     assert "Could not resolve dependencies" in done.stderr and "0.0.0-not-released" in done.stderr.split("mvn.log:")[1]
     assert done.stdout == ""
     assert not (tmp_path / "cache" / "0.0.0-not-released" / "lib").exists()
+
+
+def test_a_killed_broker_restarts_on_its_data(tmp_path: Path) -> None:
+    """kill(keep_data=True) then start(): the same directory, ports and cluster, every acknowledged record there."""
+    k = EmbeddedKafka(log_file=tmp_path / "kafka.log")
+    k.start()
+    try:
+        workdir, cluster_id, port = k.workdir, k.cluster_id, k.port
+        p = CKProducer({"bootstrap.servers": k.bootstrap, "acks": "all", "linger.ms": 2})
+        acked: list[int] = []
+        for i in range(50):
+            p.produce("restart-me", value=b"r%d" % i,
+                      on_delivery=lambda err, msg: acked.append(msg.offset()) if err is None else None)
+        assert p.flush(30) == 0 and sorted(acked) == list(range(50))
+        del p  # (its reconnection attempts would only clutter the output)
+        old = k.proc
+        assert old is not None
+        k.kill(keep_data=True)
+        assert old.returncode == -signal.SIGKILL and workdir is not None and workdir.exists()
+        k.start()
+        assert (k.workdir, k.cluster_id, k.port) == (workdir, cluster_id, port) and k.pid != old.pid
+        print(f"restarted on its data in {k.startup_s:.1f} s")
+        c = CKConsumer({"bootstrap.servers": k.bootstrap, "group.id": "restart-check", "enable.auto.commit": False})
+        try:
+            c.assign([CKTopicPartition("restart-me", 0, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < 50 and time.monotonic() < deadline:
+                got += [m.value() for m in c.consume(100, 0.5) if m.error() is None]
+        finally:
+            c.close()
+        assert got == [b"r%d" % i for i in range(50)]
+        k.stop()
+        assert not workdir.exists()  # the constructor's keep_data (False) applies to a plain stop
+    finally:
+        k.kill()

@@ -1,4 +1,5 @@
 # Quick start: `make run` (gateway + embedded Tansu broker + embedded Schema Registry) and `make test` (the whole suite).
+# `GATEWAY_EMBEDDED_BROKER=kafka make run`: the same on an embedded Apache Kafka (docs/brokers.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -27,12 +28,17 @@ system-deps:
 
 # The gateway starts the Schema Registry itself, in the background (service/embedded_registry.py): its first
 # start installs Karapace's venv (../shared/registry/start, about 35 s) while the gateway already serves.
+# With GATEWAY_EMBEDDED_BROKER=kafka (and no GATEWAY_KAFKA_BOOTSTRAP) the broker is Apache Kafka: its jars are resolved
+# from Maven Central first (tools/install-kafka.sh: once, then cached in ~/.cache/kcg-kafka; needs a JDK and Maven).
 run: $(RUN_STAMP)
+	if [ "$${GATEWAY_EMBEDDED_BROKER:-tansu}" = kafka ] && [ -z "$${GATEWAY_KAFKA_BOOTSTRAP:-}" ]; then \
+		sh tools/install-kafka.sh > /dev/null; fi
 	exec $(VENV)/bin/consumer-gateway
 
 test: $(TEST_STAMP) system-deps
 	sh tools/install-node-deps.sh
 	sh tools/install-registry.sh $(PY)
+	sh tools/install-kafka.sh > /dev/null
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
 

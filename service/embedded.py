@@ -66,6 +66,9 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
 
 
 class EmbeddedBroker:
+    #: which broker this is (service/embedded_kafka.py's EmbeddedKafka says "kafka")
+    name = "tansu"
+
     def __init__(self, port: int = 0, host: str = "127.0.0.1", storage: str | None = None,
                  env: dict[str, str] | None = None, log_file: str | os.PathLike[str] | None = None) -> None:
         self.host = host

@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from service.embedded import EmbeddedBroker
+from service.embedded_kafka import EmbeddedKafka
 from service.httpserver import HeadLimits, OutputLimits, protocol_class, server_ssl_context, tls_problem
 from service.logs import configure as configure_logging
 from service.settings import Settings
@@ -39,10 +40,18 @@ async def serve(settings: Settings) -> None:
     from api.app import create_app
     from service.embedded_registry import EmbeddedRegistry, launcher_for
 
-    broker: EmbeddedBroker | None = None
+    broker: EmbeddedBroker | EmbeddedKafka | None = None
     registry: EmbeddedRegistry | None = None  # the embedded schema registry (service/embedded_registry.py)
     bootstrap = settings.kafka_bootstrap
-    if not bootstrap:
+    if not bootstrap and settings.embedded_broker == "kafka":
+        print("embedded Apache Kafka starting (a few seconds)...", flush=True)
+        broker = EmbeddedKafka(port=settings.embedded_broker_port, lib_dir=settings.embedded_kafka_lib)
+        # Started from the main thread: PR_SET_PDEATHSIG follows the thread that forks the child.
+        broker.start()
+        bootstrap = broker.bootstrap
+        print(f"embedded Apache Kafka ready in {broker.startup_s:.1f} s (pid {broker.pid}, log {broker.log_path}); "
+              f"Kafka bootstrap address: {bootstrap}", flush=True)
+    elif not bootstrap:
         broker = EmbeddedBroker(port=settings.embedded_broker_port, storage=settings.embedded_broker_storage)
         # Started from the main thread: PR_SET_PDEATHSIG follows the thread that forks the child.
         broker.start()
@@ -161,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
     from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
+    from service.embedded_kafka import start_problem as kafka_problem
     from service.embedded_registry import start_problem as registry_problem
 
     return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
-            or peer_tls_problem(settings) or registry_problem(settings))
+            or peer_tls_problem(settings) or registry_problem(settings) or kafka_problem(settings))
 
 
 def with_host_defaults(settings: Settings) -> Settings:

@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     )
     embedded_broker_port: int = Field(0, ge=0, le=65535, description="Port of the embedded broker (0: a free port)")
     embedded_broker_storage: str | None = Field(None, description="Tansu storage URL (default memory://)")
+    embedded_broker: Literal["tansu", "kafka"] = Field(
+        "tansu", description="The broker started when GATEWAY_KAFKA_BOOTSTRAP is unset: 'tansu' (starts in "
+        "milliseconds, in memory) or 'kafka' (Apache Kafka, single-node KRaft from Maven Central jars that "
+        "tools/install-kafka.sh installs; starts in a few seconds, data in a temporary directory deleted at exit). "
+        "See docs/brokers.md")
+    embedded_kafka_lib: str | None = Field(
+        None, description="Directory of the embedded Apache Kafka's jars (default: where tools/install-kafka.sh "
+        "puts them, ~/.cache/kcg-kafka/<version>/lib)")
     client_id: str = "kafka-consumer-gateway"
     request_timeout_ms: int = Field(30000, gt=0)
     connect_timeout_ms: int = Field(10000, gt=0)
@@ -402,7 +410,8 @@ class Settings(BaseSettings):
     def long_poll_fetch_wait_ms(self) -> int | None:
         if self.consumer_long_poll_fetch_max_wait_ms is not None:
             return self.consumer_long_poll_fetch_max_wait_ms
-        return EMBEDDED_LONG_POLL_FETCH_WAIT_MS if not self.kafka_bootstrap else None
+        tansu = not self.kafka_bootstrap and self.embedded_broker == "tansu"
+        return EMBEDDED_LONG_POLL_FETCH_WAIT_MS if tansu else None
 
     def topic_configs_allowed_set(self) -> frozenset[str]:
         """GATEWAY_TOPIC_CONFIGS_ALLOWED as a set of names (``*`` in it: any)."""

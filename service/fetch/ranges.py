@@ -291,6 +291,28 @@ def _out_of_range(tp: TopicPartition, offset: int, part: Any) -> OffsetOutOfRang
     return OffsetOutOfRange(f"offset {offset} of {tp.topic}-{tp.partition} is out of range{where}", headers=headers)
 
 
+async def _out_of_range_with_bounds(client: KafkaClient, tp: TopicPartition, offset: int, part: Any
+                                    ) -> OffsetOutOfRange:
+    """The 422 of an offset outside the log, naming the log's bounds. Apache Kafka answers OFFSET_OUT_OF_RANGE
+    with log start offset and high watermark -1 (Tansu never says it: it answers with the bounds, see read_page),
+    so they are asked for (ListOffsets and a one-byte fetch); if that fails too, the error goes without them."""
+    if getattr(part, "log_start_offset", -1) not in (None, -1) and getattr(part, "high_watermark", -1) not in (None, -1):
+        return _out_of_range(tp, offset, part)
+    from service.topics import read_offsets  # service.topics imports the fetch package
+
+    try:
+        bounds = await read_offsets(client, tp)
+    except KafkaError:
+        return _out_of_range(tp, offset, part)
+    return _out_of_range(tp, offset, _Bounds(bounds.beginning_offset, bounds.end_offset))
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounds:
+    log_start_offset: int
+    high_watermark: int
+
+
 async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_offset: int | None = None, *,
                     isolation_level: int = READ_COMMITTED, max_bytes: int = DEFAULT_MAX_BYTES,
                     max_inflated: int | None = None) -> RangePage:
@@ -307,7 +329,7 @@ async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_of
         page.fetches += 1
         code = part.error_code
         if code == EC.OFFSET_OUT_OF_RANGE:
-            raise _out_of_range(tp, pos, part)
+            raise await _out_of_range_with_bounds(client, tp, pos, part)
         if code:
             raise BrokerResponseError(code, f"Fetch {tp.topic}-{tp.partition} at {pos}")
         hw = part.high_watermark

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.protocol import messages as M
 from service.settings import Settings
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -31,9 +31,9 @@ def b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
 
-async def topics_on_broker(kclient: KafkaClient) -> dict[str, int]:
+async def topics_on_broker(bclient: KafkaClient) -> dict[str, int]:
     """Every topic of the broker with its partition count (a full listing: it cannot create anything)."""
-    resp = await kclient.send_any(M.MetadataRequest(topics=None, allow_auto_topic_creation=False))
+    resp = await bclient.send_any(M.MetadataRequest(topics=None, allow_auto_topic_creation=False))
     return {t.name: len(t.partitions) for t in resp.topics if t.error_code == 0}
 
 
@@ -59,14 +59,14 @@ async def read_values(http: httpx.AsyncClient, topic: str, partitions: int, n: i
 
 
 @pytest.fixture(scope="module")
-def gw_off(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "off.log") as g:
+def gw_off(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "off.log") as g:
         yield g
 
 
 @pytest.fixture(scope="module")
-def gw_on(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    d = tmp_path_factory.mktemp("gw")
+def gw_on(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    d = tmp_path_factory.mktemp(f"gw-{broker.name}")
     (d / "tenants.yaml").write_text(f"""
 version: 1
 tenants:
@@ -79,8 +79,8 @@ tenants:
            "GATEWAY_AUTO_CREATE_REPLICATION_FACTOR": "1",
            # a long-lived topic cache: a listing cached before an auto-create must still show the new topic
            "GATEWAY_TOPIC_METADATA_TTL_S": "60"}
-    with GatewayProcess(tansu.bootstrap, env=env, log_file=d / "on.log") as g, \
-            GatewayProcess(tansu.bootstrap, env={**env, "GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
+    with GatewayProcess(broker.bootstrap, env=env, log_file=d / "on.log") as g, \
+            GatewayProcess(broker.bootstrap, env={**env, "GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
                            log_file=d / "on-tenants.log") as tenants:
         g.tenant_url = tenants.url  # type: ignore[attr-defined]
         yield g
@@ -101,22 +101,22 @@ def test_the_setting_defaults_on_only_for_the_embedded_broker(monkeypatch: pytes
     assert (s.auto_create_partitions, s.auto_create_replication_factor) == (1, -1)
 
 
-async def test_off_a_missing_topic_is_404_and_is_not_created(gw_off: GatewayProcess, kclient: KafkaClient,
+async def test_off_a_missing_topic_is_404_and_is_not_created(gw_off: GatewayProcess, bclient: KafkaClient,
                                                              topic_name: str) -> None:
     body = {"records": [{"value": b64(b"lost")}]}
     async with httpx.AsyncClient(base_url=gw_off.url, timeout=30) as http:
         for path in (f"/topics/{topic_name}", f"/topics/{topic_name}/partitions/0"):
             r = await http.post(path, json=body, headers=HB)
             assert r.status_code == 404 and r.json() == {"error_code": 40401, "message": f"topic {topic_name!r} not found"}
-        assert topic_name not in await topics_on_broker(kclient)  # not even Tansu's 4-partition auto-creation
-        await kclient.create_topics({topic_name: 1})
+        assert topic_name not in await topics_on_broker(bclient)  # not even Tansu's 4-partition auto-creation
+        await bclient.create_topics({topic_name: 1})
         r = await http.post(f"/topics/{topic_name}", json=body, headers=HB)  # it exists now: written
         assert r.status_code == 200 and r.json()["offsets"][0]["offset"] == 0, r.text
 
 
 async def test_on_a_missing_topic_is_created_with_the_configured_partitions(
-        gw_on: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
-    assert topic_name not in await topics_on_broker(kclient)
+        gw_on: GatewayProcess, bclient: KafkaClient, topic_name: str) -> None:
+    assert topic_name not in await topics_on_broker(bclient)
     records = [{"value": b64(f"v{i}".encode()), "partition": i % 3} for i in range(6)]
     async with httpx.AsyncClient(base_url=gw_on.url, timeout=30) as http:
         r = await http.post(f"/topics/{topic_name}", json={"records": records}, headers=HB)
@@ -124,14 +124,14 @@ async def test_on_a_missing_topic_is_created_with_the_configured_partitions(
         offsets = r.json()["offsets"]
         assert [(o["partition"], o["offset"], o["error_code"]) for o in offsets] == [
             (0, 0, None), (1, 0, None), (2, 0, None), (0, 1, None), (1, 1, None), (2, 1, None)]
-        assert (await topics_on_broker(kclient))[topic_name] == 3
+        assert (await topics_on_broker(bclient))[topic_name] == 3
         assert await read_values(http, topic_name, 3, 6) == [f"v{i}".encode() for i in range(6)]
         # the partition route creates too; a partition beyond the configured count is still 404/40402
         r = await http.post(f"/topics/{topic_name}-p/partitions/2", json={"records": records[:1]}, headers=HB)
         assert r.status_code == 200 and r.json()["offsets"][0]["partition"] == 2, r.text
         r = await http.post(f"/topics/{topic_name}-q/partitions/7", json={"records": records[:1]}, headers=HB)
         assert r.status_code == 404 and r.json()["error_code"] == 40402, r.text
-        assert (await topics_on_broker(kclient))[f"{topic_name}-q"] == 3
+        assert (await topics_on_broker(bclient))[f"{topic_name}-q"] == 3
 
 
 async def test_on_a_created_topic_is_listed_at_once(gw_on: GatewayProcess, topic_name: str) -> None:
@@ -149,7 +149,7 @@ async def test_on_a_created_topic_is_listed_at_once(gw_on: GatewayProcess, topic
         assert f"{topic_name}-v3" in (await http.get("/topics")).json()
 
 
-async def test_on_concurrent_producers_of_a_missing_topic_all_succeed(gw_on: GatewayProcess, kclient: KafkaClient,
+async def test_on_concurrent_producers_of_a_missing_topic_all_succeed(gw_on: GatewayProcess, bclient: KafkaClient,
                                                                       topic_name: str) -> None:
     async with httpx.AsyncClient(base_url=gw_on.url, timeout=30) as http:
         rs = await asyncio.gather(*(
@@ -157,15 +157,15 @@ async def test_on_concurrent_producers_of_a_missing_topic_all_succeed(gw_on: Gat
             for i in range(8)))
         assert [r.status_code for r in rs] == [200] * 8, [r.text for r in rs]
         assert all(r.json()["offsets"][0]["error_code"] is None for r in rs)
-        assert (await topics_on_broker(kclient))[topic_name] == 3
+        assert (await topics_on_broker(bclient))[topic_name] == 3
         assert await read_values(http, topic_name, 3, 8) == sorted(b"%d" % i for i in range(8))
 
 
 @pytest.mark.parametrize(("name", "legal"), [("%2E", False), ("%2E%2E", False), ("bad%20name", False),
                                              ("x" * 250, False), ("a%5Bb%5D", False), ("__internal", True)])
-async def test_on_illegal_or_internal_names_are_never_created(gw_on: GatewayProcess, kclient: KafkaClient,
+async def test_on_illegal_or_internal_names_are_never_created(gw_on: GatewayProcess, bclient: KafkaClient,
                                                               name: str, legal: bool) -> None:
-    before = await topics_on_broker(kclient)
+    before = await topics_on_broker(bclient)
     async with httpx.AsyncClient(base_url=gw_on.url, timeout=30) as http:
         r = await http.post(f"/topics/{name}", json={"records": [{"value": "eA=="}]}, headers=HB)
     if name.startswith("__"):  # an internal topic: denied to every tenant before Kafka's rules
@@ -173,10 +173,10 @@ async def test_on_illegal_or_internal_names_are_never_created(gw_on: GatewayProc
     else:
         assert r.status_code == 404 and r.json()["error_code"] == 40401, r.text
         assert ("not a legal Kafka topic name" in r.json()["message"]) is not legal, r.text
-    assert await topics_on_broker(kclient) == before
+    assert await topics_on_broker(bclient) == before
 
 
-async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: GatewayProcess, kclient: KafkaClient,
+async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: GatewayProcess, bclient: KafkaClient,
                                                                      topic_name: str) -> None:
     url: Any = gw_on.tenant_url  # type: ignore[attr-defined]
     auth = {**HB, "Authorization": f"Bearer {KEY}"}
@@ -186,7 +186,7 @@ async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: Gate
         assert r.status_code == 403 and r.json()["error_code"] == 40301, r.text
         r = await http.post(f"/topics/w-{topic_name}", json=body, headers=HB)  # no credentials
         assert r.status_code == 401 and r.json()["error_code"] == 40101, r.text
-        topics = await topics_on_broker(kclient)
+        topics = await topics_on_broker(bclient)
         assert f"other-{topic_name}" not in topics and f"w-{topic_name}" not in topics
         # creating a topic is topic administration: a topic the tenant may write but not administer is not
         # created (as with auto-creation off), one of its admin_topics is
@@ -196,7 +196,7 @@ async def test_on_tenant_patterns_decide_which_topics_may_be_created(gw_on: Gate
         r = await http.post(f"/v3/clusters/{cluster}/topics/w-{topic_name}/records", headers=auth,
                             json={"value": {"type": "STRING", "data": "x"}})
         assert r.status_code == 200 and r.json()["error_code"] == 40401 and "admin_topics" in r.text, r.text
-        assert f"w-{topic_name}" not in await topics_on_broker(kclient)
+        assert f"w-{topic_name}" not in await topics_on_broker(bclient)
         r = await http.post(f"/topics/w-auto-{topic_name}", json=body, headers=auth)
         assert r.status_code == 200 and r.json()["offsets"][0]["error_code"] is None, r.text
-    assert (await topics_on_broker(kclient))[f"w-auto-{topic_name}"] == 3
+    assert (await topics_on_broker(bclient))[f"w-auto-{topic_name}"] == 3

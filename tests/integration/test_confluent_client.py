@@ -31,7 +31,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -39,8 +39,8 @@ V2 = "application/vnd.kafka.v2+json"
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-client") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp("gw-client") / "gateway.log") as g:
         yield g
 
 
@@ -93,13 +93,13 @@ async def instances_gone(http: httpx.AsyncClient, group: str, name: str) -> None
 
 
 # -- nlp-kafka-rest-api ------------------------------------------------------------------------------------
-async def test_nlp_kafka_rest_api_consumer_reads_records(nlp_client: ModuleType, tansu: EmbeddedBroker,
-                                                         kclient: KafkaClient, gw: GatewayProcess,
+async def test_nlp_kafka_rest_api_consumer_reads_records(nlp_client: ModuleType, broker: AnyBroker,
+                                                         bclient: KafkaClient, gw: GatewayProcess,
                                                          http: httpx.AsyncClient, topic_name: str) -> None:
     t = topic_name
-    await kclient.create_topics({f"{t}-response": 1})
+    await bclient.create_topics({f"{t}-response": 1})
     keys = [str(uuid.uuid4()) for _ in range(5)]
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, f"{t}-response", [
+    await asyncio.to_thread(ck_produce, broker.bootstrap, f"{t}-response", [
         (json.dumps(k).encode(), json.dumps({"n": i, "k": k}).encode()) for i, k in enumerate(keys)])
     group, name = f"g-{t}", "nlp-consumer"
 
@@ -113,11 +113,11 @@ async def test_nlp_kafka_rest_api_consumer_reads_records(nlp_client: ModuleType,
     await instances_gone(http, group, name)  # its __exit__ deleted the instance
 
 
-async def test_nlp_kafka_rest_api_produce_and_consume(nlp_client: ModuleType, kclient: KafkaClient,
+async def test_nlp_kafka_rest_api_produce_and_consume(nlp_client: ModuleType, bclient: KafkaClient,
                                                       gw: GatewayProcess, http: httpx.AsyncClient,
                                                       topic_name: str) -> None:
     t = topic_name
-    await kclient.create_topics({f"{t}-response": 1})
+    await bclient.create_topics({f"{t}-response": 1})
     group, name = f"g-{t}", "nlp-roundtrip"
     messages = [{"text": "héllo"}, {"text": "world", "n": [1, 2, 3]}, "plain"]
 
@@ -136,12 +136,12 @@ async def test_nlp_kafka_rest_api_produce_and_consume(nlp_client: ModuleType, kc
 
 
 # -- pymapr-kafkarest --------------------------------------------------------------------------------------
-async def test_pymapr_kafkarest_consumer_flow(pymapr: ModuleType, tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_pymapr_kafkarest_consumer_flow(pymapr: ModuleType, broker: AnyBroker, bclient: KafkaClient,
                                               gw: GatewayProcess, http: httpx.AsyncClient, topic_name: str) -> None:
     t = topic_name
-    await kclient.create_topics({t: 1})
+    await bclient.create_topics({t: 1})
     values = [{"n": i, "s": "é"} for i in range(4)]
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, json.dumps(v).encode()) for v in values])
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, json.dumps(v).encode()) for v in values])
     group, name = f"g-{t}", "mapr-consumer"
 
     def run() -> dict[str, Any]:
@@ -180,10 +180,10 @@ def _consume_at_least(mk: Any, n: int, position: int | None = None, seek: bool =
     return got
 
 
-async def test_pymapr_kafkarest_produce_and_consume(pymapr: ModuleType, kclient: KafkaClient, gw: GatewayProcess,
+async def test_pymapr_kafkarest_produce_and_consume(pymapr: ModuleType, bclient: KafkaClient, gw: GatewayProcess,
                                                     http: httpx.AsyncClient, topic_name: str) -> None:
     t = topic_name
-    await kclient.create_topics({t: 1})
+    await bclient.create_topics({t: 1})
     group, name = f"g-{t}", "mapr-roundtrip"
     records = [{"value": {"n": 1}}, {"key": "k2", "value": ["two", 2]}, {"value": "three"}]
 
@@ -210,7 +210,7 @@ async def test_pymapr_kafkarest_produce_and_consume(pymapr: ModuleType, kclient:
 
 
 # -- kafka-bridge-client (Confluent mode) --------------------------------------------------------------------
-async def test_kafka_bridge_client_confluent_mode(tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess,
+async def test_kafka_bridge_client_confluent_mode(broker: AnyBroker, bclient: KafkaClient, gw: GatewayProcess,
                                                   http: httpx.AsyncClient, topic_name: str) -> None:
     """``kafka-bridge-client`` 0.7 (PyPI; aiohttp) with ``proxy="confluent"``: entering its context deletes a
     leftover instance (a 404 is expected), creates a named binary instance (needs 200) and subscribes (204);
@@ -220,8 +220,8 @@ async def test_kafka_bridge_client_confluent_mode(tansu: EmbeddedBroker, kclient
     from kafka_bridge_client import KafkaBridgeConsumer
 
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"one"), (b"k", b"two"), (None, b"three")])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"one"), (b"k", b"two"), (None, b"three")])
     group, name = f"kbc-{t}", f"kbc-{uuid.uuid4().hex[:8]}"
     consumer = KafkaBridgeConsumer(t, bootstrap_server=gw.url, group_id=group, auto_offset_reset="earliest",
                                    enable_auto_commit=False, consumer_name=name, sleep_interval_seconds=0,

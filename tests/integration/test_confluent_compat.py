@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -37,8 +37,8 @@ ACCEPT_METADATA = "application/vnd.kafka.v2+json, application/vnd.kafka+json, ap
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw-compat") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp("gw-compat") / "gateway.log") as g:
         yield g
 
 
@@ -110,15 +110,15 @@ def tp(topic: str, partition: int) -> dict[str, Any]:
 
 
 # -- consumer instances: names, ids, formats --------------------------------------------------------------
-async def test_named_instance_every_url_built_from_the_name(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_named_instance_every_url_built_from_the_name(broker: AnyBroker, bclient: KafkaClient,
                                                             gw: GatewayProcess, http: httpx.AsyncClient,
                                                             topic_name: str) -> None:
     """API reference "POST /consumers/(string:group_name)": the instance id is the requested name and
     base_uri is http://host:port/consumers/<group>/instances/<name>; the quick start then builds every
     URL from that name. Subscription, records, positions (+ beginning, end), assignments, offsets, DELETE."""
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(b"k%d" % i, b"v%d" % i, 0) for i in range(3)])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(b"k%d" % i, b"v%d" % i, 0) for i in range(3)])
     group = f"g-{t}"
     out = await create(http, group, {"name": "my_consumer_instance", "format": "binary",
                                      "auto.offset.reset": "earliest"})
@@ -146,7 +146,7 @@ async def test_named_instance_every_url_built_from_the_name(tansu: EmbeddedBroke
     ok(await http.post(f"{inst}/positions/end", json={"partitions": [tp(t, 0)]}, headers=H), 204)
     r = await http.get(f"{inst}/records", params={"timeout": 1500}, headers={"Accept": BIN})
     assert ok(r) == []
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"after-end", 0)])
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"after-end", 0)])
     recs = await poll(http, f"{inst}/records", 1)
     assert [(r["offset"], r["key"], r["value"]) for r in recs] == [(3, None, b64(b"after-end"))]
 
@@ -173,14 +173,14 @@ async def test_legacy_id_is_the_name_and_overrides_name(http: httpx.AsyncClient,
         ok(await http.delete(f"/consumers/{group}/instances/{name}", headers=H), 204)
 
 
-async def test_without_a_name_an_id_is_generated_and_base_uri_works(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_without_a_name_an_id_is_generated_and_base_uri_works(broker: AnyBroker, bclient: KafkaClient,
                                                                     gw: GatewayProcess, http: httpx.AsyncClient,
                                                                     topic_name: str) -> None:
     """API reference "POST /consumers/...": without 'name' the proxy generates the id; base_uri is the
     consumer's URL (the Confluent node client and most others use base_uri as given)."""
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"generated", 0)])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"generated", 0)])
     group = f"g-{t}"
     a = await create(http, group, {"format": "binary", "auto.offset.reset": "earliest"})
     b = await create(http, group, {})
@@ -197,13 +197,13 @@ async def test_without_a_name_an_id_is_generated_and_base_uri_works(tansu: Embed
 
 
 @pytest.mark.parametrize("fmt", ["BINARY", "Binary", "binary", "JSON", "Json", "json"])
-async def test_format_is_case_insensitive(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_format_is_case_insensitive(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                                           topic_name: str, fmt: str) -> None:
     """Confluent's CreateConsumerInstanceRequest upper-cases 'format' before matching it; the Accept of
     GET records must match the format (API reference "GET .../records": otherwise 406 / 40601)."""
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(b'"somekey"', b'{"foo":"bar"}', 0)])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(b'"somekey"', b'{"foo":"bar"}', 0)])
     group = f"g-{t}"
     out = await create(http, group, {"name": "fmt", "format": fmt, "auto.offset.reset": "earliest"})
     inst = f"/consumers/{group}/instances/{out['instance_id']}"
@@ -234,13 +234,13 @@ async def test_same_name_in_the_same_group_is_409_40902(http: httpx.AsyncClient,
 
 
 # -- trailing slashes --------------------------------------------------------------------------------------
-async def test_trailing_slash_variants_answer_directly(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_trailing_slash_variants_answer_directly(broker: AnyBroker, bclient: KafkaClient,
                                                        http: httpx.AsyncClient, topic_name: str) -> None:
     """The API reference's own create example posts to /consumers/testgroup/ (trailing slash); Jersey
     matches such paths directly. No 307: clients do not follow redirects on POST/DELETE."""
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"slash", 0)])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"slash", 0)])
     group = f"g-{t}"
 
     async def call(method: str, path: str, status: int, body: Any = None, accept: str | None = None) -> Any:
@@ -276,11 +276,11 @@ async def test_trailing_slash_variants_answer_directly(tansu: EmbeddedBroker, kc
     assert (await call("GET", f"/topics/{t}/partitions/0/offsets/", 200))["end_offset"] == 1
 
 
-async def test_produce_paths_with_a_trailing_slash(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_produce_paths_with_a_trailing_slash(bclient: KafkaClient, http: httpx.AsyncClient,
                                                    topic_name: str) -> None:
     """Produce (API reference "POST /topics/..." and ".../partitions/(int)") with a trailing slash: no 307."""
     t = topic_name
-    await kclient.create_topics({t: 1})
+    await bclient.create_topics({t: 1})
     body = {"records": [{"value": b64(b"slash")}]}
     for path in (f"/topics/{t}/", f"/topics/{t}/partitions/0/"):
         r = await http.post(path, json=body, headers={"Content-Type": BIN, "Accept": V2}, follow_redirects=False)
@@ -289,12 +289,12 @@ async def test_produce_paths_with_a_trailing_slash(kclient: KafkaClient, http: h
 
 
 # -- subscriptions ------------------------------------------------------------------------------------------
-async def test_topics_win_over_a_pattern_in_one_request(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_topics_win_over_a_pattern_in_one_request(bclient: KafkaClient, http: httpx.AsyncClient,
                                                         topic_name: str) -> None:
     """API reference "POST .../subscription" calls topics and topic_pattern mutually exclusive; Confluent's
     KafkaConsumerState.subscribe uses the topics list when both are given."""
     t = topic_name
-    await kclient.create_topics({t: 1, f"{t}-other": 1})
+    await bclient.create_topics({t: 1, f"{t}-other": 1})
     group = f"g-{t}"
     inst = f"/consumers/{group}/instances/{(await create(http, group, {'name': 'both'}))['instance_id']}"
     ok(await http.post(f"{inst}/subscription", json={"topics": [t], "topic_pattern": f"{t}-.*"}, headers=H), 204)
@@ -302,12 +302,12 @@ async def test_topics_win_over_a_pattern_in_one_request(kclient: KafkaClient, ht
     ok(await http.delete(inst, headers=H), 204)
 
 
-async def test_switching_subscription_kinds_needs_an_unsubscribe(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_switching_subscription_kinds_needs_an_unsubscribe(bclient: KafkaClient, http: httpx.AsyncClient,
                                                                  topic_name: str) -> None:
     """API reference "POST .../subscription" and ".../assignments": 409 / 40903, subscription to topics,
     partitions and a pattern are mutually exclusive. A new topics list replaces the previous one."""
     t, t2 = topic_name, f"{topic_name}-b"
-    await kclient.create_topics({t: 1, t2: 1})
+    await bclient.create_topics({t: 1, t2: 1})
     group = f"g-{t}"
     inst = f"/consumers/{group}/instances/{(await create(http, group, {'name': 'switch'}))['instance_id']}"
     pattern = {"topic_pattern": f"{t}.*"}
@@ -331,12 +331,12 @@ async def test_switching_subscription_kinds_needs_an_unsubscribe(kclient: KafkaC
     ok(await http.delete(inst, headers=H), 204)
 
 
-async def test_an_empty_topics_list_unsubscribes(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_an_empty_topics_list_unsubscribes(bclient: KafkaClient, http: httpx.AsyncClient,
                                                  topic_name: str) -> None:
     """Confluent passes the list to Java's KafkaConsumer.subscribe, for which an empty list means
     unsubscribe(): 204, the subscription is empty, and a pattern may follow without a 40903."""
     t = topic_name
-    await kclient.create_topics({t: 1})
+    await bclient.create_topics({t: 1})
     group = f"g-{t}"
     inst = f"/consumers/{group}/instances/{(await create(http, group, {'name': 'empty'}))['instance_id']}"
     ok(await http.post(f"{inst}/subscription", json={"topics": [t]}, headers=H), 204)
@@ -347,14 +347,14 @@ async def test_an_empty_topics_list_unsubscribes(kclient: KafkaClient, http: htt
 
 
 # -- committed offsets -------------------------------------------------------------------------------------
-async def test_committed_offsets_list_only_committed_partitions(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_committed_offsets_list_only_committed_partitions(broker: AnyBroker, bclient: KafkaClient,
                                                                 http: httpx.AsyncClient, topic_name: str) -> None:
     """API reference "GET .../offsets": the last committed offsets (committed by this process or another);
     Confluent's KafkaConsumerState.committed leaves out partitions without one. "POST .../offsets"
     commits offset + 1 (as the doc example's 20 → 21)."""
     t = topic_name
-    await kclient.create_topics({t: 3})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"x%d" % i, 0) for i in range(5)])
+    await bclient.create_topics({t: 3})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"x%d" % i, 0) for i in range(5)])
     group = f"g-{t}"
     inst = f"/consumers/{group}/instances/{(await create(http, group, {'name': 'committer'}))['instance_id']}"
     ok(await http.post(f"{inst}/assignments", json={"partitions": [tp(t, p) for p in range(3)]}, headers=H), 204)
@@ -379,14 +379,14 @@ async def test_committed_offsets_list_only_committed_partitions(tansu: EmbeddedB
 
 
 # -- topics and partitions (metadata) ----------------------------------------------------------------------
-async def test_topic_and_partition_metadata(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_topic_and_partition_metadata(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                                             topic_name: str) -> None:
     """API reference "Topics" and "Partitions" (v2): GET /topics, /topics/(name), .../partitions,
     .../partitions/(id); Confluent's v2 PartitionsResource adds .../partitions/(id)/offsets with
     beginning_offset and end_offset. Unknown topic 404 / 40401, unknown partition 404 / 40402."""
     t = topic_name
-    await kclient.create_topics({t: 2})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"a", 0), (None, b"b", 0), (None, b"c", 0),
+    await bclient.create_topics({t: 2})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"a", 0), (None, b"b", 0), (None, b"c", 0),
                                                              (None, b"d", 1)])
     # The quick start sends no Accept header. Confluent lists topics afresh on each call; the gateway answers
     # from a listing up to GATEWAY_TOPIC_METADATA_TTL_S (5 s) old, so a just-created topic may take that long.
@@ -463,12 +463,12 @@ async def read_back(http: httpx.AsyncClient, group: str, topic: str, partitions:
     return got
 
 
-async def test_produce_binary_to_a_topic_and_consume_it_back(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_produce_binary_to_a_topic_and_consume_it_back(bclient: KafkaClient, http: httpx.AsyncClient,
                                                              topic_name: str) -> None:
     """API reference "POST /topics/(string:topic_name)", example binary request: base64 keys and values,
     an optional partition per record."""
     t = topic_name
-    await kclient.create_topics({t: 2})
+    await bclient.create_topics({t: 2})
     sent = [(b64(b"key"), b64(b"confluent"), None), (None, b64(b"kafka"), 1), (None, b64(b"logs"), None)]
     records = [{k: v for k, v in (("key", key), ("value", value), ("partition", part)) if v is not None}
                for key, value, part in sent]
@@ -480,12 +480,12 @@ async def test_produce_binary_to_a_topic_and_consume_it_back(kclient: KafkaClien
     assert got == {(o["partition"], o["offset"]): (key, value) for o, (key, value, _) in zip(offsets, sent, strict=True)}
 
 
-async def test_produce_json_to_a_topic_and_consume_it_back(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_produce_json_to_a_topic_and_consume_it_back(bclient: KafkaClient, http: httpx.AsyncClient,
                                                            topic_name: str) -> None:
     """API reference "POST /topics/(string:topic_name)", example JSON request: keys and values are any
     JSON, embedded as is; a json-format consumer gets the same JSON back."""
     t = topic_name
-    await kclient.create_topics({t: 2})
+    await bclient.create_topics({t: 2})
     sent: list[tuple[Any, Any, int | None]] = [
         ("somekey", {"foo": "bar"}, None), (None, ["foo", "bar"], 1), (None, 53.5, None),
         ({"id": 7}, {"nested": {"a": [1, 2, {"b": None}], "s": "é ✓"}, "t": True}, 0), ("k", "just a string", 1),
@@ -501,11 +501,11 @@ async def test_produce_json_to_a_topic_and_consume_it_back(kclient: KafkaClient,
     assert got == {(o["partition"], o["offset"]): (key, value) for o, (key, value, _) in zip(offsets, sent, strict=True)}
 
 
-async def test_produce_to_a_partition(kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+async def test_produce_to_a_partition(bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     """API reference "POST /topics/(string:topic_name)/partitions/(int:partition_id)": every offset is in
     that partition; binary and json requests; read back exactly."""
     t = topic_name
-    await kclient.create_topics({t: 2})
+    await bclient.create_topics({t: 2})
     r = await http.post(f"/topics/{t}/partitions/1", headers={"Content-Type": BIN, "Accept": V2}, json={
         "records": [{"key": b64(b"key"), "value": b64(b"confluent")}, {"value": b64(b"kafka")}]})
     first = check_produce_response(r, 2)
@@ -522,12 +522,12 @@ async def test_produce_to_a_partition(kclient: KafkaClient, http: httpx.AsyncCli
     assert ok(await http.get(f"/topics/{t}/partitions/0/offsets"))["end_offset"] == 0
 
 
-async def test_produce_to_an_unknown_topic_or_partition_is_404(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_produce_to_an_unknown_topic_or_partition_is_404(bclient: KafkaClient, http: httpx.AsyncClient,
                                                                topic_name: str) -> None:
     """API reference "POST /topics/..." and ".../partitions/(int)": 404 / 40401 topic not found,
     404 / 40402 partition not found."""
     t = topic_name
-    await kclient.create_topics({t: 2})
+    await bclient.create_topics({t: 2})
     body = {"records": [{"value": b64(b"x")}]}
     hdrs = {"Content-Type": BIN, "Accept": V2}
     err(await http.post(f"/topics/{t}/partitions/2", json=body, headers=hdrs), 404, 40402)
@@ -537,13 +537,13 @@ async def test_produce_to_an_unknown_topic_or_partition_is_404(kclient: KafkaCli
 
 # -- create-consumer properties ---------------------------------------------------------------------------
 async def test_kafka_consumer_properties_are_accepted_and_typos_are_42204(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     """API reference "POST /consumers/...": 422 / 42204 for an invalid consumer configuration. Bodies as
     clients of other proxies send them (Kafka consumer properties, values as strings) create a working
     instance; a key that is no consumer property at all (a typo) is refused and reserves no name."""
     t = topic_name
-    await kclient.create_topics({t: 1})
-    await asyncio.to_thread(ck_produce, tansu.bootstrap, t, [(None, b"props", 0)])
+    await bclient.create_topics({t: 1})
+    await asyncio.to_thread(ck_produce, broker.bootstrap, t, [(None, b"props", 0)])
     group = f"g-{t}"
     props = {"fetch.max.wait.ms": "100", "max.poll.records": "10", "session.timeout.ms": "2000",
              "heartbeat.interval.ms": "500", "max.poll.interval.ms": "300000",
@@ -569,13 +569,13 @@ async def test_kafka_consumer_properties_are_accepted_and_typos_are_42204(
 
 # -- the quick start, end to end ---------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", ["binary", "json"])
-async def test_quick_start_flow(kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str, fmt: str) -> None:
+async def test_quick_start_flow(bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str, fmt: str) -> None:
     """Quick start "Produce and Consume Binary/JSON Messages": produce over HTTP, create a named consumer,
     subscribe, GET records until everything arrived (clients loop: a first GET may be [] while the group
     forms), commit (API reference "POST .../offsets", with offsets and with an empty body: 200 []), read the
     committed offsets, DELETE (204), after which the instance is gone (404 / 40403)."""
     t = topic_name
-    await kclient.create_topics({t: 1})
+    await bclient.create_topics({t: 1})
     media = BIN if fmt == "binary" else JSN
     if fmt == "binary":
         sent = [(None, b64(b"Kafka")), (b64(b"k1"), b64(b"second")), (b64(b"k2"), b64(b"\x00\xff binary"))]

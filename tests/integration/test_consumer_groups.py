@@ -1,6 +1,6 @@
-"""The consumer engine against real Tansu: groups, rebalances, static membership, offsets, seeks.
+"""The consumer engine against real brokers: groups, rebalances, static membership, offsets, seeks.
 
-Session timeouts are small (Tansu holds a JoinGroup for about half the session timeout).
+Every test runs on Tansu and on Apache Kafka (``broker``). Session timeouts are small (Tansu holds a JoinGroup for about half the session timeout).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
-from service.embedded import EmbeddedBroker
 from service.group.coordinator import OffsetAndMetadata
 from service.subscription import NoOffsetForPartitionError, TopicPartition
+from tests.conftest import AnyBroker
 
 pytestmark = pytest.mark.integration
 FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 300, "auto_offset_reset": "earliest",
@@ -27,10 +27,13 @@ FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 300, "auto_offset_r
 def produce(bootstrap: str, topic: str, n: int, partitions: int, codec: str = "none", start: int = 0,
             timestamp: Callable[[int], int] | None = None) -> None:
     p = CKProducer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 2})
+    errors: list[object] = []
     for i in range(start, start + n):
         kw = {"timestamp": timestamp(i)} if timestamp else {}
-        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % partitions, **kw)
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % partitions,
+                  on_delivery=lambda err, _msg: errors.append(err) if err is not None else None, **kw)
     assert p.flush(30) == 0
+    assert errors == [], errors[:3]
 
 
 class Group:
@@ -72,8 +75,9 @@ class Group:
 
 
 @pytest.fixture
-async def group(kclient: KafkaClient, topic_name: str) -> AsyncIterator[Group]:
-    g = Group(kclient, f"g-{topic_name}")
+async def group(bclient: KafkaClient, topic_name: str) -> AsyncIterator[Group]:
+    """Consumers of one group on ``broker`` (each test using it runs on Tansu and on Kafka)."""
+    g = Group(bclient, f"g-{topic_name}")
     try:
         yield g
     finally:
@@ -93,15 +97,15 @@ async def drain(consumers: Sequence[Consumer], want: int, timeout: float = 30.0)
 
 
 async def test_three_members_share_six_partitions_and_deliver_each_record_once(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     members = [group.add() for _ in range(3)]
     for c in members:
         await c.subscribe([topic_name])
     await drain(members, 1, timeout=0.5)  # first polls: wait for assignment
     await group.converge(members, 6)
     assert all(len(c.assignment()) == 2 for c in members)
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 600, 6)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 600, 6)
     got = await drain(members, 600)
     keys = [(r.partition, r.offset) for r in got]
     assert len(keys) == 600 and len(set(keys)) == 600
@@ -112,10 +116,10 @@ async def test_three_members_share_six_partitions_and_deliver_each_record_once(
 
 
 async def test_rebalance_with_auto_commit_loses_and_repeats_nothing(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
     """Records produced up front; a second member joins mid-stream (eager rebalance, commit on revoke)."""
-    await kclient.create_topics({topic_name: 6})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3000, 6)
+    await bclient.create_topics({topic_name: 6})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 3000, 6)
     a = group.add(max_partition_fetch_bytes=2048)
     await a.subscribe([topic_name])
     first = await drain([a], 300)
@@ -130,8 +134,8 @@ async def test_rebalance_with_auto_commit_loses_and_repeats_nothing(
 
 
 async def test_crashed_member_partitions_move_after_session_timeout(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     members = [group.add() for _ in range(3)]
     for c in members:
         await c.subscribe([topic_name])
@@ -147,8 +151,8 @@ async def test_crashed_member_partitions_move_after_session_timeout(
 
 
 async def test_graceful_leave_rebalances_without_waiting_for_the_session(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 4})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 4})
     session_ms = 8000
     members = [group.add(session_timeout_ms=session_ms) for _ in range(2)]
     for c in members:
@@ -165,8 +169,8 @@ async def test_graceful_leave_rebalances_without_waiting_for_the_session(
 
 
 async def test_static_member_restart_keeps_partitions_without_rebalancing_others(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 4})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 4})
     # Tansu holds a static member's JoinGroup and SyncGroup 3 s each and does not count the restarted
     # member's JoinGroup as contact: the session timeout must be well above those 6 s, or the broker expires
     # the restarted member's slot before its first heartbeat and b rebalances (docs/groups.md)
@@ -189,8 +193,8 @@ async def test_static_member_restart_keeps_partitions_without_rebalancing_others
 
 
 async def test_cooperative_sticky_revokes_only_what_moves(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, group: Group) -> None:
-    await kclient.create_topics({topic_name: 6})
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, group: Group) -> None:
+    await bclient.create_topics({topic_name: 6})
     a = group.add(assignment_strategies=("cooperative-sticky",))
     await a.subscribe([topic_name])
     await drain([a], 1, timeout=3)
@@ -206,21 +210,21 @@ async def test_cooperative_sticky_revokes_only_what_moves(
     assert b.revoked_history == []
 
 
-async def test_commit_and_committed_round_trip(kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
+async def test_commit_and_committed_round_trip(broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
     try:
         tp0, tp1 = TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)
         await c.assign([tp0, tp1])
         assert await c.committed([tp0, tp1]) == {tp0: None, tp1: None}
         await c.commit({tp0: OffsetAndMetadata(5, "five"), tp1: 7})
         got = await c.committed([tp0, tp1])
-        # Tansu 0.6 does not store commit metadata (answers "" or null); the metadata round trip is
-        # checked against the protocol-level test broker.
-        assert got[tp0] is not None and got[tp0].offset == 5 and got[tp0].metadata in ("five", "", None)
+        # Kafka keeps the commit's metadata; Tansu 0.6 does not (answers "" or null: docs/brokers.md)
+        assert got[tp0] is not None and got[tp0].offset == 5
+        assert got[tp0].metadata == "five" if broker.name == "kafka" else got[tp0].metadata in ("five", "", None)
         assert got[tp1] is not None and got[tp1].offset == 7
         # a fresh consumer of the group starts at the committed offsets
-        c2 = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
+        c2 = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", enable_auto_commit=False, **FAST))  # type: ignore[arg-type]
         await c2.assign([tp0, tp1])
         assert await c2.position(tp0) == 5 and await c2.position(tp1) == 7
         await c2.close()
@@ -228,12 +232,17 @@ async def test_commit_and_committed_round_trip(kclient: KafkaClient, topic_name:
         await c.close()
 
 
-async def test_seek_beginning_end_and_timestamp(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    base = 1_800_000_000_000
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 20, 1, "none", 0, lambda i: base + 1000 * i)
+async def test_seek_beginning_end_and_timestamp(broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
+    # Kafka: a day ago, as it refuses records more than an hour in the future (log.message.timestamp.after.max.ms).
+    # Tansu: in the future, as its ListOffsets by timestamp answers a time in the past with offset 0 and the current
+    # time, which the consumer takes at its word (docs/brokers.md); a future one it answers with timestamp -1, and
+    # the consumer searches by fetching.
+    now = time.time_ns() // 1_000_000
+    base = (now - 86_400_000 if broker.name == "kafka" else now + 86_400_000) // 1000 * 1000
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 20, 1, "none", 0, lambda i: base + 1000 * i)
     tp = TopicPartition(topic_name, 0)
-    c = Consumer(kclient, ConsumerConfig(group_id=None, auto_offset_reset="latest"))
+    c = Consumer(bclient, ConsumerConfig(group_id=None, auto_offset_reset="latest"))
     try:
         await c.assign([tp])
         assert await c.position(tp) == 20
@@ -256,9 +265,9 @@ async def test_seek_beginning_end_and_timestamp(tansu: EmbeddedBroker, kclient: 
         await c.close()
 
 
-async def test_auto_offset_reset_none_surfaces_an_error(kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", auto_offset_reset="none", **{
+async def test_auto_offset_reset_none_surfaces_an_error(bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", auto_offset_reset="none", **{
         k: v for k, v in FAST.items() if k != "auto_offset_reset"}))  # type: ignore[arg-type]
     try:
         await c.assign([TopicPartition(topic_name, 0)])
@@ -270,10 +279,10 @@ async def test_auto_offset_reset_none_surfaces_an_error(kclient: KafkaClient, to
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
-async def test_consume_every_codec(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, codec: str) -> None:
-    await kclient.create_topics({topic_name: 3})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 900, 3, codec)
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", **FAST))  # type: ignore[arg-type]
+async def test_consume_every_codec(broker: AnyBroker, bclient: KafkaClient, topic_name: str, codec: str) -> None:
+    await bclient.create_topics({topic_name: 3})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 900, 3, codec)
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", **FAST))  # type: ignore[arg-type]
     try:
         await c.subscribe([topic_name])
         got = await drain([c], 900)
@@ -282,10 +291,10 @@ async def test_consume_every_codec(tansu: EmbeddedBroker, kclient: KafkaClient, 
         await c.close()
 
 
-async def test_thousand_partition_topic(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1000})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 2000, 1000)
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", **FAST))  # type: ignore[arg-type]
+async def test_thousand_partition_topic(broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1000})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 2000, 1000)
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", **FAST))  # type: ignore[arg-type]
     try:
         await c.subscribe([topic_name])
         got = await drain([c], 2000, timeout=60)
@@ -298,16 +307,16 @@ async def test_thousand_partition_topic(tansu: EmbeddedBroker, kclient: KafkaCli
         await c.close()
 
 
-async def test_pattern_subscription_picks_up_new_topics(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_pattern_subscription_picks_up_new_topics(broker: AnyBroker, bclient: KafkaClient,
                                                         topic_name: str) -> None:
     first, second = f"{topic_name}-a", f"{topic_name}-b"
-    await kclient.create_topics({first: 1, f"other-{topic_name}": 1})
-    c = Consumer(kclient, ConsumerConfig(group_id=f"g-{topic_name}", metadata_max_age_ms=200, **FAST))  # type: ignore[arg-type]
+    await bclient.create_topics({first: 1, f"other-{topic_name}": 1})
+    c = Consumer(bclient, ConsumerConfig(group_id=f"g-{topic_name}", metadata_max_age_ms=200, **FAST))  # type: ignore[arg-type]
     try:
         await c.subscribe(pattern=rf"{topic_name}-.*")
         await c.poll(timeout=5)
         assert {tp.topic for tp in c.assignment()} == {first}
-        await kclient.create_topics({second: 2})
+        await bclient.create_topics({second: 2})
         deadline = time.monotonic() + 20
         while {tp.topic for tp in c.assignment()} != {first, second}:
             c.assignment_changed.clear()
@@ -321,10 +330,10 @@ async def test_pattern_subscription_picks_up_new_topics(tansu: EmbeddedBroker, k
         await c.close()
 
 
-async def test_idle_consumer_stops_fetching_and_resumes_on_poll(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_idle_consumer_stops_fetching_and_resumes_on_poll(broker: AnyBroker, bclient: KafkaClient,
                                                                 topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    c = Consumer(kclient, ConsumerConfig(group_id=None, fetch_idle_pause_ms=300, fetch_max_wait_ms=100,
+    await bclient.create_topics({topic_name: 1})
+    c = Consumer(bclient, ConsumerConfig(group_id=None, fetch_idle_pause_ms=300, fetch_max_wait_ms=100,
                                          auto_offset_reset="earliest"))
     try:
         await c.assign([TopicPartition(topic_name, 0)])
@@ -334,7 +343,7 @@ async def test_idle_consumer_stops_fetching_and_resumes_on_poll(tansu: EmbeddedB
         assert c.fetcher.idle
         idle_fetches = c.fetcher.stats.fetches
         assert idle_fetches - fetches <= 5  # at most the rounds before the pause took effect
-        await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3, 1)
+        await asyncio.to_thread(produce, broker.bootstrap, topic_name, 3, 1)
         recs = await c.poll(timeout=5)  # wakes the fetcher
         assert [r.value for r in recs] == [b"v0", b"v1", b"v2"]
     finally:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -31,8 +31,8 @@ def durable_env(tmp_path: Path) -> Iterator[dict[str, Any]]:
            "log": tmp_path / "gw.log"}
 
 
-def _gateway(tansu: EmbeddedBroker, d: dict[str, Any]) -> GatewayProcess:
-    g = GatewayProcess(tansu.bootstrap, env=d["env"], log_file=d["log"])
+def _gateway(broker: AnyBroker, d: dict[str, Any]) -> GatewayProcess:
+    g = GatewayProcess(broker.bootstrap, env=d["env"], log_file=d["log"])
     g.start()
     return g
 
@@ -63,10 +63,10 @@ def _poll_until(c: httpx.Client, base: str, want: int, timeout: float = 30) -> l
     return got
 
 
-def test_an_instance_survives_kill_9_of_its_gateway(tansu: EmbeddedBroker, durable_env: dict[str, Any]) -> None:
+def test_an_instance_survives_kill_9_of_its_gateway(broker: AnyBroker, durable_env: dict[str, Any]) -> None:
     topic, group, name = f"durable-{uuid.uuid4().hex[:6]}", f"dg-{uuid.uuid4().hex[:6]}", "c1"
-    _create_topic(tansu.bootstrap, topic)
-    g1 = _gateway(tansu, durable_env)
+    _create_topic(broker.bootstrap, topic)
+    g1 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             assert c.post(f"{g1.url}/topics/{topic}", headers={"Content-Type": "application/vnd.kafka.json.v2+json"},
@@ -84,7 +84,7 @@ def test_an_instance_survives_kill_9_of_its_gateway(tansu: EmbeddedBroker, durab
             assert _poll_until(c, base1, 5) == list(range(10, 15))  # delivered, not committed
     finally:
         g1.kill()
-    g2 = _gateway(tansu, durable_env)
+    g2 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             base2 = f"{g2.url}/consumers/{group}/instances/{name}"
@@ -102,7 +102,7 @@ def test_an_instance_survives_kill_9_of_its_gateway(tansu: EmbeddedBroker, durab
             assert c.delete(base2, headers=V2).status_code == 204
     finally:
         g2.kill()
-    g3 = _gateway(tansu, durable_env)
+    g3 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             r = c.get(f"{g3.url}/consumers/{group}/instances/{name}/records", headers=JSON)
@@ -115,17 +115,17 @@ def test_an_instance_survives_kill_9_of_its_gateway(tansu: EmbeddedBroker, durab
     assert "re-created consumer instance c1" in durable_env["log"].read_text()
 
 
-def test_an_instance_deleted_while_its_gateway_is_down_is_gone(tansu: EmbeddedBroker,
+def test_an_instance_deleted_while_its_gateway_is_down_is_gone(broker: AnyBroker,
                                                                durable_env: dict[str, Any]) -> None:
     group = f"dg-{uuid.uuid4().hex[:6]}"
-    g1 = _gateway(tansu, durable_env)
+    g1 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             assert c.post(f"{g1.url}/consumers/{group}", headers=V2, json={"name": "a"}).status_code == 200
             assert c.post(f"{g1.url}/consumers/{group}", headers=V2, json={"name": "b"}).status_code == 200
     finally:
         g1.kill()
-    g2 = _gateway(tansu, durable_env)
+    g2 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             # "a" was never asked for since the restart: deleting it needs no re-creation
@@ -138,16 +138,16 @@ def test_an_instance_deleted_while_its_gateway_is_down_is_gone(tansu: EmbeddedBr
         g2.stop()
 
 
-def test_descriptors_nobody_comes_back_for_are_expired(tansu: EmbeddedBroker, durable_env: dict[str, Any]) -> None:
+def test_descriptors_nobody_comes_back_for_are_expired(broker: AnyBroker, durable_env: dict[str, Any]) -> None:
     group = f"dg-{uuid.uuid4().hex[:6]}"
     durable_env["env"]["GATEWAY_INSTANCE_IDLE_TIMEOUT_S"] = "2"
-    g1 = _gateway(tansu, durable_env)
+    g1 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             assert c.post(f"{g1.url}/consumers/{group}", headers=V2, json={"name": "orphan"}).status_code == 200
     finally:
         g1.kill()
-    g2 = _gateway(tansu, durable_env)
+    g2 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:
             # another instance of the tenant, kept in use: its descriptor stays fresh
@@ -163,7 +163,7 @@ def test_descriptors_nobody_comes_back_for_are_expired(tansu: EmbeddedBroker, du
             assert r.status_code == 410 and r.json()["error_code"] == 41001, r.text
     finally:
         g2.stop()
-    g3 = _gateway(tansu, durable_env)
+    g3 = _gateway(broker, durable_env)
     try:
         with httpx.Client(timeout=30) as c:  # the descriptor is gone for every replica
             r = c.get(f"{g3.url}/consumers/{group}/instances/orphan/subscription")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.routing import owner, routing_key
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_replicas import (
     BIN,
@@ -40,13 +40,13 @@ DURABLE = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "tr
            "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000"}
 
 
-async def test_kill_9_of_the_holder_is_invisible_to_clients(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_kill_9_of_the_holder_is_invisible_to_clients(broker: AnyBroker, bclient: KafkaClient,
                                                             topic_name: str, tmp_path: Path,
                                                             cleanup: list[GatewayProcess]) -> None:
     parts = 3
-    await kclient.create_topics({topic_name: parts})
-    produced = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 2000, parts)
-    procs = replica_set(tansu, tmp_path, ["a", "b", "c"], env=DURABLE)
+    await bclient.create_topics({topic_name: parts})
+    produced = await asyncio.to_thread(produce, broker.bootstrap, topic_name, 0, 2000, parts)
+    procs = replica_set(broker, tmp_path, ["a", "b", "c"], env=DURABLE)
     cleanup += procs.values()
     start(*procs.values())
     await converged(list(procs.values()), {"a", "b", "c"})
@@ -64,14 +64,14 @@ async def test_kill_9_of_the_holder_is_invisible_to_clients(tansu: EmbeddedBroke
         await consume([b, c], base, topic_name, ledger, produced, "a")
 
         # received but not committed when A dies: the only records that may come twice
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 2000, 200, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 2000, 200, parts)
         r = await c.get(f"{base}/records", params={"timeout": 5000, "max_records": 50}, headers=BIN)
         assert r.status_code == 200 and r.json(), r.text
         ledger.add(r.json())
         uncommitted = {(int(x["partition"]), int(x["offset"])) for x in r.json()}
 
         procs["a"].kill()
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 2200, 300, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 2200, 300, parts)
         # the same client code goes on: polls and commits round robin through B and C, no recreation
         ledger.new_instance()
         deadline = asyncio.get_running_loop().time() + 120

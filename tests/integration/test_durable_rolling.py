@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_durable_replicas import DURABLE
 from tests.integration.test_replicas import (
@@ -40,15 +40,15 @@ def everything(ledgers: dict[str, Ledger]) -> set[bytes]:
 
 
 async def test_rolling_restart_under_load_loses_nothing_and_answers_no_404(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, tmp_path: Path,
         cleanup: list[GatewayProcess]) -> None:
     """Two instances in one group, clients round robin over three replicas, commit after every batch; each
     replica in turn gets SIGTERM and is restarted; the next one only when it is back and the group consumed
     everything produced so far (so every step hands off instances that are consuming)."""
     parts = 4
-    await kclient.create_topics({topic_name: parts})
-    produced = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 1000, parts)
-    procs = replica_set(tansu, tmp_path, ["a", "b", "c"], env=DURABLE)
+    await bclient.create_topics({topic_name: parts})
+    produced = await asyncio.to_thread(produce, broker.bootstrap, topic_name, 0, 1000, parts)
+    procs = replica_set(broker, tmp_path, ["a", "b", "c"], env=DURABLE)
     cleanup += procs.values()
     start(*procs.values())
     await converged(list(procs.values()), {"a", "b", "c"})
@@ -107,10 +107,10 @@ async def test_rolling_restart_under_load_loses_nothing_and_answers_no_404(
         try:
             next_value = 1000
             for rid in ("a", "b", "c"):
-                produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, next_value, 300, parts)
+                produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, next_value, 300, parts)
                 next_value += 300
                 procs[rid].stop()  # SIGTERM: drain, close, exit
-                produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, next_value, 300, parts)
+                produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, next_value, 300, parts)
                 next_value += 300
                 procs[rid].start()
                 await converged(list(procs.values()), {"a", "b", "c"})

@@ -20,6 +20,7 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker, free_port
+from service.embedded_kafka import sweep_stale_dirs
 from service.gateway import HARD_CLOSE_GRACE_S
 from tests.integration.gateway_proc import GatewayProcess, children
 
@@ -96,6 +97,68 @@ def test_embedded_broker_dies_with_a_killed_gateway() -> None:
         while any(_alive(k) for k in kids) and time.monotonic() < deadline:
             time.sleep(0.05)  # the kernel delivers the parent-death signal asynchronously
         assert not any(_alive(k) for k in kids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_gateway_on_embedded_kafka_stops_it_and_deletes_its_data() -> None:
+    """GATEWAY_EMBEDDED_BROKER=kafka: the gateway starts Apache Kafka (a child JVM), serves on it, and on SIGTERM
+    stops it and deletes its directory; after a kill -9 of the gateway the JVM dies too (PR_SET_PDEATHSIG) and the
+    directory it could not delete is swept by the next embedded Kafka's start."""
+    def start() -> tuple[subprocess.Popen[str], int, list[int], Path]:
+        port = free_port()
+        env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
+               "GATEWAY_EMBEDDED_BROKER": "kafka", "GATEWAY_EMBEDDED_REGISTRY": "false"}
+        env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
+        proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # "starting...", then "ready in ... log ..."
+        m = re.search(r"embedded Apache Kafka ready in [\d.]+ s \(pid (\d+), log (/\S+)/kafka\.log\); "
+                      r"Kafka bootstrap address: 127\.0\.0\.1:\d+", lines[1])
+        assert m, lines
+        assert children(proc.pid) == [int(m.group(1))]
+        return proc, port, [int(m.group(1))], Path(m.group(2))
+
+    proc, port, kids, workdir = start()
+    try:
+        assert (workdir / "data" / "meta.properties").is_file()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)  # waiting for an external process to bind its port
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30)
+        assert ready.status_code == 200 and ready.json()["brokers"] == {"default": 1}, ready.text
+        cluster = httpx.get(f"http://127.0.0.1:{port}/v3/clusters", timeout=30).json()["data"][0]["cluster_id"]
+        assert cluster in (workdir / "data" / "meta.properties").read_text()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "embedded broker stopped" in out
+        assert not any(_alive(k) for k in kids), "the embedded Kafka outlived the gateway"
+        assert not workdir.exists(), "the embedded Kafka's data outlived the gateway"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    proc, port, kids, workdir = start()
+    try:
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the kernel delivers the parent-death signal asynchronously; Kafka then shuts down
+        assert not any(_alive(k) for k in kids), "the embedded Kafka outlived a killed gateway"
+        assert workdir.exists()  # nobody was left to delete it
+        assert workdir in sweep_stale_dirs()  # what the next EmbeddedKafka.start() does first
+        assert not workdir.exists()
     finally:
         if proc.poll() is None:
             proc.kill()

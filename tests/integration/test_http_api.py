@@ -1,4 +1,5 @@
-"""Black-box HTTP tests: a real gateway process (uvicorn) over a real Tansu broker, driven with httpx."""
+"""Black-box HTTP tests: a real gateway process (uvicorn) over a real broker, driven with httpx. Every test on the
+module's gateway runs twice, on Tansu and on Apache Kafka (the ``broker`` fixture)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -24,8 +26,8 @@ H = {"Content-Type": V2}
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "gateway.log") as g:
         yield g
 
 
@@ -73,10 +75,10 @@ async def commit_all(http: httpx.AsyncClient, base: str, timeout: float = 20.0) 
         assert r.status_code == 200 and r.json() == [], r.text  # everything was consumed already
 
 
-async def test_confluent_binary_flow(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_confluent_binary_flow(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                                      topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"value-%d" % i for i in range(10)], 2,
+    await bclient.create_topics({topic_name: 2})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"value-%d" % i for i in range(10)], 2,
                             [("h", b"x")])
     group = f"g-{topic_name}"
     base = await create(http, group, name="c1", format="binary", **{"auto.offset.reset": "earliest",
@@ -116,11 +118,11 @@ async def test_confluent_binary_flow(tansu: EmbeddedBroker, kclient: KafkaClient
     assert r.status_code == 404 and r.json()["error_code"] == 40403
 
 
-async def test_json_format_and_manual_assignment(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_json_format_and_manual_assignment(broker: AnyBroker, bclient: KafkaClient,
                                                  http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     vals = [json.dumps({"n": i, "s": "é"}).encode() for i in range(5)] + [b"not json"]
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, vals)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, vals)
     base = await create(http, f"g-{topic_name}", format="json")
     r = await http.post(f"{base}/assignments", json={"partitions": [{"topic": topic_name, "partition": 0}]}, headers=H)
     assert r.status_code == 204, r.text
@@ -145,15 +147,15 @@ async def test_json_format_and_manual_assignment(tansu: EmbeddedBroker, kclient:
     await http.delete(base)
 
 
-async def test_three_instances_share_a_group_and_take_over(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_three_instances_share_a_group_and_take_over(broker: AnyBroker, bclient: KafkaClient,
                                                            http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 6})
+    await bclient.create_topics({topic_name: 6})
     group = f"g-{topic_name}"
     bases = [await create(http, group, **{"auto.offset.reset": "earliest"}) for _ in range(3)]
     for b in bases:
         r = await http.post(f"{b}/subscription", json={"topics": [topic_name]}, headers=H)
         assert r.status_code == 204
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"m%d" % i for i in range(300)], 6)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"m%d" % i for i in range(300)], 6)
     seen: list[tuple[int, int]] = []
 
     async def loop(b: str, stop: float) -> None:
@@ -168,7 +170,7 @@ async def test_three_instances_share_a_group_and_take_over(tansu: EmbeddedBroker
         await commit_all(http, b)
     # one instance leaves: the other two own all six partitions and consume new records
     assert (await http.delete(bases[0])).status_code == 204
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"n%d" % i for i in range(60)], 6)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"n%d" % i for i in range(60)], 6)
     after: list[tuple[int, int]] = []
 
     async def loop2(b: str, stop: float) -> None:
@@ -185,9 +187,9 @@ async def test_three_instances_share_a_group_and_take_over(tansu: EmbeddedBroker
     assert sorted(owned) == list(range(6))
 
 
-async def test_long_poll_wakes_up_when_data_arrives(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_long_poll_wakes_up_when_data_arrives(broker: AnyBroker, bclient: KafkaClient,
                                                     http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     base = await create(http, f"g-{topic_name}", **{"auto.offset.reset": "latest"})
     await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
     # the first poll waits for the assignment instead of returning an empty list at once
@@ -199,7 +201,7 @@ async def test_long_poll_wakes_up_when_data_arrives(tansu: EmbeddedBroker, kclie
         await asyncio.sleep(0.3)  # the poll is parked in the gateway (nothing to await from outside)
         assert not poll.done()
         sent = time.monotonic()
-        await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"wake-%d" % i])
+        await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"wake-%d" % i])
         r = await poll
         latencies.append(time.monotonic() - sent)
         assert [base64.b64decode(x["value"]) for x in r.json()] == [b"wake-%d" % i]
@@ -210,10 +212,10 @@ async def test_long_poll_wakes_up_when_data_arrives(tansu: EmbeddedBroker, kclie
     await http.delete(base)
 
 
-async def test_first_poll_after_subscribe_returns_data(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_first_poll_after_subscribe_returns_data(broker: AnyBroker, bclient: KafkaClient,
                                                        http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"ready"])
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"ready"])
     base = await create(http, f"g-{topic_name}", **{"auto.offset.reset": "earliest"})
     await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
     r = await http.get(f"{base}/records", params={"timeout": 15000}, headers={"Accept": BIN})
@@ -221,10 +223,10 @@ async def test_first_poll_after_subscribe_returns_data(tansu: EmbeddedBroker, kc
     await http.delete(base)
 
 
-async def test_max_bytes_still_returns_one_record(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_max_bytes_still_returns_one_record(broker: AnyBroker, bclient: KafkaClient,
                                                   http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"x" * 5000, b"y" * 10])
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"x" * 5000, b"y" * 10])
     base = await create(http, f"g-{topic_name}", **{"auto.offset.reset": "earliest"})
     await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
     r = await http.get(f"{base}/records", params={"timeout": 15000, "max_bytes": 100}, headers={"Accept": BIN})
@@ -235,12 +237,12 @@ async def test_max_bytes_still_returns_one_record(tansu: EmbeddedBroker, kclient
     await http.delete(base)
 
 
-async def test_consumer_properties_from_other_proxies_are_applied(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_consumer_properties_from_other_proxies_are_applied(broker: AnyBroker, bclient: KafkaClient,
                                                                    http: httpx.AsyncClient, topic_name: str) -> None:
     """max.poll.records and consumer.request.max.bytes set the defaults of a records request; Kafka
     properties a client of another proxy sends are accepted; a query parameter still wins."""
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"v%02d" % i for i in range(20)])
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"v%02d" % i for i in range(20)])
     group = f"g-{topic_name}"
     base = await create(http, group, name="props", **{
         "auto.offset.reset": "earliest", "max.poll.records": "3", "fetch.max.wait.ms": 100,
@@ -268,10 +270,10 @@ async def test_consumer_properties_from_other_proxies_are_applied(tansu: Embedde
     await http.delete(base)
 
 
-async def test_streaming_ndjson(tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess,
+async def test_streaming_ndjson(broker: AnyBroker, bclient: KafkaClient, gw: GatewayProcess,
                                 topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"s%d" % i for i in range(50)])
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"s%d" % i for i in range(50)])
     async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
         base = await create(http, f"g-{topic_name}", **{"auto.offset.reset": "earliest"})
         await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
@@ -284,17 +286,17 @@ async def test_streaming_ndjson(tansu: EmbeddedBroker, kclient: KafkaClient, gw:
                     continue
                 got.append(base64.b64decode(json.loads(line)["value"]))
                 if len(got) == 50:
-                    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"late"])
+                    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"late"])
                 if len(got) == 51:
                     break
         assert got == [b"s%d" % i for i in range(50)] + [b"late"]
         await http.delete(base)
 
 
-async def test_streaming_sse(tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess,
+async def test_streaming_sse(broker: AnyBroker, bclient: KafkaClient, gw: GatewayProcess,
                              topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [b"e%d" % i for i in range(3)])
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [b"e%d" % i for i in range(3)])
     async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
         base = await create(http, f"g-{topic_name}", **{"auto.offset.reset": "earliest"})
         await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
@@ -310,9 +312,60 @@ async def test_streaming_sse(tansu: EmbeddedBroker, kclient: KafkaClient, gw: Ga
         await http.delete(base)
 
 
+def produce_transactions(bootstrap: str, topic: str, txn_id: str, plan: list[tuple[str, list[bytes]]]) -> None:
+    """confluent-kafka's transactional producer: one transaction per (``commit``|``abort``, values) of ``plan``, its
+    values spread over two partitions; an aborted one is flushed first, so its batches are in the log."""
+    p = CKProducer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 2})
+    p.init_transactions(30)
+    for outcome, values in plan:
+        p.begin_transaction()
+        for i, v in enumerate(values):
+            p.produce(topic, value=v, partition=i % 2)
+        assert p.flush(30) == 0
+        if outcome == "commit":
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+
+
+async def test_read_committed_shows_committed_records_once_and_no_aborted_one(
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    """Committed and aborted transactions interleaved over two partitions (with their control batches): a
+    read_committed instance gets every committed record once and no aborted one, a read_uncommitted instance gets
+    both. On Tansu, read_committed shows the aborted records too (no aborted-transaction index: docs/brokers.md)."""
+    await bclient.create_topics({topic_name: 2})
+    committed = [b"c%d" % i for i in range(8)]
+    aborted = [b"a%d" % i for i in range(4)]
+    await asyncio.to_thread(produce_transactions, broker.bootstrap, topic_name, f"txn-{topic_name}",
+                            [("commit", committed[:4]), ("abort", aborted), ("commit", committed[4:])])
+    # the last committed transaction is after the aborted one on both partitions: once it is read, every aborted
+    # record has been passed
+    group = f"g-{topic_name}"
+    results: dict[str, list[bytes]] = {}
+    for level, want in (("read_committed", committed), ("read_uncommitted", committed + aborted)):
+        base = await create(http, f"{group}-{level}", **{"auto.offset.reset": "earliest", "isolation.level": level})
+        r = await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
+        assert r.status_code == 204, r.text
+        recs = await poll_until(http, base, len(want))
+        # one more poll: nothing further arrives (a record shown late, or twice, would show here)
+        r = await http.get(f"{base}/records", params={"timeout": 500}, headers={"Accept": BIN})
+        recs += r.json()
+        results[level] = [base64.b64decode(x["value"]) for x in recs]
+        offsets = [(x["partition"], x["offset"]) for x in recs]
+        assert len(offsets) == len(set(offsets)), "a record delivered twice"
+        await http.delete(base)
+    assert sorted(results["read_uncommitted"]) == sorted(committed + aborted)
+    got = results["read_committed"]
+    assert sorted(v for v in got if v.startswith(b"c")) == sorted(committed)
+    if broker.name == "kafka":
+        assert [v for v in got if v.startswith(b"a")] == []
+    else:  # Tansu returns flushed aborted batches at read_committed (its Fetch has no AbortedTransactions)
+        assert sorted(v for v in got if v.startswith(b"a")) == sorted(aborted)
+
+
 # -- error paths ----------------------------------------------------------------------------------------------
-async def test_error_paths(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_error_paths(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     group = f"g-{topic_name}"
 
     async def expect(resp: httpx.Response, status: int, code: int) -> None:

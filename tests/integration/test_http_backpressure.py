@@ -26,7 +26,7 @@ from confluent_kafka import Producer as CKProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -46,8 +46,8 @@ FETCH_RESPONSE_MAX = 8 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_PREFETCH_BYTES_PER_INSTANCE": str(PREFETCH)},
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    g = GatewayProcess(broker.bootstrap, env={"GATEWAY_PREFETCH_BYTES_PER_INSTANCE": str(PREFETCH)},
                        log_file=tmp_path_factory.mktemp("gw-backpressure") / "gateway.log")
     g.start()
     try:
@@ -106,9 +106,9 @@ async def scrape(http: httpx.AsyncClient) -> dict[str, float]:
 
 
 async def test_slow_stream_reader_pauses_fetching_not_heartbeats(
-        tansu: EmbeddedBroker, kclient: KafkaClient, gw: GatewayProcess, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: PARTITIONS})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name)
+        broker: AnyBroker, bclient: KafkaClient, gw: GatewayProcess, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: PARTITIONS})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name)
     group = f"g-{topic_name}"
     # the streaming connection has a small receive buffer (no autotuning), so that what the kernel absorbs
     # of a stalled stream (this buffer plus the gateway's send buffer) is a fraction of the data
@@ -142,7 +142,7 @@ async def test_slow_stream_reader_pauses_fetching_not_heartbeats(
                 await asyncio.sleep(0.5)  # sampling interval during the deliberate stall
             # (a) still stalled: a second member joins. The instance is still a member (it kept
             # heartbeating), so the rebalance splits the partitions instead of handing over all of them.
-            second = await asyncio.to_thread(second_member_assignment, tansu.bootstrap, group, topic_name)
+            second = await asyncio.to_thread(second_member_assignment, broker.bootstrap, group, topic_name)
             assert second and len(second) < PARTITIONS, f"the second member got {second}: the instance was expired"
             samples.append(await scrape(http))
             stalled = samples[-1]

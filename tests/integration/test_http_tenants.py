@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -47,11 +47,11 @@ tenants:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("tenants")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
         log = (d / "gw.log").read_text()
         assert KEY_A not in log and KEY_B not in log and KEY_C not in log, "a secret reached the log"
@@ -71,8 +71,8 @@ async def test_authentication_required(http: httpx.AsyncClient) -> None:
     assert r.status_code == 200
 
 
-async def test_tenants_are_isolated(http: httpx.AsyncClient, kclient: KafkaClient) -> None:
-    await kclient.create_topics({"a-orders": 1, "b-orders": 1})
+async def test_tenants_are_isolated(http: httpx.AsyncClient, bclient: KafkaClient) -> None:
+    await bclient.create_topics({"a-orders": 1, "b-orders": 1})
     r = await http.post("/consumers/ga-1", json={"name": "same-name"}, headers=auth(KEY_A))
     assert r.status_code == 200, r.text
     base_a = "/consumers/ga-1/instances/" + r.json()["instance_id"]
@@ -113,10 +113,10 @@ async def test_rate_limit(http: httpx.AsyncClient) -> None:
     assert 429 in codes and codes[0] == 404  # the burst passes, then the bucket is empty
 
 
-async def test_streams_hold_a_concurrent_poll_slot(http: httpx.AsyncClient, kclient: KafkaClient) -> None:
+async def test_streams_hold_a_concurrent_poll_slot(http: httpx.AsyncClient, bclient: KafkaClient) -> None:
     """max_concurrent_polls counts open streams like waiting polls: a second stream or poll is 429 while
     one stream is open, and the slot comes back when the stream ends."""
-    await kclient.create_topics({"d-events": 1})
+    await bclient.create_topics({"d-events": 1})
     r = await http.post("/consumers/gd-1", json={"name": "s1", "format": "binary"}, headers=auth(KEY_D))
     assert r.status_code == 200, r.text
     base = "/consumers/gd-1/instances/s1"

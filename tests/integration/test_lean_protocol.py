@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -21,8 +21,8 @@ BIN = b"application/vnd.kafka.binary.v2+json"
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "gateway.log") as g:
         yield g
 
 
@@ -53,8 +53,8 @@ async def connect(gw: GatewayProcess) -> tuple[asyncio.StreamReader, asyncio.Str
     return await asyncio.open_connection("127.0.0.1", gw.port)
 
 
-async def test_keep_alive_answers_like_the_full_app(gw: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
+async def test_keep_alive_answers_like_the_full_app(gw: GatewayProcess, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
     reader, writer = await connect(gw)
     try:
         answers = []
@@ -86,9 +86,9 @@ async def test_keep_alive_answers_like_the_full_app(gw: GatewayProcess, kclient:
         writer.close()
 
 
-async def test_pipelined_requests_are_answered_in_order(gw: GatewayProcess, kclient: KafkaClient,
+async def test_pipelined_requests_are_answered_in_order(gw: GatewayProcess, bclient: KafkaClient,
                                                         topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     reader, writer = await connect(gw)
     try:
         # three produce requests and a health probe in one write: answered in the order they were sent
@@ -106,8 +106,8 @@ async def test_pipelined_requests_are_answered_in_order(gw: GatewayProcess, kcli
         writer.close()
 
 
-async def test_connection_close_and_http_1_0(gw: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_connection_close_and_http_1_0(gw: GatewayProcess, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     reader, writer = await connect(gw)
     writer.write(post(f"/topics/{topic_name}", records(2), b"Connection: close"))
     status, headers, body = await read_response(reader)
@@ -124,8 +124,8 @@ async def test_connection_close_and_http_1_0(gw: GatewayProcess, kclient: KafkaC
 
 
 async def test_a_client_gone_mid_body_produces_nothing_and_frees_its_memory(
-        gw: GatewayProcess, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+        gw: GatewayProcess, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     for _ in range(20):
         reader, writer = await connect(gw)
         request = post(f"/topics/{topic_name}", records(50))
@@ -154,14 +154,14 @@ async def test_a_client_gone_mid_body_produces_nothing_and_frees_its_memory(
         writer.close()
 
 
-async def test_each_request_is_charged_to_the_rate_limit_once(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_each_request_is_charged_to_the_rate_limit_once(broker: AnyBroker, bclient: KafkaClient,
                                                               topic_name: str, tmp_path: Path) -> None:
     """The first request to a topic goes the awaited way (its metadata is fetched), the next ones are answered
     from the producer's callback: either way one token of the tenant's bucket each (burst 6: six answers, then
     429/42901), and what was answered 200 is stored once."""
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     env = {"GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0.001", "GATEWAY_DEFAULT_BURST": "6"}
-    with GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gateway.log") as g:
+    with GatewayProcess(broker.bootstrap, env=env, log_file=tmp_path / "gateway.log") as g:
         reader, writer = await connect(g)
         try:
             statuses = []

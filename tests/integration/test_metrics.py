@@ -17,7 +17,7 @@ from confluent_kafka import Producer as CKProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -42,16 +42,16 @@ def sha256(s: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("metrics")
     (d / "sasl-password").write_text(SASL_PASSWORD + "\n")
     (d / "tenants.yaml").write_text(yaml.safe_dump({"tenants": [
         {"id": TENANT, "api_keys": [f"sha256:{sha256(KEY)}"]},
         {"id": SASL_TENANT, "api_keys": [{"hash": f"sha256:{sha256(SASL_KEY)}", "name": "sasl-team-key"}],
-         "kafka": {"bootstrap": tansu.bootstrap, "security_protocol": "SASL_PLAINTEXT",
+         "kafka": {"bootstrap": broker.bootstrap, "security_protocol": "SASL_PLAINTEXT",
                    "sasl": {"mechanism": "PLAIN", "username": "alice", "password_file": "sasl-password"}}},
     ]}))
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
                                                  "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
                                                  "GATEWAY_INSTANCE_IDLE_TIMEOUT_S": str(IDLE_TIMEOUT_S),
                                                  "GATEWAY_REQUEST_TIMEOUT_MS": "5000"},
@@ -99,12 +99,12 @@ async def create(http: httpx.AsyncClient, group: str, **cfg: object) -> str:
     return f"/consumers/{group}/instances/{r.json()['instance_id']}"
 
 
-async def test_consume_cycle(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_consume_cycle(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                              topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
+    await bclient.create_topics({topic_name: 2})
     records = [(b"key-%d" % i, b"v" * (10 + i)) for i in range(30)]
     payload = sum(len(k) + len(v) for k, v in records)
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, records, 2)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, records, 2)
     group = f"g-{topic_name}"
     before = await scrape(http)
 
@@ -211,11 +211,11 @@ async def _stream(http: httpx.AsyncClient, base: str, n: int) -> list[dict[str, 
     return got
 
 
-async def _streamed(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def _streamed(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                     topic_name: str) -> tuple[Samples, Samples, list[tuple[bytes, bytes]]]:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     records = [(b"s%d" % i, b"x" * (20 + i)) for i in range(12)]
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, records, 1)
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, records, 1)
     base = await create(http, f"g-{topic_name}")
     assert (await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)).status_code == 204
     before = await scrape(http)
@@ -226,16 +226,16 @@ async def _streamed(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.Asy
     return before, after, records
 
 
-async def test_streamed_records_are_counted(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_streamed_records_are_counted(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                                             topic_name: str) -> None:
-    before, after, records = await _streamed(tansu, kclient, http, topic_name)
+    before, after, records = await _streamed(broker, bclient, http, topic_name)
     name = "kcg_records_delivered_total"
     assert value(after, name, tenant=TENANT) - value(before, name, tenant=TENANT) == len(records)
 
 
-async def test_streamed_bytes_are_counted(tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_streamed_bytes_are_counted(broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient,
                                           topic_name: str) -> None:
-    before, after, records = await _streamed(tansu, kclient, http, topic_name)
+    before, after, records = await _streamed(broker, bclient, http, topic_name)
     name = "kcg_record_bytes_delivered_total"
     assert value(after, name, tenant=TENANT) - value(before, name, tenant=TENANT) == sum(
         len(k) + len(v) for k, v in records)
@@ -281,11 +281,11 @@ async def test_http_metrics_carry_the_tenant(http: httpx.AsyncClient) -> None:
 
 
 
-async def test_readiness_heartbeat_and_task_series(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_readiness_heartbeat_and_task_series(http: httpx.AsyncClient, bclient: KafkaClient,
                                                    topic_name: str) -> None:
     """kcg_ready / kcg_broker_reachable (the /readyz probe, run in the background by scrapes), heartbeats
     completed and their age, and a 0 series per background task, from the real gateway."""
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     base = await create(http, f"g-{topic_name}")
     assert (await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)).status_code == 204
     r = await http.get(f"{base}/records", params={"timeout": 3000}, headers={"Accept": BIN})  # joins the group

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -35,9 +35,9 @@ H = {"Content-Type": V2}
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     env = {"GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS": "10"}
-    with GatewayProcess(tansu.bootstrap, env, log_file=tmp_path_factory.mktemp("gw-gather") / "gateway.log") as g:
+    with GatewayProcess(broker.bootstrap, env, log_file=tmp_path_factory.mktemp("gw-gather") / "gateway.log") as g:
         yield g
 
 
@@ -68,31 +68,31 @@ def per_topic(records: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-async def test_pattern_subscription_one_get_returns_all_nine(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_pattern_subscription_one_get_returns_all_nine(broker: AnyBroker, bclient: KafkaClient,
                                                              http: httpx.AsyncClient) -> None:
     prefix = f"gather-{uuid.uuid4().hex[:8]}-"
     topics = [f"{prefix}{i}" for i in range(3)]
-    await kclient.create_topics(dict.fromkeys(topics, 1))
+    await bclient.create_topics(dict.fromkeys(topics, 1))
     inst = await new_consumer(http, f"g-{prefix}")
     ok(await http.post(f"{inst}/subscription", json={"topic_pattern": f"{prefix}.*"}, headers=H), 204)
     # "Consume so the proxy re-evaluates the subscription": the group assignment arrives, nothing to read
     assert ok(await http.get(f"{inst}/records", params={"timeout": 5000}, headers={"Accept": BIN})) == []
     assert sorted(ok(await http.get(f"{inst}/subscription"))["topics"]) == topics
-    await asyncio.to_thread(produce_per_topic, tansu.bootstrap, topics, 3, b"bar")
+    await asyncio.to_thread(produce_per_topic, broker.bootstrap, topics, 3, b"bar")
     r = await http.get(f"{inst}/records", params={"timeout": 5000}, headers={"Accept": BIN})
     assert per_topic(ok(r)) == dict.fromkeys(topics, 3)
     ok(await http.delete(inst, headers=H), 204)
 
 
-async def test_topic_list_one_get_returns_all_nine_through_the_full_route(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_topic_list_one_get_returns_all_nine_through_the_full_route(broker: AnyBroker, bclient: KafkaClient,
                                                                            http: httpx.AsyncClient) -> None:
     prefix = f"gather-{uuid.uuid4().hex[:8]}-"
     topics = [f"{prefix}{i}" for i in range(3)]
-    await kclient.create_topics(dict.fromkeys(topics, 1))
+    await bclient.create_topics(dict.fromkeys(topics, 1))
     inst = await new_consumer(http, f"g-{prefix}")
     ok(await http.post(f"{inst}/subscription", json={"topics": topics}, headers=H), 204)
     assert ok(await http.get(f"{inst}/records", params={"timeout": 5000}, headers={"Accept": BIN})) == []
-    await asyncio.to_thread(produce_per_topic, tansu.bootstrap, topics, 3, b"bar")
+    await asyncio.to_thread(produce_per_topic, broker.bootstrap, topics, 3, b"bar")
     # a GET with a body is served by the full route (api/fastpath.py hands it over): same answer
     r = await http.request("GET", f"{inst}/records?timeout=5000", content=b"{}",
                            headers={"Accept": BIN, "Content-Type": V2})
@@ -100,9 +100,9 @@ async def test_topic_list_one_get_returns_all_nine_through_the_full_route(tansu:
     ok(await http.delete(inst, headers=H), 204)
 
 
-async def test_consumer_request_timeout_ms_is_the_default_and_the_cap(kclient: KafkaClient, http: httpx.AsyncClient,
+async def test_consumer_request_timeout_ms_is_the_default_and_the_cap(bclient: KafkaClient, http: httpx.AsyncClient,
                                                                       topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     inst = await new_consumer(http, f"g-{topic_name}", **{"consumer.request.timeout.ms": "300"})
     ok(await http.post(f"{inst}/assignments", json={"partitions": [{"topic": topic_name, "partition": 0}]},
                        headers=H), 204)
@@ -121,17 +121,17 @@ async def test_consumer_request_timeout_ms_is_the_default_and_the_cap(kclient: K
     ok(await http.delete(inst, headers=H), 204)
 
 
-async def test_fetch_min_bytes_waits_for_more_than_that_many_bytes(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_fetch_min_bytes_waits_for_more_than_that_many_bytes(broker: AnyBroker, bclient: KafkaClient,
                                                                    http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     inst = await new_consumer(http, f"g-{topic_name}", **{"fetch.min.bytes": 100})
     ok(await http.post(f"{inst}/assignments", json={"partitions": [{"topic": topic_name, "partition": 0}]},
                        headers=H), 204)
-    await asyncio.to_thread(produce_per_topic, tansu.bootstrap, [topic_name], 2, b"0123456789")  # 20 bytes
+    await asyncio.to_thread(produce_per_topic, broker.bootstrap, [topic_name], 2, b"0123456789")  # 20 bytes
     started = time.monotonic()
     got = ok(await http.get(f"{inst}/records", params={"timeout": 1000}, headers={"Accept": BIN}))
     assert len(got) == 2 and time.monotonic() - started >= 0.95  # below fetch.min.bytes: until the timeout
-    await asyncio.to_thread(produce_per_topic, tansu.bootstrap, [topic_name], 11, b"0123456789")  # 110 bytes
+    await asyncio.to_thread(produce_per_topic, broker.bootstrap, [topic_name], 11, b"0123456789")  # 110 bytes
     started = time.monotonic()
     got = ok(await http.get(f"{inst}/records", params={"timeout": 10000}, headers={"Accept": BIN}))
     assert len(got) == 11 and time.monotonic() - started < 5.0  # more than 100 bytes: at once

@@ -20,10 +20,10 @@ from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.producer import partition_for_key
 from service.protocol import messages as M
 from tests.broker import TestCluster
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_produce_vs_test_broker import ProduceGate
 
@@ -41,8 +41,8 @@ def b64(b: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "gateway.log") as g:
         yield g
 
 
@@ -105,8 +105,8 @@ def offsets_ok(r: httpx.Response, n: int) -> list[dict[str, Any]]:
 
 
 # -- both formats, both routes, read back ---------------------------------------------------------------------
-async def test_binary_topic_route_round_trip(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 3})
+async def test_binary_topic_route_round_trip(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 3})
     records = []
     for i in range(30):
         rec: dict[str, Any] = {"value": b64(b"value-%d\x00\xff" % i)}
@@ -145,9 +145,9 @@ async def test_binary_topic_route_round_trip(http: httpx.AsyncClient, kclient: K
     assert offs2[0]["offset"] == sum(1 for o in offs if o["partition"] == 2)
 
 
-async def test_json_format_both_routes(tansu: EmbeddedBroker, http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_json_format_both_routes(broker: AnyBroker, http: httpx.AsyncClient, bclient: KafkaClient,
                                        topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
+    await bclient.create_topics({topic_name: 2})
     values: list[Any] = [{"n": 1, "s": "é\u2028", "nested": {"a": [1, 2.5, None, True]}}, [1, "two"], "text", 42,
                          123456789012345678901234567890, -1.5e300, None, False, {}]
     records = [{"key": {"id": i} if i % 2 else None, "value": v} for i, v in enumerate(values)]
@@ -159,7 +159,7 @@ async def test_json_format_both_routes(tansu: EmbeddedBroker, http: httpx.AsyncC
                                        headers=HJ), 1)
     assert keyed[0]["partition"] == partition_for_key(b'"k"', 2)
     # stored as compact JSON text; null is a null value; big integers exactly
-    raw = await asyncio.to_thread(raw_values, tansu.bootstrap, topic_name, 2, len(values) + 1)
+    raw = await asyncio.to_thread(raw_values, broker.bootstrap, topic_name, 2, len(values) + 1)
     p1 = [(k, v) for p, _, k, v in raw if p == 1][:len(values)]
     assert [v for _, v in p1] == [None if v is None else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
                                   .encode() for v in values]
@@ -172,9 +172,9 @@ async def test_json_format_both_routes(tansu: EmbeddedBroker, http: httpx.AsyncC
     assert [g["key"] for g in part1] == [r["key"] for r in records]
 
 
-async def test_partition_route_binary_and_subscribe_round_trip(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_partition_route_binary_and_subscribe_round_trip(http: httpx.AsyncClient, bclient: KafkaClient,
                                                                topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
+    await bclient.create_topics({topic_name: 2})
     body = {"records": [{"key": b64(b"k%d" % i), "value": b64(b"v%d" % i)} for i in range(5)]
             + [{"value": b64(b"same"), "partition": 0}]}
     offs = offsets_ok(await http.post(f"/topics/{topic_name}/partitions/0", json=body, headers=HB), 6)
@@ -184,12 +184,12 @@ async def test_partition_route_binary_and_subscribe_round_trip(http: httpx.Async
     assert {g["partition"] for g in got} == {0}
 
 
-async def test_schema_valid_bodies_are_accepted(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_schema_valid_bodies_are_accepted(http: httpx.AsyncClient, bclient: KafkaClient,
                                                 topic_name: str) -> None:
     """Regressions found by schemathesis (ST202): integral floats are integers (JSON Schema), a header
     without a value is a null one, and on the partition route a record's partition is ignored (the path wins,
     as in Confluent)."""
-    await kclient.create_topics({topic_name: 2})
+    await bclient.create_topics({topic_name: 2})
     body = b'{"records":[{"value":"eA==","partition":1.0,"timestamp":406.0,"headers":[{"key":"h"}]}]}'
     offs = offsets_ok(await http.post(f"/topics/{topic_name}", content=body, headers=HB), 1)
     assert offs[0]["partition"] == 1
@@ -203,9 +203,9 @@ async def test_schema_valid_bodies_are_accepted(http: httpx.AsyncClient, kclient
     assert got[2]["headers"] == [{"key": "h", "value": None}]
 
 
-async def test_concurrent_requests_are_all_acknowledged_in_order(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_concurrent_requests_are_all_acknowledged_in_order(http: httpx.AsyncClient, bclient: KafkaClient,
                                                                  topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
 
     async def post(j: int) -> list[dict[str, Any]]:
         body = {"records": [{"value": b64(b"%d-%d" % (j, i))} for i in range(50)]}
@@ -257,10 +257,10 @@ ERROR_CASES: list[tuple[str, str | None, bytes, int, int, str]] = [
 
 
 @pytest.mark.parametrize("suffix,ctype,body,status,code,fragment", ERROR_CASES)
-async def test_error_paths(http: httpx.AsyncClient, kclient: KafkaClient, suffix: str, ctype: str | None,
+async def test_error_paths(http: httpx.AsyncClient, bclient: KafkaClient, suffix: str, ctype: str | None,
                            body: bytes, status: int, code: int, fragment: str) -> None:
     topic = "produce-errors"
-    await kclient.create_topics({topic: 2})
+    await bclient.create_topics({topic: 2})
     headers = {"Content-Type": ctype} if ctype else {}
     r = await http.post(f"/topics/{topic}{suffix}", content=body, headers=headers)
     assert r.status_code == status, r.text
@@ -269,8 +269,8 @@ async def test_error_paths(http: httpx.AsyncClient, kclient: KafkaClient, suffix
     assert err["error_code"] == code and fragment in err["message"], err
 
 
-async def test_body_over_the_size_cap(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_body_over_the_size_cap(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     big = {"records": [{"value": b64(b"x" * 600_000)}, {"value": b64(b"y" * 600_000)}]}  # > 1 MiB as JSON
     r = await http.post(f"/topics/{topic_name}", json=big, headers=HB)
     assert r.status_code == 413 and r.json()["error_code"] == 41301, r.text
@@ -278,33 +278,33 @@ async def test_body_over_the_size_cap(http: httpx.AsyncClient, kclient: KafkaCli
     assert offsets_ok(await http.post(f"/topics/{topic_name}", json=one, headers=HB), 1)[0]["offset"] == 0
 
 
-async def test_nothing_is_produced_by_a_rejected_request(tansu: EmbeddedBroker, http: httpx.AsyncClient,
-                                                         kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
+async def test_nothing_is_produced_by_a_rejected_request(broker: AnyBroker, http: httpx.AsyncClient,
+                                                         bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
     good = {"value": b64(b"good")}
     for body in ({"records": [good, {"value": "%%%"}]}, {"records": [good, {"value": "eA==", "partition": 5}]}):
         r = await http.post(f"/topics/{topic_name}", json=body, headers=HB)
         assert r.status_code in (404, 422), r.text
     offsets_ok(await http.post(f"/topics/{topic_name}/partitions/1", json={"records": [good]}, headers=HB), 1)
-    raw = await asyncio.to_thread(raw_values, tansu.bootstrap, topic_name, 2, 1)
+    raw = await asyncio.to_thread(raw_values, broker.bootstrap, topic_name, 2, 1)
     assert raw == [(1, 0, None, b"good")]  # only the accepted request's record
 
 
-async def test_unknown_topics_and_ignored_schema_fields(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_unknown_topics_and_ignored_schema_fields(http: httpx.AsyncClient, bclient: KafkaClient,
                                                         topic_name: str) -> None:
     body = {"records": [{"value": "eA=="}]}
     for path in (f"/topics/{topic_name}", f"/topics/{topic_name}/partitions/0", "/topics/bad%20name",
                  "/topics/" + "x" * 250):
         r = await http.post(path, json=body, headers=HB)
         assert r.status_code == 404 and r.json()["error_code"] == 40401, (path, r.text)
-    await kclient.create_topics({topic_name: 1})  # now it exists: found at once (no negative cache)
+    await bclient.create_topics({topic_name: 1})  # now it exists: found at once (no negative cache)
     r = await http.post(f"/topics/{topic_name}", json={**body, "key_schema": "x", "value_schema_id": 3}, headers=HB)
     body_ok = offsets_ok(r, 1)
     assert body_ok[0]["partition"] == 0
 
 
-async def test_metrics_count_produced_records(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_metrics_count_produced_records(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
 
     def metric(text: str, name: str) -> float:
         for line in text.splitlines():
@@ -334,7 +334,7 @@ KEY_P = "produce-tenant-key-123"
 
 
 @pytest.fixture(scope="module")
-def tenant_gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def tenant_gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("ptenants")
     f = Path(d) / "tenants.yaml"
     f.write_text(f"""
@@ -344,12 +344,12 @@ tenants:
     api_keys: ["sha256:{hashlib.sha256(KEY_P.encode()).hexdigest()}"]
     topics: ["w-*"]
 """)
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
 
 
-async def test_tenant_topic_patterns_and_auth(tenant_gw: GatewayProcess, kclient: KafkaClient) -> None:
-    await kclient.create_topics({"w-orders": 1, "other-orders": 1})
+async def test_tenant_topic_patterns_and_auth(tenant_gw: GatewayProcess, bclient: KafkaClient) -> None:
+    await bclient.create_topics({"w-orders": 1, "other-orders": 1})
     body = {"records": [{"value": "eA=="}]}
     async with httpx.AsyncClient(base_url=tenant_gw.url, timeout=30) as http:
         r = await http.post("/topics/w-orders", json=body, headers=HB)

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_topics_tansu import open_transaction
 
@@ -47,11 +47,11 @@ H = {"Authorization": f"Bearer {KEY_ALL}"}
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("ranges")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
 
 
@@ -113,12 +113,12 @@ def b64(v: bytes | None) -> str | None:
     return None if v is None else base64.b64encode(v).decode()
 
 
-async def test_plain_records_paged_in_json_and_arrow(tansu: EmbeddedBroker, http: httpx.AsyncClient,
-                                                     kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_plain_records_paged_in_json_and_arrow(broker: AnyBroker, http: httpx.AsyncClient,
+                                                     bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     rows = [(b"k%d" % i if i % 3 else None, b"value-%04d" % i, [("h", b"%d" % i)] if i % 5 == 0 else [])
             for i in range(300)]
-    assert await asyncio.to_thread(produce, tansu.bootstrap, topic_name, rows) == list(range(300))
+    assert await asyncio.to_thread(produce, broker.bootstrap, topic_name, rows) == list(range(300))
     records, pages = await read_all(http, topic_name, max_bytes=500)
     assert [r["offset"] for r in records] == list(range(300))
     assert len(pages) > 5 and all(p["end_offset"] == 300 for p in pages)
@@ -147,13 +147,13 @@ async def test_plain_records_paged_in_json_and_arrow(tansu: EmbeddedBroker, http
                         "log_start_offset": 0}
 
 
-async def test_committed_transactions_and_an_open_one(tansu: EmbeddedBroker, http: httpx.AsyncClient,
-                                                      kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_committed_transactions_and_an_open_one(broker: AnyBroker, http: httpx.AsyncClient,
+                                                      bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     txn = {"transactional.id": f"txn-{topic_name}-a"}
-    first = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [(None, b"c%d" % i, []) for i in range(5)],
+    first = await asyncio.to_thread(produce, broker.bootstrap, topic_name, [(None, b"c%d" % i, []) for i in range(5)],
                                     txn, True)
-    second = await asyncio.to_thread(produce, tansu.bootstrap, topic_name,
+    second = await asyncio.to_thread(produce, broker.bootstrap, topic_name,
                                      [(None, b"d%d" % i, []) for i in range(5)], txn, True)
     assert second[0] > first[-1] + 1  # the COMMIT marker takes an offset: a gap
     records, pages = await read_all(http, topic_name, max_bytes=30)
@@ -163,8 +163,8 @@ async def test_committed_transactions_and_an_open_one(tansu: EmbeddedBroker, htt
     end = pages[-1]["end_offset"]
     assert end > second[-1]  # the trailing marker is inside the range: next_offset reaches the end
     # an open transaction: nothing at or past the LSO, even with an explicit end_offset past it
-    with open_transaction(tansu.bootstrap, topic_name, 3, f"txn-{topic_name}-b") as open_txn:
-        after = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [(None, b"after", [])])
+    with open_transaction(broker.bootstrap, topic_name, 3, f"txn-{topic_name}-b") as open_txn:
+        after = await asyncio.to_thread(produce, broker.bootstrap, topic_name, [(None, b"after", [])])
         r = await http.get(f"/topics/{topic_name}/partitions/0/records",
                            params={"offset": end, "end_offset": after[0] + 1}, headers=H)
         body = r.json()
@@ -182,9 +182,9 @@ def err(r: httpx.Response, status: int, code: int) -> None:
     assert r.headers["content-type"] == V2
 
 
-async def test_errors(tansu: EmbeddedBroker, http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2, f"ta-{topic_name}": 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, [(None, b"x", [])] * 3)
+async def test_errors(broker: AnyBroker, http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2, f"ta-{topic_name}": 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, [(None, b"x", [])] * 3)
     url = f"/topics/{topic_name}/partitions/0/records"
     err(await http.get(f"/topics/{topic_name}-missing/partitions/0/records?offset=0", headers=H), 404, 40401)
     for p in (2, -1):

@@ -13,7 +13,7 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.fetch.oneshot import probe_fetch
-from service.fetch.ranges import RangeSessions, range_sessions, read_page
+from service.fetch.ranges import OffsetOutOfRange, RangeSessions, range_sessions, read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.fetch.session import ZERO_UUID
 from service.protocol import error_codes as EC
@@ -229,3 +229,22 @@ def test_idle_range_sessions_are_bounded_and_expire() -> None:
     s.handler.builder().build()  # a request went out and never ended (a cancelled page)
     sessions.give(1, tps[1], s, 1.0)
     assert sessions.take(1, tps[1], 1.0) is not s
+
+
+async def test_an_offset_outside_the_log_names_the_bounds_though_the_broker_answers_minus_one() -> None:
+    """Like Apache Kafka, the test broker answers OFFSET_OUT_OF_RANGE with log start offset and high watermark -1:
+    the 422 still names the log's bounds (X-Log-Start-Offset / X-High-Watermark), which read_page asks for."""
+    async with TestCluster(topics={"t": 1}) as cluster:
+        for v in (b"a", b"b", b"c"):
+            cluster.append("t", 0, [v])
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            with pytest.raises(OffsetOutOfRange) as info:
+                await read_page(client, TP, 4)
+            assert info.value.headers == {"X-Log-Start-Offset": "0", "X-High-Watermark": "3"}
+            assert "(the log holds offsets 0 to 3)" in str(info.value)
+            fetched = [e.response.responses[0].partitions[0] for e in cluster.requests(ApiKey.FETCH)
+                       if e.request.topics[0].partitions[0].fetch_offset == 4]
+            assert fetched and (fetched[0].error_code, fetched[0].high_watermark) == (EC.OFFSET_OUT_OF_RANGE, -1)
+        finally:
+            await client.close()

@@ -1,6 +1,7 @@
 """The README's "Quick start" and "Using it" shell blocks, run verbatim with bash against a gateway started
 the way ``make run`` starts it (the ``consumer-gateway`` entry point, no settings: embedded Tansu broker,
-defaults), so the README cannot drift from what the gateway does.
+defaults), so the README cannot drift from what the gateway does; and again with ``GATEWAY_EMBEDDED_BROKER=kafka``
+(the embedded Apache Kafka the README offers as the other quick start).
 
 Only two things differ from a user pasting the blocks: the ``make run`` / ``make test`` lines are not run
 (the gateway is already started, on a free port), and the ``BASE=`` line names that port. ``curl`` is a
@@ -94,14 +95,23 @@ def make_run_recipe() -> list[str]:
     return [line.strip() for line in m.group(1).splitlines()]
 
 
+#: `make run`'s recipe: the Kafka jars are installed first when GATEWAY_EMBEDDED_BROKER=kafka, then the entry point
+MAKE_RUN = ['if [ "$${GATEWAY_EMBEDDED_BROKER:-tansu}" = kafka ] && [ -z "$${GATEWAY_KAFKA_BOOTSTRAP:-}" ]; then \\',
+            "sh tools/install-kafka.sh > /dev/null; fi",
+            "exec $(VENV)/bin/consumer-gateway"]
+
+
 class MakeRunGateway(GatewayProcess):
     """The gateway as ``make run`` starts it: the ``consumer-gateway`` script of this venv with no
-    ``GATEWAY_*`` settings (so the embedded Tansu broker and every default) but the port."""
+    ``GATEWAY_*`` settings (so the embedded Tansu broker and every default) but the port, and
+    ``GATEWAY_EMBEDDED_BROKER=kafka`` when ``broker`` is "kafka"."""
 
-    def __init__(self, log_file: Path) -> None:
+    def __init__(self, log_file: Path, broker: str = "tansu") -> None:
         super().__init__("", log_file=log_file, base_env={})
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
         self.env["GATEWAY_PORT"] = str(self.port)
+        if broker == "kafka":
+            self.env["GATEWAY_EMBEDDED_BROKER"] = "kafka"
 
     def launch(self) -> None:
         exe = Path(sys.executable).parent / "consumer-gateway"
@@ -110,11 +120,17 @@ class MakeRunGateway(GatewayProcess):
         self.proc = subprocess.Popen([str(exe)], env=self.env, stdout=out, stderr=subprocess.STDOUT)
 
 
-@pytest.fixture
-def make_run(tmp_path: Path) -> Iterator[GatewayProcess]:
-    # `make run` is exactly the entry point with the Makefile's environment: nothing else
-    assert make_run_recipe() == ["exec $(VENV)/bin/consumer-gateway"], make_run_recipe()
-    with MakeRunGateway(tmp_path / "gateway.log") as g:
+@pytest.fixture(params=["tansu", "kafka"])
+def make_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GatewayProcess]:
+    # `make run` is exactly the entry point with the Makefile's environment (and, for Kafka, its install step)
+    assert make_run_recipe() == MAKE_RUN, make_run_recipe()
+    if request.param == "kafka":
+        done = subprocess.run(["sh", str(REPO / "tools" / "install-kafka.sh")], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+    with MakeRunGateway(tmp_path / "gateway.log", request.param) as g:
+        started = (tmp_path / "gateway.log").read_text()
+        assert ("embedded Apache Kafka ready" in started) == (request.param == "kafka"), started
         yield g
 
 

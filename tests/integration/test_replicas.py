@@ -23,8 +23,8 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.routing import owner, routing_key
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -88,10 +88,10 @@ async def commit(http: httpx.AsyncClient, base: str, topic: str, ledger: Ledger)
     return r
 
 
-def replica_set(tansu: EmbeddedBroker, tmp_path: Path, ids: list[str], env: dict[str, str] | None = None,
+def replica_set(broker: AnyBroker, tmp_path: Path, ids: list[str], env: dict[str, str] | None = None,
                 per_replica: dict[str, dict[str, str]] | None = None) -> dict[str, GatewayProcess]:
     """Gateway processes (not started) named by ``ids``, each knowing all of them as peers."""
-    procs = {rid: GatewayProcess(tansu.bootstrap, log_file=tmp_path / f"gw-{rid}.log") for rid in ids}
+    procs = {rid: GatewayProcess(broker.bootstrap, log_file=tmp_path / f"gw-{rid}.log") for rid in ids}
     peers = ",".join(p.url for p in procs.values())
     for rid, p in procs.items():
         p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
@@ -188,12 +188,12 @@ async def until(probe: Callable[[], Awaitable[float]], ok: Callable[[float], boo
 
 
 async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, tmp_path: Path,
         cleanup: list[GatewayProcess]) -> None:
     parts = 3
-    await kclient.create_topics({topic_name: parts})
-    produced = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 3000, parts)
-    procs = replica_set(tansu, tmp_path, ["a", "b", "c"])
+    await bclient.create_topics({topic_name: parts})
+    produced = await asyncio.to_thread(produce, broker.bootstrap, topic_name, 0, 3000, parts)
+    procs = replica_set(broker, tmp_path, ["a", "b", "c"])
     cleanup += procs.values()
     start(*procs.values())
     await converged(list(procs.values()), {"a", "b", "c"})
@@ -224,7 +224,7 @@ async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
         await until(lambda: metric(procs["a"], IN_FLIGHT, '{side="in"}'), lambda v: v >= 1 or poll.done(),
                     "the long poll did not reach A")
         assert not poll.done()
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3000, 300, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 3000, 300, parts)
         r = await poll
         assert r.status_code == 200 and r.headers[SERVED_BY] == "a" and r.json(), r.text
         ledger.add(r.json())
@@ -232,7 +232,7 @@ async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
 
         # an ndjson stream through C
         await consume([b], base, topic_name, ledger, produced, "a")
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 3300, 1500, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 3300, 1500, parts)
         streamed = 0
         async with c.stream("GET", f"{base}/records", params={"max_records": 100}, headers=NDJSON) as s:
             assert s.status_code == 200 and s.headers[SERVED_BY] == "a"
@@ -248,7 +248,7 @@ async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
                     "the forwarded stream was not closed on A")
 
         # records received but not committed when A dies: the only ones that may come twice
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 4800, 200, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 4800, 200, parts)
         r = await c.get(f"{base}/records", params={"timeout": 5000, "max_records": 50}, headers=BIN)
         assert r.status_code == 200 and r.json(), r.text
         ledger.add(r.json())
@@ -270,7 +270,7 @@ async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
         assert r.json()["base_uri"] == f"{procs['b'].url}{base}"  # the replica the client talked to
         r = await b.post(f"{base}/subscription", headers=V2, json={"topics": [topic_name]})
         assert r.status_code == 204, r.text
-        produced |= await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 5000, 200, parts)
+        produced |= await asyncio.to_thread(produce, broker.bootstrap, topic_name, 5000, 200, parts)
         await consume([b, c], base, topic_name, ledger, produced, holder)
         assert (await commit(c, base, topic_name, ledger)).status_code == 200
 
@@ -284,8 +284,8 @@ async def test_create_on_a_consume_through_b_and_c_kill_a_recreate_on_b(
     assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="forwarded"}') > 0
 
 
-async def test_redirect_mode(tansu: EmbeddedBroker, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
-    procs = replica_set(tansu, tmp_path, ["a", "b"], {"GATEWAY_ROUTING": "redirect"})
+async def test_redirect_mode(broker: AnyBroker, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
+    procs = replica_set(broker, tmp_path, ["a", "b"], {"GATEWAY_ROUTING": "redirect"})
     cleanup += procs.values()
     start(*procs.values())
     await converged(list(procs.values()), {"a", "b"})
@@ -311,9 +311,9 @@ async def test_redirect_mode(tansu: EmbeddedBroker, tmp_path: Path, cleanup: lis
         assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="redirected"}') == 3
 
 
-async def test_peer_token_and_loop_prevention(tansu: EmbeddedBroker, tmp_path: Path,
+async def test_peer_token_and_loop_prevention(broker: AnyBroker, tmp_path: Path,
                                               cleanup: list[GatewayProcess]) -> None:
-    procs = replica_set(tansu, tmp_path, ["a", "b", "c", "x"], {"GATEWAY_PEER_TOKEN": TOKEN},
+    procs = replica_set(broker, tmp_path, ["a", "b", "c", "x"], {"GATEWAY_PEER_TOKEN": TOKEN},
                         per_replica={"x": {"GATEWAY_PEER_TOKEN": "another-token"}})
     cleanup += procs.values()
     start(*procs.values())
@@ -350,9 +350,9 @@ async def test_peer_token_and_loop_prevention(tansu: EmbeddedBroker, tmp_path: P
         assert await metric(procs["b"], "kcg_forwarded_requests_total", '{outcome="refused"}') >= 7
 
 
-async def test_scale_up_keeps_every_instance_reachable(tansu: EmbeddedBroker, tmp_path: Path,
+async def test_scale_up_keeps_every_instance_reachable(broker: AnyBroker, tmp_path: Path,
                                                        cleanup: list[GatewayProcess]) -> None:
-    procs = replica_set(tansu, tmp_path, ["a", "b", "c", "d"])  # d is listed but starts later
+    procs = replica_set(broker, tmp_path, ["a", "b", "c", "d"])  # d is listed but starts later
     cleanup += procs.values()
     start(procs["a"], procs["b"], procs["c"])
     await converged([procs["a"], procs["b"], procs["c"]], {"a", "b", "c"})

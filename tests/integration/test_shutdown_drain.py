@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
@@ -70,18 +70,18 @@ def value(rec: dict[str, Any]) -> int:
 
 @pytest.mark.parametrize("auto_commit", [False, True], ids=["client-commits", "auto-commit"])
 async def test_sigterm_ends_streams_cleanly_and_a_committing_client_loses_and_repeats_nothing(
-        tansu: EmbeddedBroker, topic_name: str, tmp_path: Path, auto_commit: bool) -> None:
+        broker: AnyBroker, topic_name: str, tmp_path: Path, auto_commit: bool) -> None:
     """Without auto-commit the client commits every 500 records and, after the shutdown line, what it
     received; with auto-commit it never commits: the gateway's final commit at close covers everything
     it handed out, which the client reads up to the shutdown line."""
-    kc = KafkaClient(tansu.bootstrap)
+    kc = KafkaClient(broker.bootstrap)
     try:
         await kc.create_topics({topic_name: PARTITIONS, topic_name + "-empty": 1})
     finally:
         await kc.close()
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, RECORDS)
-    gw = GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gateway.log")
-    gw2 = GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gateway2.log")
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, RECORDS)
+    gw = GatewayProcess(broker.bootstrap, log_file=tmp_path / "gateway.log")
+    gw2 = GatewayProcess(broker.bootstrap, log_file=tmp_path / "gateway2.log")
     gw.start()
     seen: list[int] = []
     try:
@@ -160,14 +160,14 @@ async def test_sigterm_ends_streams_cleanly_and_a_committing_client_loses_and_re
 
 
 async def test_sigterm_ends_an_sse_stream_with_a_shutdown_event(
-        tansu: EmbeddedBroker, topic_name: str, tmp_path: Path) -> None:
-    kc = KafkaClient(tansu.bootstrap)
+        broker: AnyBroker, topic_name: str, tmp_path: Path) -> None:
+    kc = KafkaClient(broker.bootstrap)
     try:
         await kc.create_topics({topic_name: 1})
     finally:
         await kc.close()
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 10)
-    gw = GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gateway.log")
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 10)
+    gw = GatewayProcess(broker.bootstrap, log_file=tmp_path / "gateway.log")
     gw.start()
     try:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -29,9 +29,9 @@ Rec = tuple[int, int]  # (partition, offset)
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_RESUME_KEY": "resume-test-key"},
-                        log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_RESUME_KEY": "resume-test-key"},
+                        log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "gateway.log") as g:
         yield g
 
 
@@ -137,10 +137,10 @@ def assert_exactly(all_records: list[Rec], n: int, partitions: int) -> None:
 
 
 async def test_sse_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     n, parts = 300, 3
-    await kclient.create_topics({topic_name: parts})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    await bclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, parts)
     base = await instance(http, "resume-sse", topic_name)
     first, last_id, _, _ = await read_sse(http, base, 40)
     assert len(first) == 40 and last_id
@@ -156,10 +156,10 @@ async def test_sse_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(
 
 
 async def test_ndjson_reconnect_with_resume_param_has_no_gap_and_no_duplicate(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     n, parts = 300, 3
-    await kclient.create_topics({topic_name: parts})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    await bclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, parts)
     base = await instance(http, "resume-ndjson", topic_name)
     first, token, lines = await read_ndjson(http, base, 30)
     assert token and 0 < len(first) <= lines
@@ -172,9 +172,9 @@ async def test_ndjson_reconnect_with_resume_param_has_no_gap_and_no_duplicate(
 
 
 async def test_altered_foreign_and_garbage_tokens_are_400_40004_before_streaming(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 20, 2)
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 20, 2)
     base = await instance(http, "resume-bad", topic_name)
     _, token, _, _ = await read_sse(http, base, 3)
     assert token
@@ -196,12 +196,12 @@ async def test_altered_foreign_and_garbage_tokens_are_400_40004_before_streaming
 
 
 async def test_token_of_another_process_without_a_key_is_refused_cleanly(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
     """Open mode with neither GATEWAY_RESUME_KEY nor GATEWAY_PEER_TOKEN: a random key per process, so the
     token of one process is a clean 400 at another (as after a restart), never a 500."""
-    await kclient.create_topics({topic_name: 1})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 10, 1)
-    with GatewayProcess(tansu.bootstrap) as a, GatewayProcess(tansu.bootstrap) as b:
+    await bclient.create_topics({topic_name: 1})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, 10, 1)
+    with GatewayProcess(broker.bootstrap) as a, GatewayProcess(broker.bootstrap) as b:
         async with httpx.AsyncClient(base_url=a.url, timeout=60) as ha, \
                 httpx.AsyncClient(base_url=b.url, timeout=60) as hb:
             base_a = await instance(ha, "resume-proc-a", topic_name, name="c1")
@@ -214,10 +214,10 @@ async def test_token_of_another_process_without_a_key_is_refused_cleanly(
 
 
 async def test_partitions_lost_in_a_rebalance_are_skipped_and_named(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     n, parts = 120, 4
-    await kclient.create_topics({topic_name: parts})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    await bclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, parts)
     group = "resume-rebalance"
     one = await instance(http, group, topic_name)
     first, token, _, _ = await read_sse(http, one, 10)
@@ -250,17 +250,17 @@ async def test_partitions_lost_in_a_rebalance_are_skipped_and_named(
 
 @pytest.mark.timeout(180)
 async def test_reconnect_after_kill_9_of_the_owner_with_durable_instances(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path) -> None:
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, tmp_path: Path) -> None:
     """The stream is cut by kill -9 of its gateway; the restarted one re-creates the instance from its
     descriptor (positions from the committed offsets: none here) and the token brings it to exactly where
     the client stopped: the rest arrives with no gap and nothing twice, in SSE and in ndjson."""
     n, parts = 150, 3
-    await kclient.create_topics({topic_name: parts})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    await bclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, parts)
     env = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true",
            "GATEWAY_RESUME_KEY": "resume-test-key", "GATEWAY_LOG_LEVEL": "info"}
     suffix = uuid.uuid4().hex[:6]
-    g1 = GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log")
+    g1 = GatewayProcess(broker.bootstrap, env=env, log_file=tmp_path / "gw.log")
     g1.start()
     try:
         async with httpx.AsyncClient(base_url=g1.url, timeout=60) as h:
@@ -279,7 +279,7 @@ async def test_reconnect_after_kill_9_of_the_owner_with_durable_instances(
                         pass
     finally:
         g1.kill()
-    g2 = GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log")
+    g2 = GatewayProcess(broker.bootstrap, env=env, log_file=tmp_path / "gw.log")
     g2.start()
     try:
         async with httpx.AsyncClient(base_url=g2.url, timeout=60) as h:
@@ -297,13 +297,13 @@ async def test_reconnect_after_kill_9_of_the_owner_with_durable_instances(
 
 
 async def test_a_resume_ends_the_older_stream_of_the_instance(
-        tansu: EmbeddedBroker, kclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
+        broker: AnyBroker, bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:
     """A cut the server has not noticed (a half-open connection): the old stream would go on taking records
     into a socket nobody reads. The resume takes the instance over: the old stream ends at its next poll,
     and the new one has exactly the rest."""
     n, parts = 200, 2
-    await kclient.create_topics({topic_name: parts})
-    await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, parts)
+    await bclient.create_topics({topic_name: parts})
+    await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, parts)
     base = await instance(http, "resume-takeover", topic_name)
     async with httpx.AsyncClient(base_url=str(http.base_url), timeout=60) as old_client, \
             old_client.stream("GET", f"{base}/records", headers=SSE, params={"max_records": 5}) as old:

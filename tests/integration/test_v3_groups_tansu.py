@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.v3_shapes import check
 
@@ -28,8 +28,8 @@ PER_PARTITION = {0: 10, 1: 20}  # records produced to each partition
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, log_file=tmp_path_factory.mktemp(f"gw-{broker.name}") / "gateway.log") as g:
         yield g
 
 
@@ -64,10 +64,10 @@ async def commit(http: httpx.AsyncClient, base: str, body: dict[str, Any] | None
         await http.get(f"{base}/records", params={"timeout": 200}, headers={"Accept": BIN})
 
 
-async def test_lag_while_behind_and_after_catching_up(http: httpx.AsyncClient, kclient: KafkaClient,
-                                                      tansu: EmbeddedBroker, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 2})
-    produce(tansu.bootstrap, topic_name)
+async def test_lag_while_behind_and_after_catching_up(http: httpx.AsyncClient, bclient: KafkaClient,
+                                                      broker: AnyBroker, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 2})
+    produce(broker.bootstrap, topic_name)
     group = f"lag-{topic_name}"
     r = await http.post(f"/consumers/{group}", json={"name": "c1", "format": "binary", "auto.offset.reset": "earliest",
                                                       "auto.commit.enable": "false"}, headers=H)

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.v3_shapes import check
 
@@ -27,9 +27,9 @@ BROKER_CONFIGS = re.compile(r"/brokers/[0-9]+/configs$")
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("v3")
-    with GatewayProcess(tansu.bootstrap, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, log_file=d / "gw.log") as g:
         yield g
 
 
@@ -237,11 +237,11 @@ tenants:
 
 
 @pytest.fixture(scope="module")
-def gw_tenants(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw_tenants(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("v3-tenants")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
 
 

@@ -23,8 +23,8 @@ from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from tests.broker import TestCluster
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_produce_vs_test_broker import ProduceGate
 from tests.v3_shapes import OBJECTS, check
@@ -59,27 +59,27 @@ def b64(b: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("v3produce")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(f)}, log_file=d / "gw.log") as g:
         yield g
 
 
 @pytest.fixture(scope="module")
-def gw_small(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw_small(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """No tenants file (metrics readable), a 64 KiB body limit, topics created on first produce."""
     d = tmp_path_factory.mktemp("v3small")
     env = {"GATEWAY_MAX_BODY_BYTES": "65536", "GATEWAY_AUTO_CREATE_TOPICS": "true", "GATEWAY_AUTO_CREATE_PARTITIONS": "2"}
-    with GatewayProcess(tansu.bootstrap, env=env, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env=env, log_file=d / "gw.log") as g:
         yield g
 
 
 @pytest.fixture
-async def cluster(kclient: KafkaClient) -> str:
-    await kclient.refresh_metadata()
-    cid = kclient.metadata.cluster_id
+async def cluster(bclient: KafkaClient) -> str:
+    await bclient.refresh_metadata()
+    cid = bclient.metadata.cluster_id
     assert cid
     return cid
 
@@ -201,9 +201,9 @@ def assert_confluent_shape(result: dict[str, Any]) -> None:
 
 
 # -- one record of each kind, read back byte for byte -----------------------------------------------------
-async def test_single_records_of_every_type_round_trip(gw: GatewayProcess, tansu: EmbeddedBroker, http: httpx.AsyncClient,
-                                                      kclient: KafkaClient, cluster: str, a_topic: str) -> None:
-    await kclient.create_topics({a_topic: 3})
+async def test_single_records_of_every_type_round_trip(gw: GatewayProcess, broker: AnyBroker, http: httpx.AsyncClient,
+                                                      bclient: KafkaClient, cluster: str, a_topic: str) -> None:
+    await bclient.create_topics({a_topic: 3})
     path = records_path(cluster, a_topic)
     cases: list[tuple[dict[str, Any], bytes | None, bytes | None]] = [
         ({"value": {"type": "BINARY", "data": b64(b"\x00\x01\xfe\xff")}}, None, b"\x00\x01\xfe\xff"),
@@ -235,7 +235,7 @@ async def test_single_records_of_every_type_round_trip(gw: GatewayProcess, tansu
                 assert res[part] == {"type": body[part]["type"], "size": -1 if data is None else len(data)}
     assert results[3]["partition_id"] == 2 and results[3]["timestamp"] == "2021-02-05T19:14:42.123Z"
     assert results[4]["partition_id"] == 1 and results[4]["timestamp"] == "2022-01-01T00:00:00Z"
-    got = await asyncio.to_thread(read_back, tansu.bootstrap, a_topic, 3, len(cases))
+    got = await asyncio.to_thread(read_back, broker.bootstrap, a_topic, 3, len(cases))
     assert len(got) == len(cases)
     by_pos = {(m.partition(), m.offset()): m for m in got}
     for (body, key, value), res in zip(cases, results, strict=True):
@@ -254,10 +254,10 @@ async def test_single_records_of_every_type_round_trip(gw: GatewayProcess, tansu
 
 
 # -- streaming ------------------------------------------------------------------------------------------------
-async def test_stream_answers_each_record_before_the_body_ends(gw: GatewayProcess, kclient: KafkaClient,
+async def test_stream_answers_each_record_before_the_body_ends(gw: GatewayProcess, bclient: KafkaClient,
                                                               cluster: str, a_topic: str,
                                                               chunked: list[ChunkedClient]) -> None:
-    await kclient.create_topics({a_topic: 1})
+    await bclient.create_topics({a_topic: 1})
     c = await ChunkedClient.open(gw.url, records_path(cluster, a_topic), auth())
     chunked.append(c)
     for i in range(20):
@@ -269,10 +269,10 @@ async def test_stream_answers_each_record_before_the_body_ends(gw: GatewayProces
     assert await c.all_results() == []
 
 
-async def test_stream_of_1000_records_in_order_stored_exactly_once(gw: GatewayProcess, tansu: EmbeddedBroker,
-                                                                   kclient: KafkaClient, cluster: str, a_topic: str,
+async def test_stream_of_1000_records_in_order_stored_exactly_once(gw: GatewayProcess, broker: AnyBroker,
+                                                                   bclient: KafkaClient, cluster: str, a_topic: str,
                                                                    chunked: list[ChunkedClient]) -> None:
-    await kclient.create_topics({a_topic: 3})
+    await bclient.create_topics({a_topic: 3})
     c = await ChunkedClient.open(gw.url, records_path(cluster, a_topic), auth())
     chunked.append(c)
     n = 1000
@@ -296,16 +296,16 @@ async def test_stream_of_1000_records_in_order_stored_exactly_once(gw: GatewayPr
     for p in range(3):  # per partition, offsets follow the order of the stream
         offs = [o for q, o in positions if q == p]
         assert offs == sorted(offs)
-    got = await asyncio.to_thread(read_back, tansu.bootstrap, a_topic, 3, n)
+    got = await asyncio.to_thread(read_back, broker.bootstrap, a_topic, 3, n)
     assert len(got) == n  # stored exactly once: no record missing, none twice
     stored = {(m.partition(), m.offset()): m.value() for m in got}
     assert {pos: stored[pos] for pos in positions} == dict(zip(positions, values, strict=True))
 
 
-async def test_errors_are_per_record_and_the_stream_goes_on(gw: GatewayProcess, tansu: EmbeddedBroker,
-                                                            http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_errors_are_per_record_and_the_stream_goes_on(gw: GatewayProcess, broker: AnyBroker,
+                                                            http: httpx.AsyncClient, bclient: KafkaClient,
                                                             cluster: str, a_topic: str) -> None:
-    await kclient.create_topics({a_topic: 2})
+    await bclient.create_topics({a_topic: 2})
     good = [orjson.dumps({"value": {"type": "STRING", "data": f"good-{i}"}, "partition_id": 0}) for i in range(5)]
     body = b"\n".join([
         good[0],
@@ -328,7 +328,7 @@ async def test_errors_are_per_record_and_the_stream_goes_on(gw: GatewayProcess, 
                                               200]
     assert "schema registry" in out[4]["message"] and "base64" in out[1]["message"]
     assert [r["offset"] for r in out if r["error_code"] == 200] == [0, 1, 2, 3, 4]
-    got = await asyncio.to_thread(read_back, tansu.bootstrap, a_topic, 2, 5)
+    got = await asyncio.to_thread(read_back, broker.bootstrap, a_topic, 2, 5)
     assert [m.value() for m in got] == [f"good-{i}".encode() for i in range(5)]
     # text that cannot be split into records ends the stream with one error result
     body = good[0] + b" xyz " + good[1]
@@ -350,8 +350,8 @@ async def test_unknown_topic_is_a_per_record_40401(http: httpx.AsyncClient, clus
     assert_confluent_shape(out[0])
 
 
-async def test_whole_request_errors(http: httpx.AsyncClient, kclient: KafkaClient, cluster: str, a_topic: str) -> None:
-    await kclient.create_topics({a_topic: 1})
+async def test_whole_request_errors(http: httpx.AsyncClient, bclient: KafkaClient, cluster: str, a_topic: str) -> None:
+    await bclient.create_topics({a_topic: 1})
     rec = b'{"value":{"type":"STRING","data":"x"}}'
     r = await http.post(records_path("no-such-cluster", a_topic), content=rec, headers=auth())
     assert r.status_code == 404 and r.json()["error_code"] == 404
@@ -363,11 +363,11 @@ async def test_whole_request_errors(http: httpx.AsyncClient, kclient: KafkaClien
     assert r.status_code == 401 and r.json()["error_code"] == 40101
 
 
-async def test_tenant_isolation(gw: GatewayProcess, tansu: EmbeddedBroker, http: httpx.AsyncClient,
-                                kclient: KafkaClient, cluster: str, topic_name: str,
+async def test_tenant_isolation(gw: GatewayProcess, broker: AnyBroker, http: httpx.AsyncClient,
+                                bclient: KafkaClient, cluster: str, topic_name: str,
                                 chunked: list[ChunkedClient]) -> None:
     a, b = "a-" + topic_name, "b-" + topic_name
-    await kclient.create_topics({a: 1, b: 1})
+    await bclient.create_topics({a: 1, b: 1})
     rec = b'{"value":{"type":"STRING","data":"x"}}'
     # tenant B may not write tenant A's topic (nor A B's): 403 before any record is read
     r = await http.post(records_path(cluster, a), content=rec, headers=auth(KEY_B))
@@ -382,7 +382,7 @@ async def test_tenant_isolation(gw: GatewayProcess, tansu: EmbeddedBroker, http:
     assert b" 403 " in head
     assert [r["error_code"] for r in results_of(await http.post(records_path(cluster, b), content=rec,
                                                                  headers=auth(KEY_B)))] == [200]
-    assert await asyncio.to_thread(read_back, tansu.bootstrap, a, 1, 0) == []
+    assert await asyncio.to_thread(read_back, broker.bootstrap, a, 1, 0) == []
 
 
 async def test_contract_names_the_operation_and_the_result_shape() -> None:
@@ -403,9 +403,9 @@ async def test_contract_names_the_operation_and_the_result_shape() -> None:
 
 # -- the body limit applies per record; metrics ----------------------------------------------------------------
 async def test_long_stream_beyond_the_body_limit_works_and_a_huge_record_ends_it(
-        gw_small: GatewayProcess, tansu: EmbeddedBroker, kclient: KafkaClient, cluster: str,
+        gw_small: GatewayProcess, broker: AnyBroker, bclient: KafkaClient, cluster: str,
         topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     path = records_path(cluster, topic_name)
     rec = orjson.dumps({"value": {"type": "BINARY", "data": b64(b"z" * 1500)}})
     n = 100  # ~200 KB in one stream, the limit is 64 KiB
@@ -428,17 +428,17 @@ async def test_long_stream_beyond_the_body_limit_works_and_a_huge_record_ends_it
         metrics = (await http.get("/metrics")).text
     line = next(x for x in metrics.splitlines() if x.startswith('kcg_records_produced_total{tenant="default"}'))
     assert float(line.split()[-1]) >= n
-    got = await asyncio.to_thread(read_back, tansu.bootstrap, topic_name, 1, n)
+    got = await asyncio.to_thread(read_back, broker.bootstrap, topic_name, 1, n)
     assert len(got) == n
 
 
-async def test_sigterm_ends_an_open_stream_after_answering_what_was_read(tansu: EmbeddedBroker, kclient: KafkaClient,
+async def test_sigterm_ends_an_open_stream_after_answering_what_was_read(broker: AnyBroker, bclient: KafkaClient,
                                                                         cluster: str, topic_name: str,
                                                                         tmp_path: Path) -> None:
     """At SIGTERM a stream stops reading records: those read are produced and answered, then one 50301 result
     ends it, and the gateway exits without waiting for the client to close its request."""
-    await kclient.create_topics({topic_name: 1})
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_SHUTDOWN_DRAIN_S": "30", "GATEWAY_SHUTDOWN_TIMEOUT_S": "30"},
+    await bclient.create_topics({topic_name: 1})
+    g = GatewayProcess(broker.bootstrap, env={"GATEWAY_SHUTDOWN_DRAIN_S": "30", "GATEWAY_SHUTDOWN_TIMEOUT_S": "30"},
                        log_file=tmp_path / "gw.log")
     g.start()
     try:
@@ -460,12 +460,12 @@ async def test_sigterm_ends_an_open_stream_after_answering_what_was_read(tansu: 
             await c.close()
     finally:
         g.stop()
-    got = await asyncio.to_thread(read_back, tansu.bootstrap, topic_name, 1, 5)
+    got = await asyncio.to_thread(read_back, broker.bootstrap, topic_name, 1, 5)
     assert [m.value() for m in got] == [b"r0", b"r1", b"r2", b"r3", b"r4"]
     assert "Traceback" not in (tmp_path / "gw.log").read_text()
 
 
-async def test_auto_create_applies_as_in_v2(gw_small: GatewayProcess, kclient: KafkaClient, cluster: str,
+async def test_auto_create_applies_as_in_v2(gw_small: GatewayProcess, bclient: KafkaClient, cluster: str,
                                            topic_name: str) -> None:
     """With GATEWAY_AUTO_CREATE_TOPICS the first record creates the topic (as v2 produce does); internal names
     never are."""
@@ -476,8 +476,8 @@ async def test_auto_create_applies_as_in_v2(gw_small: GatewayProcess, kclient: K
         assert out[1]["error_code"] == 200
         r = await http.post(records_path(cluster, "__v3_" + topic_name), content=body, headers=JSON_CT)
         assert r.status_code == 403 and r.json()["error_code"] == 40301, r.text  # internal: denied to every tenant
-    await kclient.refresh_metadata([topic_name])
-    assert kclient.metadata.partitions(topic_name) == [0, 1]
+    await bclient.refresh_metadata([topic_name])
+    assert bclient.metadata.partitions(topic_name) == [0, 1]
 
 
 # -- broker refusals, over the protocol-level test broker ------------------------------------------------------

@@ -150,13 +150,15 @@ def make_instance(url: str, group: str, fmt: str, topic: str) -> str:
     return base
 
 
-def via_wrk(gw: GatewayProc, name: str, base: str, fmt: str, n: int, query: str, tmp: Path) -> Row:
+def via_wrk(gw: GatewayProc, name: str, base: str, fmt: str, n: int, query: str, tmp: Path,
+            t0: float | None = None) -> Row:
+    """``t0``: the time the row started (perf_counter), when that was before wrk (a subscription's join)."""
     script = tmp / "count.lua"
     script.write_text(LUA)
     env = {**os.environ, "BENCH_ACCEPT": ACCEPT[fmt]}
     url = f"{gw.url}{base}/records{query}"
     cpu0 = cpu_seconds(gw.pid)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     proc = subprocess.Popen(["wrk", "-t1", "-c1", "-d600s", "--timeout", "60s", "-s", str(script), url],
                             env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -194,9 +196,9 @@ def via_wrk(gw: GatewayProc, name: str, base: str, fmt: str, n: int, query: str,
                int(fields["requests"]) if fields else None, throttled)
 
 
-def via_curl_stream(gw: GatewayProc, name: str, base: str, n: int) -> Row:
+def via_curl_stream(gw: GatewayProc, name: str, base: str, n: int, t0: float | None = None) -> Row:
     cpu0 = cpu_seconds(gw.pid)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     proc = subprocess.Popen(["curl", "-sN", "-H", f"Accept: {NDJSON}", f"{gw.url}{base}/records"],
                             stdout=subprocess.PIPE)
     assert proc.stdout is not None

@@ -203,12 +203,19 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
     """An ASGI ``send`` that holds a large answer body in the memory budget (kind ``send``) until it left the
-    process: the body is written in pieces of at most ``chunk_bytes`` (the connection's high-water mark), each
-    after the connection drained below the mark (uvicorn's ``send`` waits for that), then an empty piece waits
-    for the last to drain, and only then is the charge released and the body (or the stream's chunk) done.
-    A client that does not read keeps its request unfinished (a pipelined request waits) until the send
-    timeout drops the connection (:meth:`_HeadGuard.pause_writing`); uvicorn's ``send`` then returns at once.
-    The charge is forced (the bytes exist already): later requests wait for room while it is held."""
+    process. On uvicorn's own cycle (``send`` bound to an object with its ``flow`` control), a body of at most
+    ``chunk_bytes`` (the connection's high-water mark) is passed on as written, in its one write, and the charge
+    is held after it while the connection is over its mark, until it drained below the low-water mark (or was
+    lost): no extra messages on the common path. Otherwise (a larger body, another server) the body is written in
+    pieces of at most ``chunk_bytes``, each after the connection drained below the mark (uvicorn's ``send`` waits
+    for that), then an empty piece waits for the last to drain, and only then is the charge released and the
+    body (or the stream's chunk) done. Either way a client that does not read keeps its call unfinished until
+    the send timeout drops the connection (:meth:`_HeadGuard.pause_writing`). The charge is forced (the bytes
+    exist already): later requests wait for room while it is held."""
+    cycle = getattr(send, "__self__", None)
+    flow = getattr(cycle, "flow", None)
+    if flow is not None and not hasattr(flow, "write_paused"):
+        flow = None
 
     async def send_held(message: dict[str, Any]) -> None:
         if message["type"] != "http.response.body":
@@ -222,6 +229,11 @@ def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
         if budget is not None:
             budget.add(n, "send")
         try:
+            if flow is not None and n <= chunk_bytes:
+                await send(message)
+                if flow.write_paused and not getattr(cycle, "disconnected", False):
+                    await flow.drain()  # set again once below the low-water mark, or when the connection is lost
+                return
             if n <= chunk_bytes:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
             else:

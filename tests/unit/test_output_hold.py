@@ -97,6 +97,51 @@ async def test_the_charge_is_released_when_the_connection_is_lost() -> None:
     assert budget.used == 0
 
 
+class _UvicornCycle:
+    """uvicorn's RequestResponseCycle as far as held_send's common path relies on it: ``send`` bound to it, its
+    ``flow`` (uvicorn's FlowControl, paused above the high-water mark) and ``disconnected``."""
+
+    def __init__(self) -> None:
+        from uvicorn.protocols.http.flow_control import FlowControl
+
+        self.flow = FlowControl(SimpleNamespace())  # type: ignore[arg-type]
+        self.disconnected = False
+        self.messages: list[dict[str, Any]] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+
+async def test_on_uvicorn_a_body_goes_as_written_and_stays_charged_while_over_the_mark() -> None:
+    budget = MemoryBudget(64 * MiB)
+    cycle = _UvicornCycle()
+    send = held_send(cycle.send, budget, MiB)
+    answer = {"type": "http.response.body", "body": b"x" * (HELD_MIN_BYTES + 1)}
+    await send(answer)  # below the mark after the write: nothing held, one message, as written
+    assert cycle.messages == [answer] and budget.used == 0
+    cycle.messages.clear()
+    cycle.flow.pause_writing()  # the connection is over its mark after the write (the client does not read)
+    task = asyncio.ensure_future(send(answer))
+    await asyncio.sleep(0)
+    assert not task.done() and budget.by_kind["send"] == len(answer["body"])
+    cycle.flow.resume_writing()  # drained below the low-water mark
+    await task
+    assert cycle.messages == [answer] and budget.used == 0
+    # a lost connection: uvicorn's connection_lost resumes writing, the charge goes
+    cycle.flow.pause_writing()
+    task = asyncio.ensure_future(send(answer))
+    await asyncio.sleep(0)
+    assert budget.used == len(answer["body"])
+    cycle.disconnected = True
+    cycle.flow.resume_writing()
+    await task
+    assert budget.used == 0
+    # a body over the mark still goes in pieces with the drain wait
+    cycle.messages.clear()
+    await send({"type": "http.response.body", "body": b"y" * (2 * MiB)})
+    assert [len(m["body"]) for m in cycle.messages] == [MiB, MiB, 0, 0] and budget.used == 0
+
+
 # -- the send timeout and the drain callbacks ------------------------------------------------------------------
 class _Transport:
     def __init__(self, unsent: int = 0) -> None:

@@ -34,7 +34,7 @@ from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
 from service.httpserver import held_send
-from service.metrics import GatewayCollector, GatewayMetrics, labelled
+from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
 from service.schemas.formats import SchemaService
@@ -258,6 +258,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                           max_expansion=settings.schema_max_expansion)
     schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering,
                             limits=settings.schema_limits(), max_depth=settings.schema_max_depth)
+    registry.register(SchemaCacheCollector(schemas))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

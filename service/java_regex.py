@@ -21,6 +21,8 @@ pass through and are refused by the caller from RE2's own error.
 
 from __future__ import annotations
 
+from typing import Any
+
 _POSIX = {"Lower": "lower", "Upper": "upper", "ASCII": "ascii", "Alpha": "alpha", "Digit": "digit",
           "Alnum": "alnum", "Punct": "punct", "Graph": "graph", "Print": "print", "Blank": "blank",
           "Cntrl": "cntrl", "XDigit": "xdigit", "Space": "space"}
@@ -210,6 +212,16 @@ def java_to_re2(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def re2_compile(pattern: str, options: Any) -> Any:
+    """``pattern`` compiled with RE2, past google-re2's module cache: ``re2.compile`` keeps the last 128
+    programs it built (an ``lru_cache`` of the binding, whatever their size: up to ``max_mem`` each), out of
+    reach of any bound of ours. A program built here lives as long as whoever holds it. Raises ``re2.error``."""
+    import re2  # here: the rest of this module is pure
+
+    make = getattr(re2, "_Regexp", None)  # the class re2.compile instantiates through its cache
+    return make(pattern, options) if make is not None else re2.compile(pattern, options)
 
 
 def re2_refusal(exc: Exception, markers: tuple[tuple[str, str], ...]) -> tuple[str | None, str]:

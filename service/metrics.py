@@ -371,6 +371,25 @@ class GatewayCollector(Collector):
                           *self._durable()]
 
 
+class SchemaCacheCollector(Collector):
+    """The bytes the schema caches hold (``kcg_schema_cache_bytes``): ``cache="registries"`` what is charged to
+    the byte budgets of the registries (GATEWAY_SCHEMA_CACHE_MAX_BYTES each), ``cache="patterns"`` the compiled
+    JSON Schema patterns (one bound per process)."""
+
+    def __init__(self, schemas: Any) -> None:
+        self.schemas = schemas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from service.schemas.ecma_regex import PATTERNS
+
+        used = GaugeMetricFamily("kcg_schema_cache_bytes", "Bytes held by the schema caches: registries (charged to "
+                                 "GATEWAY_SCHEMA_CACHE_MAX_BYTES, summed over registries), patterns (compiled JSON "
+                                 "Schema patterns, at most 32 MiB)", labels=["cache"])
+        used.add_metric(["registries"], self.schemas.cache_bytes())
+        used.add_metric(["patterns"], PATTERNS.used)
+        yield used
+
+
 @contextlib.contextmanager
 def timed(hist: Histogram, *labels: str) -> Iterator[None]:
     start = time.perf_counter()

@@ -325,7 +325,8 @@ class Settings(BaseSettings):
         "so 256 KiB is ~1 s of a worker thread and ~16 MiB at most")
     schema_cache_max_bytes: int = Field(
         128 * 1024 * 1024, ge=1024 * 1024, description="Byte budget of one registry's schema caches (schemas, "
-        "registered ids, compiled codecs and Arrow readers charged 64x their text, C renderer programs 16x): "
+        "registered ids, compiled codecs and Arrow readers charged 64x their text, C renderer programs 16x, the "
+        "subjects of schema ids): "
         "past it the least recently used entry of any of them goes")
     schema_registry_max_concurrent_requests: int = Field(
         8, ge=1, description="HTTP requests in flight to one schema registry at most (the others wait, at most "

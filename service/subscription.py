@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import re2
 
-from service.java_regex import JavaRegexError, java_to_re2, re2_refusal
+from service.java_regex import JavaRegexError, java_to_re2, re2_compile, re2_refusal
 
 
 class TopicPartition(NamedTuple):
@@ -89,7 +89,7 @@ def compile_topic_pattern(pattern: str) -> Any:
     except JavaRegexError as exc:
         raise InvalidPatternError(f"invalid topic pattern {pattern!r}: {exc}") from None
     try:
-        return re2.compile(translated, _RE2_OPTIONS)
+        return re2_compile(translated, _RE2_OPTIONS)
     except re2.error as exc:
         what, detail = re2_refusal(exc, _UNSUPPORTED)
         if what is not None:

@@ -518,6 +518,10 @@ class SchemaService:
                 max_ids_per_poll=lim.max_ids_per_poll, max_depth=self.max_depth)
         return resolver
 
+    def cache_bytes(self) -> int:
+        """Bytes charged now to the schema-cache budgets of every registry (GATEWAY_SCHEMA_CACHE_MAX_BYTES each)."""
+        return sum(r.budget.used for r in list(self._resolvers.values()))
+
     async def close(self) -> None:
         resolvers, self._resolvers = list(self._resolvers.values()), {}
         for r in resolvers:

@@ -5,8 +5,9 @@ tenant's rule comes in as a predicate, ``Tenant.allows_subject``).
   (:func:`spec_subject`, the same computation :func:`~service.schemas.produce.resolve_encoder` does): that
   subject must be the tenant's, checked before the registry is asked;
 * a schema given by id is the tenant's when one of the subjects it is registered under is (the registry's
-  ``GET /schemas/ids/{id}/versions``). The subjects of an id are cached per registry (:class:`IdSubjects`);
-  an id that passed is trusted for :data:`ALLOWED_TTL_S`, a refusal is asked again of the registry at most
+  ``GET /schemas/ids/{id}/versions``). The subjects of an id are cached per registry (:class:`IdSubjects`),
+  charged to the registry's schema-cache byte budget (a registry may list thousands of long subjects for one
+  id); an id that passed is trusted for :data:`ALLOWED_TTL_S`, a refusal is asked again of the registry at most
   every :data:`REFUSED_TTL_S` (the same schema may since have been registered under one of the tenant's
   subjects, which gives it the same id).
 
@@ -20,6 +21,7 @@ per-record error instead of JSON (or Arrow columns) with that schema's field nam
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from typing import Any
 
 from service.schemas.codecs import DecodeError
 from service.schemas.produce import TOPIC_NAME, SchemaSpec, record_name, subject_name
-from service.schemas.registry import LRUCache, RegistryClient, SchemaNotFound
+from service.schemas.registry import CacheBudget, LRUCache, RegistryClient, SchemaNotFound
 
 #: how long the subjects of an id a tenant was allowed to use are reused
 ALLOWED_TTL_S = 300.0
@@ -53,21 +55,35 @@ def spec_subject(codecs: Any, fmt: str, spec: SchemaSpec, topic: str, strategy: 
     return subject_name(strategy, topic, spec.is_key, name)
 
 
-class IdSubjects:
-    """The subjects each schema id of one registry is registered under, cached (see the module docstring)."""
+def subjects_cost(subjects: tuple[str, ...]) -> int:
+    """The bytes a cached tuple of subjects holds (the tuple, its strings, the timestamp beside it)."""
+    return sys.getsizeof(subjects) + sum(map(sys.getsizeof, subjects)) + 64
 
-    def __init__(self, client: RegistryClient, *, size: int = CACHE_SIZE,
+
+class IdSubjects:
+    """The subjects each schema id of one registry is registered under, cached (see the module docstring):
+    at most ``size`` ids and, charged :func:`subjects_cost` each, within ``budget`` -- by default the
+    registry client's, the byte budget every schema cache of that registry shares (the least recently used
+    entry of any of them goes first; an id whose subjects cost more than the whole budget is not kept)."""
+
+    def __init__(self, client: RegistryClient, *, size: int = CACHE_SIZE, budget: CacheBudget | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self._clock = clock
-        self._cache: LRUCache[int, tuple[float, tuple[str, ...]]] = LRUCache(size)
+        if budget is None:
+            budget = getattr(client, "budget", None)
+        self._cache: LRUCache[int, tuple[float, tuple[str, ...]]] = LRUCache(size, budget)
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     async def _fetch(self, schema_id: int) -> tuple[str, ...]:
         try:
             subjects = tuple(dict.fromkeys(s for s, _ in await self.client.get_id_versions(schema_id)))
         except SchemaNotFound:
             subjects = ()
-        self._cache.put(schema_id, (self._clock(), subjects))  # an unknown id too: not asked again at once
+        # an unknown id too: not asked again at once
+        self._cache.put(schema_id, (self._clock(), subjects), subjects_cost(subjects))
         return subjects
 
     async def allowed(self, schema_id: int, allows: Callable[[str], bool]) -> bool:

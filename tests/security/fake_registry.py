@@ -2,6 +2,7 @@
 the test's control, and a record of what the gateway asked (requests, how many were in flight at once).
 
 * ``GET /schemas/ids/{id}``: the schema of ``schemas[id]`` (200), else 404 / 40403, after ``delay`` seconds;
+* ``GET /schemas/ids/{id}/versions``: the subjects of ``id_subjects[id]`` (each at version 1), else 404 / 40403;
 * ``POST /subjects/{s}/versions``: ``register`` decides -- ``"refuse"`` answers 422 / 42201 (the registry's
   "invalid schema"), ``"accept"`` gives the schema a new id (or its existing one) and keeps it;
 * anything else: 404 / 40401.
@@ -29,6 +30,8 @@ class FakeRegistry:
         self.delay = delay
         self.register = register
         self.schemas: dict[int, str] = {}
+        self.id_subjects: dict[int, list[str]] = {}
+        self.asked: dict[str, int] = {}  # GET paths -> how many times asked
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -66,7 +69,16 @@ class FakeRegistry:
                 try:
                     if registry.delay:
                         time.sleep(registry.delay)  # a registry thread per connection: not the gateway's time
-                    parts = self.path.split("?", 1)[0].strip("/").split("/")
+                    path = self.path.split("?", 1)[0]
+                    with registry._lock:
+                        registry.asked[path] = registry.asked.get(path, 0) + 1
+                    parts = path.strip("/").split("/")
+                    if len(parts) == 4 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit() \
+                            and parts[3] == "versions":
+                        subjects = registry.id_subjects.get(int(parts[2]))
+                        if subjects is not None:
+                            return self._answer(200, [{"subject": s, "version": 1} for s in subjects])
+                        return self._answer(404, {"error_code": 40403, "message": "Schema not found"})
                     if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and parts[2].isdigit():
                         text = registry.schemas.get(int(parts[2]))
                         if text is not None:

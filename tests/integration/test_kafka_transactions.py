@@ -216,6 +216,27 @@ async def test_interleaved_transactions_poll_stream_and_ranges(kafka: EmbeddedKa
     assert_exactly(streamed, w.committed)
     assert (await http.delete(base)).status_code == 204
 
+    # a read_committed instance assigned the partitions and seeking into the middle of the log (inside transactions,
+    # committed or aborted: a fetch starting there still learns of the aborted ones that began before it)
+    base = await create(http, f"g-{topic}-seek", "read_committed")
+    r = await http.post(f"{base}/assignments", headers=H, json={
+        "partitions": [{"topic": topic, "partition": p} for p in range(3)]})
+    assert r.status_code == 204, r.text
+    middle = {p: 5 + 3 * p for p in range(3)}
+    r = await http.post(f"{base}/positions", headers=H, json={
+        "offsets": [{"topic": topic, "partition": p, "offset": o} for p, o in middle.items()]})
+    assert r.status_code == 204, r.text
+    got = await poll_until(http, base, tails_seen(3))
+    got += await poll(http, base, 300)
+    assert_exactly(got, {x for x in w.committed if x[1] >= middle[x[0]]})
+    assert (await http.delete(base)).status_code == 204
+
+    # a range read from every offset of the log (markers and aborted records included), one page each
+    for p in range(3):
+        for start in range(21 + 8):
+            recs, _ = await read_range(http, topic, p, "read_committed", max_bytes=1 << 20, offset=start)
+            assert_exactly(recs, {x for x in w.committed if x[0] == p and x[1] >= start})
+
     # offset-range reads, in pages of about one record (the pages cut through the transactions)
     for level, want in (("read_committed", w.committed), ("read_uncommitted", everything)):
         ranged: list[Rec] = []
@@ -279,6 +300,17 @@ async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: Embed
         assert {v for _, _, v in recs} == {b"%s-%d-%d" % (t, p, i) for t in (b"before", b"open", b"after")
                                            for i in range(5) if t != b"open" or i < 4}
 
+    # an instance seeking to the end while they are open starts at the LSO (Kafka's end under read_committed), not
+    # at the high watermark: it gets the held records once the transactions end
+    late = await create(http, f"g-{topic}-late", "read_committed")
+    r = await http.post(f"{late}/assignments", headers=H, json={
+        "partitions": [{"topic": topic, "partition": p} for p in range(2)]})
+    assert r.status_code == 204, r.text
+    r = await http.post(f"{late}/positions/end", headers=H, json={
+        "partitions": [{"topic": topic, "partition": p} for p in range(2)]})
+    assert r.status_code == 204, r.text
+    assert await poll(http, late, 300) == []
+
     await asyncio.to_thread(t0.commit_transaction, 30)
     w.end("t0", True)
     await asyncio.to_thread(t1.abort_transaction, 30)
@@ -289,6 +321,10 @@ async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: Embed
     got += await poll(http, base, 300)
     assert_exactly(got, w.committed)
     assert (await http.delete(base)).status_code == 204
+    got = await poll_until(http, late, lambda g: done <= {x for x in g})
+    got += await poll(http, late, 300)
+    assert_exactly(got, w.committed - before)
+    assert (await http.delete(late)).status_code == 204
 
 
 # -- a transaction left open by a killed producer -----------------------------------------------------------------

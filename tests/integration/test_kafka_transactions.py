@@ -322,9 +322,34 @@ async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: Embed
     assert_exactly(got, w.committed)
     assert (await http.delete(base)).status_code == 204
     got = await poll_until(http, late, lambda g: done <= {x for x in g})
+
+    # partition 1's log then ends with a whole aborted transaction (its records, then its marker)
+    def abort_again() -> None:
+        t1.begin_transaction()
+        for i in range(3):
+            t1.produce(topic, value=b"last-1-%d" % i, partition=1, on_delivery=w.report("t1"))
+        assert t1.flush(30) == 0
+        t1.abort_transaction(30)
+        w.end("t1", False)
+
+    await asyncio.to_thread(abort_again)
+    assert len(w.aborted) == 4 + 3
+    got += await poll(http, late, 300)
     got += await poll(http, late, 300)
     assert_exactly(got, w.committed - before)
     assert (await http.delete(late)).status_code == 204
+    # range reads from every offset, markers included: 14 data records and a marker on partition 0; 14 + 3 data
+    # records and two markers on partition 1 (the last at offset 18, maybe written a moment after EndTxn answered)
+    hw = {0: 15, 1: 19}
+    deadline = time.monotonic() + 10
+    while (await http.get(f"/topics/{topic}/partitions/1/offsets")).json()["last_stable_offset"] != hw[1]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)  # the abort marker is written after EndTxn was answered
+    for p in range(2):
+        for start in range(hw[p] + 1):
+            recs, last = await read_range(http, topic, p, "read_committed", max_bytes=200, offset=start)
+            assert_exactly(recs, {x for x in w.committed if x[0] == p and x[1] >= start})
+            assert last["next_offset"] == last["end_offset"] == last["high_watermark"] == hw[p], last
 
 
 # -- a transaction left open by a killed producer -----------------------------------------------------------------

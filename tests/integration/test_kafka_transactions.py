@@ -1,10 +1,11 @@
 """read_committed through the gateway on Apache Kafka 4.4, which has what Tansu lacks: the aborted-transaction index,
 control batches and a last stable offset held by open transactions. confluent-kafka's transactional producers write
 committed and aborted transactions interleaved over three partitions; HTTP polls, the NDJSON stream and offset-range
-reads at read_committed show every committed record exactly once (at the offset the producer was told) and no
-aborted one, at read_uncommitted every record. A consumer waits at the LSO while a transaction is open and goes on
-when it ends (commit or abort). A transaction left open by a producer killed with SIGKILL is aborted by the broker's
-transaction timeout (a dedicated broker with a short abort-check interval) and never shown; later records flow.
+reads (JSON and Arrow) at read_committed show every committed record exactly once (at the offset the producer was
+told) and no aborted one, at read_uncommitted every record. A consumer waits at the LSO while a transaction is open
+and goes on when it ends (commit or abort). A transaction left open by a producer killed with SIGKILL is aborted by
+the broker's transaction timeout (a dedicated broker with a short abort-check interval) and never shown; later
+records flow.
 
 Every record is counted: values are unique, compared as sets and as counts."""
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -34,6 +36,7 @@ pytestmark = pytest.mark.integration
 V2 = "application/vnd.kafka.v2+json"
 BIN = "application/vnd.kafka.binary.v2+json"
 NDJSON = "application/x-ndjson"
+ARROW = "application/vnd.apache.arrow.stream"
 H = {"Content-Type": V2}
 Rec = tuple[int, int, bytes]  # partition, offset, value
 
@@ -173,6 +176,25 @@ async def read_range(http: httpx.AsyncClient, topic: str, partition: int, level:
             return out, body
 
 
+async def read_range_arrow(http: httpx.AsyncClient, topic: str, partition: int, level: str,
+                           max_bytes: int = 64) -> list[Rec]:
+    """The same as Arrow IPC streams (paging state in the schema metadata)."""
+    out: list[Rec] = []
+    offset = 0
+    while True:
+        r = await http.get(f"/topics/{topic}/partitions/{partition}/records", headers={"Accept": ARROW}, params={
+            "offset": offset, "isolation_level": level, "max_bytes": max_bytes})
+        assert r.status_code == 200, r.text
+        reader = pa.ipc.open_stream(r.content)
+        t = reader.read_all()
+        out += [(p, o, v) for p, o, v in zip(t.column("partition").to_pylist(), t.column("offset").to_pylist(),
+                                             t.column("value").to_pylist(), strict=True)]
+        meta = reader.schema.metadata
+        offset = int(meta[b"next_offset"])
+        if offset >= int(meta[b"end_offset"]):
+            return out
+
+
 def assert_exactly(got: list[Rec], want: set[Rec]) -> None:
     assert len(got) == len(set(got)), "a record delivered twice"
     missing, extra = want - set(got), set(got) - want
@@ -247,6 +269,10 @@ async def test_interleaved_transactions_poll_stream_and_ranges(kafka: EmbeddedKa
             # marker per transaction on each partition; Kafka may write a round's last one after the tail record)
             assert last["last_stable_offset"] == last["high_watermark"] == 21 + 8, last
         assert_exactly(ranged, want)
+        arrow: list[Rec] = []
+        for p in range(3):
+            arrow += await read_range_arrow(http, topic, p, level)
+        assert_exactly(arrow, want)
 
 
 async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: EmbeddedKafka,

@@ -325,6 +325,11 @@ async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: Embed
         recs, last = await read_range(http, topic, p, "read_uncommitted", max_bytes=1 << 20)
         assert {v for _, _, v in recs} == {b"%s-%d-%d" % (t, p, i) for t in (b"before", b"open", b"after")
                                            for i in range(5) if t != b"open" or i < 4}
+        # an end_offset past the LSO is cut to it at read_committed
+        r = await http.get(f"/topics/{topic}/partitions/{p}/records", headers={"Accept": BIN},
+                           params={"offset": 0, "end_offset": 14})
+        assert r.status_code == 200, r.text
+        assert (r.json()["end_offset"], len(r.json()["records"])) == (lso[p], 5), r.text
 
     # an instance seeking to the end while they are open starts at the LSO (Kafka's end under read_committed), not
     # at the high watermark: it gets the held records once the transactions end
@@ -360,17 +365,26 @@ async def test_consumer_waits_at_the_lso_until_the_transaction_ends(kafka: Embed
 
     await asyncio.to_thread(abort_again)
     assert len(w.aborted) == 4 + 3
-    got += await poll(http, late, 300)
-    got += await poll(http, late, 300)
-    assert_exactly(got, w.committed - before)
-    assert (await http.delete(late)).status_code == 204
-    # range reads from every offset, markers included: 14 data records and a marker on partition 0; 14 + 3 data
-    # records and two markers on partition 1 (the last at offset 18, maybe written a moment after EndTxn answered)
+    # 14 data records and a marker on partition 0; 14 + 3 data records and two markers on partition 1, the last at
+    # offset 18 (written a moment after EndTxn was answered)
     hw = {0: 15, 1: 19}
     deadline = time.monotonic() + 10
     while (await http.get(f"/topics/{topic}/partitions/1/offsets")).json()["last_stable_offset"] != hw[1]:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)  # the abort marker is written after EndTxn was answered
+    got += await poll(http, late, 300)
+    got += await poll(http, late, 300)
+    assert_exactly(got, w.committed - before)
+    # committing what was consumed stores the position, past the markers and the aborted records (as Kafka's own
+    # consumer does: a read_committed group at the end of a transactional partition has no lag)
+    r = await http.post(f"{late}/offsets", headers=H)
+    assert r.status_code == 200, r.text
+    r = await http.request("GET", f"{late}/offsets", headers=H, json={
+        "partitions": [{"topic": topic, "partition": p} for p in range(2)]})
+    assert r.status_code == 200, r.text
+    assert {o["partition"]: o["offset"] for o in r.json()["offsets"]} == {0: 15, 1: 19}, r.text
+    assert (await http.delete(late)).status_code == 204
+    # range reads from every offset, markers included
     for p in range(2):
         for start in range(hw[p] + 1):
             recs, last = await read_range(http, topic, p, "read_committed", max_bytes=200, offset=start)

@@ -1,7 +1,8 @@
 """The Spark sink (``sink``), end to end on Tansu through a real gateway process: committed transactions, an
 open transaction holding partition 0 at its LSO, plain records; available-now runs into parquet (read back
 through Spark) and Delta (read back with delta-rs / pyarrow); a second run picks up only the new records;
-the batch reader; bad input. One Spark session (local[2]) for the module."""
+the batch reader; bad input; on Apache Kafka, aborted transactions never reach the table. One Spark session
+(local[2]) for the module."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.embedded import EmbeddedBroker
+from service.embedded_kafka import EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_kafka_transactions import assert_exactly, write_interleaved
+from tests.integration.test_kafka_transactions import create_topic as create_txn_topic
 from tests.integration.test_topics_tansu import open_transaction
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -170,3 +174,38 @@ def test_unknown_topic_is_a_clear_error_and_writes_nothing(gw: GatewayProcess, s
     assert not (tmp_path / "table-delta").exists()
     assert main([*argv[:1], "http://127.0.0.1:9", *argv[2:]]) == 1
     assert "unreachable" in capsys.readouterr().err
+
+
+# -- on Apache Kafka (this module's Spark session: the session start and the first run's warm-up are paid once) --
+@pytest.fixture(scope="module")
+def kafka_gw(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(kafka.bootstrap, log_file=tmp_path_factory.mktemp("sink-gw-kafka") / "gw.log") as g:
+        yield g
+
+
+def test_on_kafka_aborted_transactions_never_reach_the_table(kafka: EmbeddedKafka, kafka_gw: GatewayProcess,
+                                                             spark: Any, tmp_path: Path) -> None:
+    """Kafka has the aborted-transaction index Tansu lacks: two transactional producers interleave committed and
+    aborted transactions over three partitions (tests/integration/test_kafka_transactions.py); the table holds
+    every committed record once, at its offset, and no aborted one. An open transaction holds its partition at the
+    LSO (later plain records too); once it commits, the next run adds exactly what was held."""
+    from sink.cli import run
+
+    b = kafka.bootstrap
+    topic = create_txn_topic(b, 3)
+    w = write_interleaved(b, topic, rounds=2)
+    assert len(w.committed) == 2 * 6 + 2 * 3 + 3 and len(w.aborted) == 2 * 6
+    with open_transaction(b, topic, 4, f"tx-{topic}-open") as txn:  # values t0..t3 on partition 0
+        after = {(r[1], r[2], r[4]) for p in range(3) for r in produce(b, topic, p, 3, f"after{p}")}
+        s1 = run(spark, sink_args(kafka_gw, topic, tmp_path, "parquet"), out=io.StringIO())
+        first = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "table-parquet", "parquet")]
+        shown = w.committed | {r for r in after if r[0] != 0}  # partition 0 is held at the open transaction
+        assert_exactly(first, shown)
+        assert s1["rows"] == len(shown) == 21 + 6
+        txn.commit_transaction(30)
+    s2 = run(spark, sink_args(kafka_gw, topic, tmp_path, "parquet"), out=io.StringIO())
+    got = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "table-parquet", "parquet")]
+    opened = {r for r in got if r[2] in {b"t%d" % i for i in range(4)}}
+    assert {r[0] for r in opened} == {0} and len(opened) == 4
+    assert_exactly(got, w.committed | after | opened)
+    assert s2["rows"] == 4 + 3

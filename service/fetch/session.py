@@ -188,6 +188,9 @@ class FetchRequestData:
     session_partitions: Mapping[TopicPartition, FetchPartitionData]
     metadata: FetchMetadata
     can_use_topic_ids: bool
+    #: a full request that re-creates a session the broker had created for this handler and that ended
+    #: without a clean close (a session error, an invalid response, a failed send, a dropped session)
+    resets_session: bool = False
 
     @property
     def is_full(self) -> bool:
@@ -207,6 +210,7 @@ class FetchSessionStats:
     incremental_requests: int = 0
     final_requests: int = 0
     sessions_created: int = 0
+    session_resets: int = 0  # answered full requests flagged FetchRequestData.resets_session
     session_errors: Counter[int] = field(default_factory=Counter)  # top-level error code -> count
     invalid_responses: int = 0
     send_errors: int = 0
@@ -275,6 +279,10 @@ class FetchSessionHandler:
         # topic id -> name for the session's topics; empty whenever some topic lacks an id.
         self._session_topic_names: dict[uuid.UUID, str] = {}
         self._in_flight = False
+        # True from a response that created a session until a full response that creates none or a close
+        # request: a full request built meanwhile re-creates a lost session (FetchRequestData.resets_session).
+        self._established = False
+        self._resetting = False  # the in-flight request is such a full request
         # Set once the broker answered a v13+ request with the all-zero topic id: its topic ids cannot be
         # trusted, so from then on this handler names topics (requests capped at v12).
         self._names_only = False
@@ -383,8 +391,9 @@ class FetchSessionHandler:
                 self.stats.final_requests += 1
             else:
                 self.stats.full_requests += 1
+            self._resetting = self._established and not meta.is_final
             snapshot = MappingProxyType(dict(self._session))
-            return FetchRequestData(snapshot, (), (), snapshot, meta, can_use_ids)
+            return FetchRequestData(snapshot, (), (), snapshot, meta, can_use_ids, self._resetting)
 
         # Incremental: compare every session partition with what is wanted now.
         remaining = dict(wanted)  # wanted partitions not yet matched against the session
@@ -413,6 +422,7 @@ class FetchSessionHandler:
         to_send = {**remaining, **changed}
         self._session_topic_names = dict(topic_names) if can_use_ids else {}
         self._in_flight = True
+        self._resetting = False
         self.stats.incremental_requests += 1
         return FetchRequestData(MappingProxyType(to_send), tuple(forgotten), tuple(replaced),
                                 MappingProxyType(dict(self._session)), meta, can_use_ids)
@@ -429,6 +439,7 @@ class FetchSessionHandler:
             return None
         meta = self._metadata.next_final()
         self._metadata = INITIAL
+        self._established = False
         self._session = {}
         self._session_topic_names = {}
         self.stats.final_requests += 1
@@ -470,6 +481,8 @@ class FetchSessionHandler:
         """
         self._end_flight()
         meta = self._metadata
+        if self._resetting:
+            self.stats.session_resets += 1
         error = response.error_code if version >= MIN_SESSION_VERSION else 0
         if error != EC.NONE:
             self.stats.session_errors[error] += 1
@@ -516,6 +529,7 @@ class FetchSessionHandler:
                 self.last_problem = f"invalid full fetch response: {problem}"
                 self._metadata = INITIAL
                 return False
+            self._established = session_id != INVALID_SESSION_ID
             if session_id == INVALID_SESSION_ID:
                 self._metadata = INITIAL  # sessionless broker (or no free slot): stay on full requests
             else:

@@ -270,9 +270,13 @@ class FetchRequestBuilder:
 class FetchSessionHandler:
     """Session state for fetching from one broker; exactly one fetch may be in flight at a time."""
 
-    def __init__(self, node_id: int = -1) -> None:
+    def __init__(self, node_id: int = -1, *, sessionless: bool = False) -> None:
         self.node_id = node_id
-        self._metadata = INITIAL
+        # sessionless: every request is a full one at (0, -1), which a broker answers without creating a
+        # session (one-off fetches: a (0, 0) request would take a slot of the broker's session cache for
+        # nothing, and enough of them evict the sessions of real consumers, ours and other clients').
+        self.sessionless = sessionless
+        self._metadata = LEGACY if sessionless else INITIAL
         # What the broker holds in our session (or would, once the in-flight request lands); insertion order
         # is kept so that added partitions line up after the existing ones.
         self._session: dict[TopicPartition, FetchPartitionData] = {}
@@ -333,9 +337,9 @@ class FetchSessionHandler:
         """
         if self._in_flight:
             raise FetchSessionStateError("resolve the in-flight fetch (handle_response/handle_error) first")
-        if self._metadata != INITIAL:
+        if self._metadata not in (INITIAL, LEGACY):
             self.last_problem = f"session {self._metadata} dropped: {reason}"
-        self._metadata = INITIAL
+        self._metadata = LEGACY if self.sessionless else INITIAL
 
     def __repr__(self) -> str:
         return (f"FetchSessionHandler(node={self.node_id}, next={self._metadata}, "
@@ -387,7 +391,7 @@ class FetchSessionHandler:
             self._session = dict(wanted)
             self._session_topic_names = dict(topic_names) if can_use_ids else {}
             self._in_flight = True
-            if meta.is_final:
+            if meta.is_final and meta != LEGACY:
                 self.stats.final_requests += 1
             else:
                 self.stats.full_requests += 1
@@ -479,6 +483,12 @@ class FetchSessionHandler:
         top-level error, or partitions that do not match the request/session). ``version`` is the
         version the request was sent with.
         """
+        ok = self._handle_response(response, version)
+        if self.sessionless:
+            self._metadata = LEGACY
+        return ok
+
+    def _handle_response(self, response: Any, version: int) -> bool:
         self._end_flight()
         meta = self._metadata
         if self._resetting:
@@ -560,7 +570,7 @@ class FetchSessionHandler:
         self._end_flight()
         self.stats.send_errors += 1
         self.last_problem = f"send failed: {exc!r}" if exc is not None else "send failed"
-        self._metadata = self._metadata.next_close_existing()
+        self._metadata = LEGACY if self.sessionless else self._metadata.next_close_existing()
 
     def _end_flight(self) -> None:
         if not self._in_flight:

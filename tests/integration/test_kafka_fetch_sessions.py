@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.embedded_kafka import EmbeddedKafka
+from service.fetch.oneshot import probe_fetch
 from service.fetch.session import FetchSessionHandler
 from service.protocol import error_codes as EC
 from service.subscription import TopicPartition
@@ -202,6 +203,28 @@ async def test_fetches_are_incremental_after_the_first(kafka: EmbeddedKafka, top
         assert fs.session_errors == fs.session_resets == 0
     finally:
         await consumer.close()
+        await client.close()
+
+
+async def test_one_off_fetches_take_no_session_slot(kafka: EmbeddedKafka, topic_name: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-off fetches (end offsets, topic offsets, the first fetch of a range read) are sessionless, (0, -1):
+    Kafka answers session id 0. At (0, 0) each one took a slot of the broker's fetch-session cache (1,000 by default)
+    for two minutes, and a burst of them evicted the sessions of consumers, ours and other clients'."""
+    rec = Recorder(monkeypatch)
+    client = KafkaClient(kafka.bootstrap)
+    try:
+        await client.create_topics({topic_name: 1})
+        await asyncio.to_thread(produce, kafka.bootstrap, topic_name, 0, 5, [0])
+        node = client.metadata.leader(topic_name, 0)
+        assert node is not None
+        tp = TopicPartition(topic_name, 0)
+        for offset in range(3):
+            parts = await probe_fetch(client, node, {tp: offset}, max_bytes=1, isolation=0)
+            assert parts[tp].high_watermark == 5
+        reqs = [r for ex in rec.by_handler.values() for r in ex.reqs]
+        assert [(r.session_id, r.epoch, r.resp and r.resp.session_id) for r in reqs] == [(0, -1, 0)] * 3
+    finally:
         await client.close()
 
 

@@ -558,3 +558,23 @@ def test_first_full_request_and_sessionless_brokers_are_no_reset() -> None:
     assert data.is_full and not data.resets_session
     assert h.handle_response(response(12, [("a", 0)], session_id=9), 12)
     assert h.stats.session_resets == 0
+
+
+@pytest.mark.parametrize("outcome", ["ok", "session_error", "send_failed"])
+def test_a_sessionless_handler_always_sends_full_requests_at_epoch_minus_one(outcome: str) -> None:
+    h = FetchSessionHandler(sessionless=True)
+    assert h.metadata == LEGACY
+    parts = [pd("a", 0, 11), pd("a", 1, 20)]
+    for _ in range(2):
+        data = build(h, parts)
+        assert data.is_full and data.metadata == LEGACY and set(data.to_send) == {("a", 0), ("a", 1)}
+        _, dec = wire(data, 12)
+        assert (dec.session_id, dec.session_epoch) == (0, -1)
+        if outcome == "send_failed":
+            h.handle_error(ConnectionResetError("reset"))
+        else:
+            error = EC.FETCH_SESSION_ID_NOT_FOUND if outcome == "session_error" else 0
+            h.handle_response(response(12, [] if error else [("a", 0), ("a", 1)], error=error), 12)
+        assert h.metadata == LEGACY and not h.in_flight
+    assert (h.stats.full_requests, h.stats.final_requests, h.stats.session_resets) == (2, 0, 0)
+    assert h.close_request() is None

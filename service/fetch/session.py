@@ -23,7 +23,9 @@ response (a message that cannot be built, a connection that fails, a cancelled s
 :meth:`FetchSessionHandler.handle_error` and the session's next fetch goes out as usual.
 
 A broker that never creates sessions (Tansu answers session id 0 every time) keeps the handler at
-:data:`INITIAL`: every request is a full one, and no extra requests are made.
+:data:`INITIAL`: every request is a full one, and no extra requests are made. A handler made with
+``sessionless=True`` (one-off fetches) sends every request at :data:`LEGACY`, (0, -1), for which a broker
+creates no session.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: the failure panel and alert have data before the first failure
 BACKGROUND_TASKS = ("fetcher", "membership", "positions", "autocommit", "pattern")
 #: per-instance counters the collector sums per tenant (keys of its count dicts; "task:<name>" besides)
-COUNTERS = ("full", "incremental", "session_errors", "aborted", "wakeups", "rebalances", "heartbeats",
+COUNTERS = ("full", "incremental", "session_errors", "session_resets", "aborted", "wakeups", "rebalances", "heartbeats",
             "stall_recoveries")
 #: scrapes start a readiness probe (Metadata of every tenant's brokers, as /readyz) at most this often ...
 READINESS_PROBE_INTERVAL_S = 5.0
@@ -268,6 +268,10 @@ class GatewayCollector(Collector):
         """Build ``self._families`` from the live state, yielding after each instance."""
         fetch = CounterMetricFamily("kcg_fetch_requests", "Fetch requests by kind", labels=["tenant", "kind"])
         session_err = CounterMetricFamily("kcg_fetch_session_errors", "Fetch session errors", labels=["tenant"])
+        session_resets = CounterMetricFamily("kcg_fetch_session_resets",
+                                             "Full fetches that re-created a fetch session (KIP-227) the broker "
+                                             "had lost or refused (broker restart, session error, failed fetch)",
+                                             labels=["tenant"])
         wakeups = CounterMetricFamily("kcg_long_poll_wakeups", "Long polls woken by arriving data", labels=["tenant"])
         rebalances = CounterMetricFamily("kcg_rebalances", "Completed rebalances", labels=["tenant"])
         aborted = CounterMetricFamily("kcg_aborted_after_delivery",
@@ -312,7 +316,8 @@ class GatewayCollector(Collector):
                 c = inst.consumer
                 fs = c.fetcher.stats
                 counts = {"full": fs.full_fetches, "incremental": fs.incremental_fetches,
-                          "session_errors": fs.session_errors, "aborted": fs.aborted_after_delivery,
+                          "session_errors": fs.session_errors, "session_resets": fs.session_resets,
+                          "aborted": fs.aborted_after_delivery,
                           "wakeups": c.stats.wakeups, "rebalances": c.stats.rebalances, "heartbeats": 0}
                 for task, n in c.stats.task_failures.items():
                     counts["task:" + task] = n
@@ -354,6 +359,7 @@ class GatewayCollector(Collector):
             fetch.add_metric([tid, "full"], totals["full"])
             fetch.add_metric([tid, "incremental"], totals["incremental"])
             session_err.add_metric([tid], totals["session_errors"])
+            session_resets.add_metric([tid], totals["session_resets"])
             wakeups.add_metric([tid], totals["wakeups"])
             rebalances.add_metric([tid], totals["rebalances"])
             aborted.add_metric([tid], totals["aborted"])
@@ -366,7 +372,7 @@ class GatewayCollector(Collector):
                     task_failures.add_metric([tid, key[5:]], n)
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
-        self._families = [instances, fetch, session_err, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
+        self._families = [instances, fetch, session_err, session_resets, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
                           prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget(),
                           *self._durable()]
 

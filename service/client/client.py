@@ -37,6 +37,12 @@ _MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
 _CreatableTopic = M.struct("CreateTopicsRequest", "CreatableTopic")
 
 
+def _topic_ready(md: ClusterMetadata, topic: str) -> bool:
+    """The metadata lists ``topic`` without error and a leader for each of its partitions."""
+    parts = md.partitions(topic)
+    return not md.topic_error(topic) and bool(parts) and all(md.leader(topic, p) is not None for p in parts)
+
+
 def parse_bootstrap(bootstrap: str | Iterable[str]) -> list[tuple[str, int]]:
     items = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
     out = []
@@ -303,7 +309,16 @@ class KafkaClient:
         for r in resp.topics:
             if r.error_code and r.error_code != EC.TOPIC_ALREADY_EXISTS:
                 raise BrokerResponseError(r.error_code, f"CreateTopics {r.name}", r.error_message)
-        await self.refresh_metadata(list(topics))
+        # Apache Kafka answers CreateTopics once the controller has the topic; its brokers' metadata follows a
+        # moment later, and a Metadata request meanwhile says UNKNOWN_TOPIC_OR_PARTITION (or lists partitions
+        # without a leader). Wait, briefly, until the metadata shows every topic with its leaders, so that what
+        # comes next (an assign, a produce) sees the topic.
+        deadline = time.monotonic() + min(timeout_ms, 5000) / 1000
+        while True:
+            md = await self.refresh_metadata(list(topics))
+            if all(_topic_ready(md, t) for t in topics) or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.02)  # metadata propagation in the cluster: nothing to await from here
 
     async def close(self) -> None:
         self._closed = True

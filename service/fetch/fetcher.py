@@ -242,6 +242,8 @@ class FetcherStats:
     full_fetches: int = 0
     incremental_fetches: int = 0
     session_errors: int = 0
+    # full fetches that re-created a fetch session lost on the broker (restart, session error, failed send)
+    session_resets: int = 0
     request_bytes: int = 0
     records: int = 0
     bytes: int = 0
@@ -721,6 +723,8 @@ class Fetcher:
         self.stats.fetches += 1
         if data.is_full:
             self.stats.full_fetches += 1
+            if data.resets_session:
+                self.stats.session_resets += 1
         else:
             self.stats.incremental_fetches += 1
         if not ok:

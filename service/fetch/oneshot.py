@@ -51,7 +51,7 @@ async def probe_fetch(client: KafkaClient, node: int, offsets: dict[TopicPartiti
     by_name = node in _NAMES_ONLY.get(client, ())
     refused = 0
     while True:
-        handler = session if session is not None else FetchSessionHandler(node)
+        handler = session if session is not None else FetchSessionHandler(node, sessionless=True)
         b = handler.builder()
         for tp, off in offsets.items():
             b.add(FetchPartitionData(

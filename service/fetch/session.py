@@ -23,7 +23,9 @@ response (a message that cannot be built, a connection that fails, a cancelled s
 :meth:`FetchSessionHandler.handle_error` and the session's next fetch goes out as usual.
 
 A broker that never creates sessions (Tansu answers session id 0 every time) keeps the handler at
-:data:`INITIAL`: every request is a full one, and no extra requests are made.
+:data:`INITIAL`: every request is a full one, and no extra requests are made. A handler made with
+``sessionless=True`` (one-off fetches) sends every request at :data:`LEGACY`, (0, -1), for which a broker
+creates no session.
 """
 
 from __future__ import annotations
@@ -188,6 +190,9 @@ class FetchRequestData:
     session_partitions: Mapping[TopicPartition, FetchPartitionData]
     metadata: FetchMetadata
     can_use_topic_ids: bool
+    #: a full request that re-creates a session the broker had created for this handler and that ended
+    #: without a clean close (a session error, an invalid response, a failed send, a dropped session)
+    resets_session: bool = False
 
     @property
     def is_full(self) -> bool:
@@ -207,6 +212,7 @@ class FetchSessionStats:
     incremental_requests: int = 0
     final_requests: int = 0
     sessions_created: int = 0
+    session_resets: int = 0  # answered full requests flagged FetchRequestData.resets_session
     session_errors: Counter[int] = field(default_factory=Counter)  # top-level error code -> count
     invalid_responses: int = 0
     send_errors: int = 0
@@ -266,15 +272,23 @@ class FetchRequestBuilder:
 class FetchSessionHandler:
     """Session state for fetching from one broker; exactly one fetch may be in flight at a time."""
 
-    def __init__(self, node_id: int = -1) -> None:
+    def __init__(self, node_id: int = -1, *, sessionless: bool = False) -> None:
         self.node_id = node_id
-        self._metadata = INITIAL
+        # sessionless: every request is a full one at (0, -1), which a broker answers without creating a
+        # session (one-off fetches: a (0, 0) request would take a slot of the broker's session cache for
+        # nothing, and enough of them evict the sessions of real consumers, ours and other clients').
+        self.sessionless = sessionless
+        self._metadata = LEGACY if sessionless else INITIAL
         # What the broker holds in our session (or would, once the in-flight request lands); insertion order
         # is kept so that added partitions line up after the existing ones.
         self._session: dict[TopicPartition, FetchPartitionData] = {}
         # topic id -> name for the session's topics; empty whenever some topic lacks an id.
         self._session_topic_names: dict[uuid.UUID, str] = {}
         self._in_flight = False
+        # True from a response that created a session until a full response that creates none or a close
+        # request: a full request built meanwhile re-creates a lost session (FetchRequestData.resets_session).
+        self._established = False
+        self._resetting = False  # the in-flight request is such a full request
         # Set once the broker answered a v13+ request with the all-zero topic id: its topic ids cannot be
         # trusted, so from then on this handler names topics (requests capped at v12).
         self._names_only = False
@@ -325,9 +339,9 @@ class FetchSessionHandler:
         """
         if self._in_flight:
             raise FetchSessionStateError("resolve the in-flight fetch (handle_response/handle_error) first")
-        if self._metadata != INITIAL:
+        if self._metadata not in (INITIAL, LEGACY):
             self.last_problem = f"session {self._metadata} dropped: {reason}"
-        self._metadata = INITIAL
+        self._metadata = LEGACY if self.sessionless else INITIAL
 
     def __repr__(self) -> str:
         return (f"FetchSessionHandler(node={self.node_id}, next={self._metadata}, "
@@ -379,12 +393,13 @@ class FetchSessionHandler:
             self._session = dict(wanted)
             self._session_topic_names = dict(topic_names) if can_use_ids else {}
             self._in_flight = True
-            if meta.is_final:
+            if meta.is_final and meta != LEGACY:
                 self.stats.final_requests += 1
             else:
                 self.stats.full_requests += 1
+            self._resetting = self._established and not meta.is_final
             snapshot = MappingProxyType(dict(self._session))
-            return FetchRequestData(snapshot, (), (), snapshot, meta, can_use_ids)
+            return FetchRequestData(snapshot, (), (), snapshot, meta, can_use_ids, self._resetting)
 
         # Incremental: compare every session partition with what is wanted now.
         remaining = dict(wanted)  # wanted partitions not yet matched against the session
@@ -413,6 +428,7 @@ class FetchSessionHandler:
         to_send = {**remaining, **changed}
         self._session_topic_names = dict(topic_names) if can_use_ids else {}
         self._in_flight = True
+        self._resetting = False
         self.stats.incremental_requests += 1
         return FetchRequestData(MappingProxyType(to_send), tuple(forgotten), tuple(replaced),
                                 MappingProxyType(dict(self._session)), meta, can_use_ids)
@@ -429,6 +445,7 @@ class FetchSessionHandler:
             return None
         meta = self._metadata.next_final()
         self._metadata = INITIAL
+        self._established = False
         self._session = {}
         self._session_topic_names = {}
         self.stats.final_requests += 1
@@ -468,8 +485,16 @@ class FetchSessionHandler:
         top-level error, or partitions that do not match the request/session). ``version`` is the
         version the request was sent with.
         """
+        ok = self._handle_response(response, version)
+        if self.sessionless:
+            self._metadata = LEGACY
+        return ok
+
+    def _handle_response(self, response: Any, version: int) -> bool:
         self._end_flight()
         meta = self._metadata
+        if self._resetting:
+            self.stats.session_resets += 1
         error = response.error_code if version >= MIN_SESSION_VERSION else 0
         if error != EC.NONE:
             self.stats.session_errors[error] += 1
@@ -516,6 +541,7 @@ class FetchSessionHandler:
                 self.last_problem = f"invalid full fetch response: {problem}"
                 self._metadata = INITIAL
                 return False
+            self._established = session_id != INVALID_SESSION_ID
             if session_id == INVALID_SESSION_ID:
                 self._metadata = INITIAL  # sessionless broker (or no free slot): stay on full requests
             else:
@@ -546,7 +572,7 @@ class FetchSessionHandler:
         self._end_flight()
         self.stats.send_errors += 1
         self.last_problem = f"send failed: {exc!r}" if exc is not None else "send failed"
-        self._metadata = self._metadata.next_close_existing()
+        self._metadata = LEGACY if self.sessionless else self._metadata.next_close_existing()
 
     def _end_flight(self) -> None:
         if not self._in_flight:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ssl
+from types import SimpleNamespace
 
 import pytest
 import trustme
@@ -25,6 +26,7 @@ from service.client.errors import (
     RequestTimeoutError,
 )
 from service.embedded import free_port
+from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.settings import build_ssl_context
 from tests.broker import TestCluster
@@ -409,3 +411,31 @@ async def test_api_versions_answer_is_decoded_once() -> None:
         finally:
             await a.close()
             await b.close()
+
+
+async def test_create_topics_returns_once_the_metadata_lists_the_topic() -> None:
+    """Apache Kafka's brokers learn of a created topic a moment after CreateTopics answers; until then Metadata says
+    UNKNOWN_TOPIC_OR_PARTITION (an assign right after create_topics failed so on Kafka 4.4). create_topics waits."""
+    async with TestCluster() as cluster:
+        client = KafkaClient(cluster.bootstrap_servers)
+        orig_send = client.send
+
+        async def send(node: int, req: object, *args: object, **kw: object) -> object:
+            if not isinstance(req, M.CreateTopicsRequest):
+                return await orig_send(node, req, *args, **kw)  # type: ignore[arg-type]
+            for t in req.topics:  # the test broker has no CreateTopics: the topic appears in its state
+                cluster.create_topic(t.name, t.num_partitions)
+            return SimpleNamespace(topics=[SimpleNamespace(name=t.name, error_code=0, error_message=None)
+                                           for t in req.topics])
+
+        client.send = send  # type: ignore[method-assign]
+        client.send_any = lambda req, *a, **kw: send(0, req, *a, **kw)  # type: ignore[method-assign]
+        try:
+            await client.ensure_metadata()
+            lagging = cluster.error(M.ApiKey.METADATA, EC.UNKNOWN_TOPIC_OR_PARTITION, count=3, depth=1,
+                                    when=lambda _h, req: any(t.name == "fresh" for t in req.topics or ()))
+            await client.create_topics({"fresh": 2})
+            assert lagging.applied == 3
+            assert client.metadata.topic_error("fresh") == 0 and client.metadata.partitions("fresh") == [0, 1]
+        finally:
+            await client.close()

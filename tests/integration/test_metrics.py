@@ -173,7 +173,10 @@ async def test_consume_cycle(broker: AnyBroker, bclient: KafkaClient, http: http
     assert delta("kcg_commit_duration_seconds_count", tenant=TENANT) == 1
     assert 0 < delta("kcg_commit_duration_seconds_sum", tenant=TENANT) < 5
     assert value(after, "kcg_fetch_requests_total", tenant=TENANT, kind="full") > 0
-    assert value(after, "kcg_fetch_requests_total", tenant=TENANT, kind="incremental") == 0  # Tansu: no sessions
+    if broker.name == "tansu":  # no fetch sessions: every fetch is full. On Kafka, whether the fetch after the first
+        # (incremental) was answered yet depends on timing: test_kafka_fetch_sessions.py counts them
+        assert value(after, "kcg_fetch_requests_total", tenant=TENANT, kind="incremental") == 0
+        assert value(after, "kcg_fetch_session_resets_total", tenant=TENANT) == 0
     assert value(after, "kcg_rebalances_total", tenant=TENANT) >= 1
     assert 0 <= value(after, "kcg_event_loop_lag_seconds") < 0.5
 

@@ -211,3 +211,13 @@ async def test_the_fetcher_recovers_from_a_failure_building_its_request(monkeypa
     assert [(t.topic, p.partition, p.fetch_offset) for t in conn.sent[0].topics for p in t.partitions] == [("t", 0, 3)]
     assert handler.metadata == FetchMetadata(55, 1) and not handler.in_flight
     assert fetcher.stats.fetches == 1
+
+
+async def test_a_one_off_fetch_asks_for_no_session() -> None:
+    """Without a session handler of the caller's, the fetch goes out at (0, -1): a broker creates no session for it
+    (at (0, 0) Kafka did, one cache slot per probe, never used again)."""
+    client = FakeClient(FakeConn(session_id=0))
+    for offset in (3, 4):
+        parts = await probe_fetch(client, 0, {TP: offset}, max_bytes=1, isolation=0)  # type: ignore[arg-type]
+        assert parts[TP].high_watermark == 7
+    assert [(r.session_id, r.session_epoch) for r in client.conn.sent] == [(0, -1), (0, -1)]

@@ -526,3 +526,55 @@ def test_empty_incremental_request_with_1000_partitions_is_tiny() -> None:
         assert sizes[f"full v{version}"] > 20_000
     print("\nFetch request sizes with 1,000 assigned partitions (bytes, frame incl. size prefix, "
           "client id 'consumer-group1-1'): " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+
+
+@pytest.mark.parametrize("cause", ["session_not_found", "wrong_epoch", "send_failed"])
+def test_full_request_after_a_lost_session_is_flagged_as_a_reset(cause: str) -> None:
+    h = established()
+    parts = [pd("a", 0, 11), pd("a", 1, 20)]
+    assert not build(h, parts).resets_session  # incremental
+    if cause == "send_failed":
+        h.handle_error(ConnectionResetError("broker restarted"))
+    else:
+        code = EC.FETCH_SESSION_ID_NOT_FOUND if cause == "session_not_found" else EC.INVALID_FETCH_SESSION_EPOCH
+        assert not h.handle_response(response(12, [], error=code), 12)
+    assert h.stats.session_resets == 0
+    data = build(h, parts)
+    assert data.is_full and data.resets_session
+    assert h.handle_response(response(12, [("a", 0), ("a", 1)], session_id=456), 12)
+    assert h.stats.session_resets == 1 and h.metadata == FetchMetadata(456, 1)
+    assert not build(h, parts).resets_session  # back to incremental in the new session
+
+
+def test_first_full_request_and_sessionless_brokers_are_no_reset() -> None:
+    h = FetchSessionHandler()
+    for _ in range(3):  # a broker without sessions (Tansu): full requests, none a reset
+        assert not build(h, [pd("a", 0, 0)]).resets_session
+        assert h.handle_response(response(12, [("a", 0)], session_id=0), 12)
+    # a session created then closed cleanly (epoch -1): the next full request is no reset either
+    h = established()
+    assert h.close_request() is not None
+    data = build(h, [pd("a", 0, 0)])
+    assert data.is_full and not data.resets_session
+    assert h.handle_response(response(12, [("a", 0)], session_id=9), 12)
+    assert h.stats.session_resets == 0
+
+
+@pytest.mark.parametrize("outcome", ["ok", "session_error", "send_failed"])
+def test_a_sessionless_handler_always_sends_full_requests_at_epoch_minus_one(outcome: str) -> None:
+    h = FetchSessionHandler(sessionless=True)
+    assert h.metadata == LEGACY
+    parts = [pd("a", 0, 11), pd("a", 1, 20)]
+    for _ in range(2):
+        data = build(h, parts)
+        assert data.is_full and data.metadata == LEGACY and set(data.to_send) == {("a", 0), ("a", 1)}
+        _, dec = wire(data, 12)
+        assert (dec.session_id, dec.session_epoch) == (0, -1)
+        if outcome == "send_failed":
+            h.handle_error(ConnectionResetError("reset"))
+        else:
+            error = EC.FETCH_SESSION_ID_NOT_FOUND if outcome == "session_error" else 0
+            h.handle_response(response(12, [] if error else [("a", 0), ("a", 1)], error=error), 12)
+        assert h.metadata == LEGACY and not h.in_flight
+    assert (h.stats.full_requests, h.stats.final_requests, h.stats.session_resets) == (2, 0, 0)
+    assert h.close_request() is None

@@ -85,7 +85,8 @@ class FakeCoordinator:
 
 
 def fake_instance(coordinator: FakeCoordinator | None) -> Any:
-    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, aborted_after_delivery=0)
+    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, session_resets=0,
+                                  aborted_after_delivery=0)
     consumer = SimpleNamespace(stats=ConsumerStats(), fetcher=SimpleNamespace(stats=fetch_stats, buffered_bytes=0),
                                coordinator=coordinator, lag=dict)
     return SimpleNamespace(consumer=consumer, group="g")
@@ -264,6 +265,7 @@ def test_counters_do_not_go_down_when_instances_close() -> None:
         i.consumer.stats.rebalances = rebalances
         i.consumer.stats.task_failures["membership"] = failures
         i.consumer.fetcher.stats.full_fetches = fetches
+        i.consumer.fetcher.stats.session_resets = failures
         return i
 
     rt = SimpleNamespace(instances={"a": inst(2, 10, 1, 7), "b": inst(1, 5, 0, 3)})
@@ -273,9 +275,12 @@ def test_counters_do_not_go_down_when_instances_close() -> None:
     def counters() -> tuple[float, float, float, float]:
         got = samples(registry, "kcg_")
         t1 = ("tenant", "t1")
+        failures = got[("kcg_background_task_failures_total", frozenset({t1, ("task", "membership")}))]
+        # session resets were set to the task failures: they stay in the totals alike
+        assert got[("kcg_fetch_session_resets_total", frozenset({t1}))] == failures
         return (got[("kcg_rebalances_total", frozenset({t1}))],
                 got[("kcg_fetch_requests_total", frozenset({t1, ("kind", "full")}))],
-                got[("kcg_background_task_failures_total", frozenset({t1, ("task", "membership")}))],
+                failures,
                 got[("kcg_heartbeats_total", frozenset({t1}))])
 
     assert counters() == (3, 15, 1, 10)

@@ -61,7 +61,10 @@ async def poll_commit(http: httpx.AsyncClient, base: str, topic: str, ledger: Le
     ledger.add(r.json())
     if not r.json():
         return []
-    return [(await commit(http, base, topic, ledger)).status_code]
+    c = await commit(http, base, topic, ledger)
+    if c.status_code != 200:
+        print(f"commit {base}: {c.status_code} {c.text} at {time.time():.3f}")
+    return [c.status_code]
 
 
 async def settle(members: list[tuple[httpx.AsyncClient, str]], want: list[list[int]], topic: str,
@@ -101,80 +104,97 @@ async def members_of(http: httpx.AsyncClient, group: str) -> dict[str, dict[str,
     return out
 
 
-async def setup(kafka: EmbeddedKafka, topic: str, n: int) -> set[bytes]:
+async def create_topic(kafka: EmbeddedKafka, topic: str) -> None:
     client = KafkaClient(kafka.bootstrap)
     try:
         await client.create_topics({topic: PARTS})
     finally:
         await client.close()
-    return await asyncio.to_thread(produce, kafka.bootstrap, topic, 0, n, PARTS)
 
 
 async def test_a_static_member_back_within_the_session_timeout_rejoins_without_a_rebalance(
         kafka: EmbeddedKafka, topic_name: str, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
+    """Each gateway in turn (so the group's leader is among them) is killed with -9 after its member delivered
+    records it did not commit, and started again."""
     group = f"static-{uuid.uuid4().hex[:8]}"
-    produced = await setup(kafka, topic_name, 400)
+    await create_topic(kafka, topic_name)
     # a long session: the killed gateway is back well within it, even on a loaded machine
     ga, gb = gateway(kafka, tmp_path, "ra", 15000), gateway(kafka, tmp_path, "rb", 15000)
     cleanup += [ga, gb]
     start(ga, gb)
     la, lb = Ledger(), Ledger()
+    want = {"ra.default.a": [0, 1], "rb.default.b": [2, 3]}
     async with httpx.AsyncClient(base_url=ga.url, timeout=60) as ha, \
             httpx.AsyncClient(base_url=gb.url, timeout=60) as hb:
-        a = await join(ha, group, "a", topic_name)  # first: the group's leader
+        a = await join(ha, group, "a", topic_name)
         b = await join(hb, group, "b", topic_name)
+        # settled before the first record: every delivery below is by the final owner of its partition
         await settle([(ha, a), (hb, b)], [[0, 1], [2, 3]], topic_name, [la, lb])
+        assert not la.received and not lb.received
+        produced = await asyncio.to_thread(produce, kafka.bootstrap, topic_name, 0, 400, PARTS)
         statuses = await drain([(ha, a), (hb, b)], topic_name, [la, lb], produced)
-        before = await members_of(hb, group)
-        assert {k: v["partitions"] for k, v in before.items()} == {
-            "ra.default.a": [0, 1], "rb.default.b": [2, 3]}, before
-        rebalances_b = await metric(gb, "kcg_rebalances_total", '{tenant="default"}')
-        assert rebalances_b >= 1
-        # more records; "a" polls some of its own and is killed before it commits them
-        produced |= await asyncio.to_thread(produce, kafka.bootstrap, topic_name, 400, 200, PARTS)
-        uncommitted: list[tuple[int, int, bytes]] = []
-        deadline = time.monotonic() + 20
-        while not uncommitted:
-            assert time.monotonic() < deadline, "a got none of the new records"
-            r = await ha.get(f"{a}/records", params={"timeout": 500, "max_records": 30}, headers=BIN)
-            assert r.status_code == 200, r.text
-            n = len(la.received)
-            la.add(r.json())
-            uncommitted = la.received[n:]
-    ga.kill()
-    t_killed = time.monotonic()
-    ga.start()  # same port, replica id and static member ids
-    async with httpx.AsyncClient(base_url=ga.url, timeout=60) as ha, \
-            httpx.AsyncClient(base_url=gb.url, timeout=60) as hb:
-        la.new_instance()
-        # the first request re-creates "a" from its descriptor; Kafka gives it back partitions 0 and 1
-        statuses += await drain([(ha, a), (hb, b)], topic_name, [la, lb], produced)
-        back_after = time.monotonic() - t_killed
-        assert await assigned(ha, a) == [0, 1] and await assigned(hb, b) == [2, 3]
-        after = await members_of(hb, group)
-        assert {k: v["partitions"] for k, v in after.items()} == {
-            "ra.default.a": [0, 1], "rb.default.b": [2, 3]}, after
-        # no rebalance: "b" kept its member id and completed no rebalance; "a" got a new member id
-        assert after["rb.default.b"]["consumer_id"] == before["rb.default.b"]["consumer_id"]
-        assert after["ra.default.a"]["consumer_id"] != before["ra.default.a"]["consumer_id"]
-        assert await metric(gb, "kcg_rebalances_total", '{tenant="default"}') == rebalances_b
-        assert await metric(ga, "kcg_instances_recreated_total") == 1
-        assert await metric(ga, "kcg_rebalances_total", '{tenant="default"}') == 1  # its one join, no more
-    # every commit of the generation b joined in was taken (a rebalance would have refused some with 409)
+    uncommitted: list[tuple[int, int, bytes]] = []
+    redelivered = 0
+    next_value = 400
+    for victim, other, base, ledger in ((ga, gb, a, la), (gb, ga, b, lb)):
+        async with httpx.AsyncClient(base_url=ga.url, timeout=60) as ha, \
+                httpx.AsyncClient(base_url=gb.url, timeout=60) as hb:
+            hv = ha if victim is ga else hb
+            before = await members_of(hb, group)
+            assert {k: v["partitions"] for k, v in before.items()} == want, before
+            rebalances_other = await metric(other, "kcg_rebalances_total", '{tenant="default"}')
+            assert rebalances_other >= 1
+            # more records; the victim polls some of its own and is killed before it commits them
+            produced |= await asyncio.to_thread(produce, kafka.bootstrap, topic_name, next_value, 200, PARTS)
+            next_value += 200
+            mine: list[tuple[int, int, bytes]] = []
+            deadline = time.monotonic() + 20
+            while not mine:
+                assert time.monotonic() < deadline, "the victim got none of the new records"
+                r = await hv.get(f"{base}/records", params={"timeout": 500, "max_records": 30}, headers=BIN)
+                assert r.status_code == 200, r.text
+                n = len(ledger.received)
+                ledger.add(r.json())
+                mine = ledger.received[n:]
+            uncommitted += mine
+        victim.kill()
+        t_killed = time.monotonic()
+        victim.start()  # same port, replica id and static member ids
+        ledger.new_instance()
+        async with httpx.AsyncClient(base_url=ga.url, timeout=60) as ha, \
+                httpx.AsyncClient(base_url=gb.url, timeout=60) as hb:
+            # the first request re-creates the instance from its descriptor; Kafka gives it back its partitions
+            statuses += await drain([(ha, a), (hb, b)], topic_name, [la, lb], produced)
+            back_after = time.monotonic() - t_killed
+            redelivered += sum(1 for x in ledger.received[ledger.session:] if x in mine)
+            assert await assigned(ha, a) == [0, 1] and await assigned(hb, b) == [2, 3]
+            after = await members_of(hb, group)
+            assert {k: v["partitions"] for k, v in after.items()} == want, after
+            # no rebalance: the other member kept its member id and completed no rebalance; the victim got a new
+            # member id and completed one join (its first)
+            for iid in want:
+                same = after[iid]["consumer_id"] == before[iid]["consumer_id"]
+                assert same is (iid[:2] != victim.env["GATEWAY_REPLICA_ID"]), (iid, before, after)
+            assert await metric(other, "kcg_rebalances_total", '{tenant="default"}') == rebalances_other
+            assert await metric(victim, "kcg_rebalances_total", '{tenant="default"}') == 1
+            assert await metric(victim, "kcg_instances_recreated_total") == 1
+        print(f"{victim.env['GATEWAY_REPLICA_ID']} back and consuming {back_after:.1f} s after kill -9; "
+              f"{len(mine)} redelivered")
+    # every commit was taken (a rebalance would have refused some with 409)
     assert statuses and set(statuses) == {200}, statuses
-    got = la.values() | lb.values()
-    assert got == produced
+    assert la.values() | lb.values() == produced
     delivered = len(la.received) + len(lb.received)
-    redelivered = [x for x in la.received[la.session:] if x in uncommitted]
-    assert delivered - len(produced) == len(redelivered) == len(uncommitted), (delivered, len(uncommitted))
+    assert delivered - len(produced) == redelivered == len(uncommitted), (delivered, len(uncommitted))
     assert not la.committed_again and not lb.committed_again
-    print(f"a back and consuming {back_after:.1f} s after kill -9; {len(uncommitted)} redelivered")
+    # one of the two was the group's leader: back, it was told to keep the current assignment (KIP-814)
+    logs = [g.log_file.read_text() for g in (ga, gb) if g.log_file is not None]
+    assert sum(text.count("a static leader back in a stable group") for text in logs) == 1
 
 
 async def test_a_static_member_that_stays_away_expires_and_its_partitions_move(
         kafka: EmbeddedKafka, topic_name: str, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
     group = f"static-{uuid.uuid4().hex[:8]}"
-    produced = await setup(kafka, topic_name, 400)
+    await create_topic(kafka, topic_name)
     session_ms = 3000
     ga, gb = gateway(kafka, tmp_path, "ra", session_ms), gateway(kafka, tmp_path, "rb", session_ms)
     cleanup += [ga, gb]
@@ -184,7 +204,10 @@ async def test_a_static_member_that_stays_away_expires_and_its_partitions_move(
             httpx.AsyncClient(base_url=gb.url, timeout=60) as hb:
         a = await join(ha, group, "a", topic_name)
         b = await join(hb, group, "b", topic_name)
+        # settled before the first record: every delivery below is by the final owner of its partition
         await settle([(ha, a), (hb, b)], [[0, 1], [2, 3]], topic_name, [la, lb])
+        assert not la.received and not lb.received
+        produced = await asyncio.to_thread(produce, kafka.bootstrap, topic_name, 0, 400, PARTS)
         await drain([(ha, a), (hb, b)], topic_name, [la, lb], produced)
         produced |= await asyncio.to_thread(produce, kafka.bootstrap, topic_name, 400, 200, PARTS)
         uncommitted: list[tuple[int, int, bytes]] = []

@@ -563,8 +563,10 @@ class GroupCoordinator:
                 if resp.error_code != EC.MEMBER_ID_REQUIRED:
                     self._failed_rounds += 1
             else:
-                log.info("%s: joined; leader %s%s", self._describe(), m.leader_id or "-",
-                         f", members {sorted(x.member_id for x in resp.members)}" if m.is_leader else "")
+                log.info("%s: joined; leader %s%s%s", self._describe(), m.leader_id or "-",
+                         f", members {sorted(x.member_id for x in resp.members)}" if m.is_leader else "",
+                         " (a static leader back in a stable group: the current assignment stays)"
+                         if m.skipped_assignment else "")
             if step.action is Action.REJOIN:
                 continue
             if step.action is Action.RETRY:

@@ -111,6 +111,7 @@ class GroupMember:
         self.shared_instance_ids: dict[str, list[str]] = {}
         #: leader only: the latest assignment it computed, as {member id: partition count} (for logs)
         self.last_plan: dict[str, int] = {}
+        self.skipped_assignment = False  # the last JoinGroup made this member leader with skip_assignment set
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -202,7 +203,10 @@ class GroupMember:
             self.protocol_name = _shared(resp.protocol_name)
             self.leader_id = _shared(resp.leader)
             self.state = MemberState.SYNCING
-            if self.is_leader:
+            # KIP-814 (JoinGroup v9+): a static leader that rejoined a stable group is told to skip the assignment:
+            # the coordinator keeps the current one and would discard whatever the leader sent
+            self.skipped_assignment = bool(self.is_leader and getattr(resp, "skip_assignment", False))
+            if self.is_leader and not self.skipped_assignment:
                 self._members = list(resp.members)
                 topics: set[str] = set()
                 for m in self._members:

@@ -195,6 +195,26 @@ def test_leader_assigns_the_union_of_subscriptions_and_syncs_every_member() -> N
     assert step.action is Action.DONE and step.assigned == [TP("a", 0), TP("a", 1), TP("b", 0)]
 
 
+def test_a_static_leader_told_to_skip_the_assignment_syncs_without_one() -> None:
+    """KIP-814: a static leader back in a stable group (Apache Kafka, JoinGroup v9) gets skip_assignment: it runs
+    no assignor and syncs with no assignments; the coordinator answers with its current assignment."""
+    m = new_member(instance="i-1")
+    m.join_request(["a"])
+    members = [JoinMember(member_id="m-9", group_instance_id="i-1", metadata=encode_subscription(["a"])),
+               JoinMember(member_id="m-2", group_instance_id="i-2", metadata=encode_subscription(["a"]))]
+    step = m.on_join_response(M.JoinGroupResponse(error_code=0, generation_id=4, protocol_name="range", leader="m-9",
+                                                  member_id="m-9", members=members, skip_assignment=True))
+    assert m.is_leader and m.skipped_assignment
+    assert step.action is Action.SYNC and step.request.assignments == []
+    assert (step.request.generation_id, step.request.member_id) == (4, "m-9")
+    step = sync_ok(m, [("a", 1)])
+    assert step.action is Action.DONE and step.assigned == [TP("a", 1)]
+    # the next join without the flag assigns again
+    m.join_request(["a"])
+    step = join_ok(m, member_id="m-9", leader="m-9", generation=5, members=members)
+    assert not m.skipped_assignment and step.action is Action.ASSIGN
+
+
 def test_two_member_ids_of_one_static_instance_share_its_partitions() -> None:
     """A coordinator that lists a departed member id next to its successor (one group.instance.id; Tansu after a
     hand-off, never Apache Kafka): the assignor sees the instance once and both ids get its share, so the live

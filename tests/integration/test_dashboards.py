@@ -56,7 +56,7 @@ ALERT_NAMES = {"KcgGatewayDown", "KcgNotReady", "KcgConsumerLagGrowing", "KcgCom
                "KcgGroupStallRecoveries"}
 #: metrics of the replica as a whole, without a tenant label (the dashboard cannot filter them by tenant)
 PER_REPLICA_METRICS = (r"kcg_(ready|event_loop_lag|forward|memory_budget|instances_recreated|instances_handed_off"
-                       r"|descriptor_failures)")
+                       r"|descriptor_failures|schema_cache)")
 
 V2 = "application/vnd.kafka.v2+json"
 BIN = "application/vnd.kafka.binary.v2+json"

@@ -17,10 +17,15 @@ from the client's start to the N-th record, ratio to the librdkafka consumer:
 - **Strimzi Kafka Bridge** (tools/install-strimzi.sh; Java 21+, the Temurin JDK in /usr/lib/jvm): started on free
   ports against the same broker with a properties file (bridge.id, kafka.bootstrap.servers, http.host/http.port,
   http.management.port; its log at WARN, as the gateway's), then its own consume flow: POST /consumers/{group}
-  (format binary), POST assignments, POST positions/beginning, GET records with ``Accept: application/vnd.kafka.binary.v2+json`` by the same wrk
-  script (one connection). A bridge GET returns what one ``KafkaConsumer.poll`` returns, so its size is the
-  bridge's ``kafka.consumer.max.poll.records``: two rows, the default (500) and 5000 (next to max_records=5000),
-  each in a fresh bridge process (fetch sizes as the Java consumer's in the second).
+  (format binary), POST assignments, POST positions/beginning, GET records with
+  ``Accept: application/vnd.kafka.binary.v2+json`` by the same wrk script (one connection). A bridge GET returns
+  what one ``KafkaConsumer.poll`` returns, so its size is the bridge's ``kafka.consumer.max.poll.records``: two
+  rows, the default (500) and 5000 (next to max_records=5000), each in a fresh bridge process (fetch sizes as the
+  Java consumer's in the second).
+
+The HTTP rows' time starts when wrk starts, after the instance was created and positioned (the direct rows'
+time includes creating the consumer); before each HTTP row another instance reads ``--warm-up-records``
+untimed, so the bridge's JIT has compiled the GET path (the gateway gets the same).
 
 Produce, N' x 100-byte records (no keys) into a fresh 4-partition topic per row, records/s, ratio to the direct
 producer:
@@ -28,16 +33,17 @@ producer:
 - **confluent-kafka idempotent producer** (bench/produce.py ``direct()``: acks=all, enable.idempotence=true).
 - **gateway** and **bridge** POST /topics/{topic} (binary, 100 records per request), ``wrk`` with 8 connections for
   ``--produce-seconds``; a record counts when its request answered 200 with that record's offset (gateway:
-  ``"error_code":null``; bridge: ``"offset":``). The bridge's producer is the Java producer with its 4.x defaults
-  (acks=all, idempotence, linger.ms=5), the gateway's acks=all idempotent. Before each timed run an untimed one
-  (``--warm-up-seconds``, into another topic) warms the server up (the bridge's JIT). The direct producer writes as many
-  records as the gateway's wrk run did. Each topic's end offsets are checked against the acknowledged count.
+  ``"error_code":null``; bridge: ``"offset":``). The bridge makes one Java producer per HTTP connection (its
+  4.x defaults: acks=all, idempotence, linger.ms=5); the gateway's producer is acks=all idempotent. Before each
+  timed run an untimed one (``--warm-up-seconds``, into another topic) warms the server up: the bridge's POST
+  rate rose 4x over its first 25 s on a loaded 2-core machine (JIT). The direct producer writes as many records
+  as the gateway's wrk run did. Each topic's end offsets are checked against the acknowledged count.
 
 Everything shares this machine's cores (broker, gateway or bridge, clients): numbers from a loaded machine are
-comparable within one run, not across runs.
+comparable within one run, not across runs; the server's CPU per record (from /proc) depends less on the load.
 
-Usage: .venv/bin/python bench/peers.py [--records N] [--produce-seconds S] [--warm-up-seconds S] [--no-bridge]
-       [--keep-logs]
+Usage: .venv/bin/python bench/peers.py [--records N] [--produce-seconds S] [--warm-up-seconds S]
+       [--warm-up-records R] [--no-bridge] [--keep-logs]
        (KCG_STRIMZI_SRC=<bridge source tree>: see tools/install-strimzi.sh, when Maven Central lacks the bridge)
 """
 
@@ -320,8 +326,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000, help="records to consume (N)")
     ap.add_argument("--produce-seconds", type=float, default=10.0, help="duration of each wrk produce run")
-    ap.add_argument("--warm-up-seconds", type=float, default=3.0,
-                    help="an untimed wrk produce run before each timed one (the bridge's JIT warms up)")
+    ap.add_argument("--warm-up-seconds", type=float, default=20.0,
+                    help="an untimed wrk produce run before each timed one (the bridge's JIT warms up: on a loaded"
+                    " 2-core machine its POST rate rose 4x over its first 25 s)")
+    ap.add_argument("--warm-up-records", type=int, default=300_000,
+                    help="an untimed read of this many records by another consumer instance before each timed HTTP"
+                    " consume row (0: none)")
     ap.add_argument("--max-records", type=int, default=5000, help="max_records of the second gateway GET row")
     ap.add_argument("--bridge", action=argparse.BooleanOptionalAction, default=True,
                     help="the Strimzi bridge rows (--no-bridge: skip them)")
@@ -366,6 +376,10 @@ def main() -> None:
             for label, query in (("default request", ""), (f"max_records={a.max_records}",
                                                            f"?max_records={a.max_records}")):
                 name = f"gateway binary GET, {label}"
+                if a.warm_up_records:  # an untimed read by another instance first, as for the bridge
+                    warm = make_instance(gw.url, f"peers-gw-warm-{time.time_ns()}", "binary", topic)
+                    via_wrk(gw, "warm-up", warm, "binary", min(n, a.warm_up_records), query, tmp)  # type: ignore[arg-type]
+                    httpx.delete(f"{gw.url}{warm}", headers={"Content-Type": V2}, timeout=30)
                 base = make_instance(gw.url, f"peers-gw-{time.time_ns()}", "binary", topic)
                 r = via_wrk(gw, name, base, "binary", n, query, tmp)  # type: ignore[arg-type]
                 httpx.delete(f"{gw.url}{base}", headers={"Content-Type": V2}, timeout=30)
@@ -412,6 +426,10 @@ def bridge_rows(a: argparse.Namespace, home: Path, lib: Path | None, origin: str
     for i, (name, settings) in enumerate(variants):
         try:
             with BridgeProc(home, lib, bootstrap, tmp, settings) as bridge:
+                if a.warm_up_records:  # an untimed read by another consumer first: the JIT compiles the GET path
+                    warm = bridge_instance(bridge, f"peers-bridge-warm-{time.time_ns()}", topic)
+                    via_wrk(bridge, "warm-up", warm, "binary", min(n, a.warm_up_records), "", tmp)  # type: ignore[arg-type]
+                    httpx.delete(f"{bridge.url}{warm}", headers={"Content-Type": V2}, timeout=30)
                 base = bridge_instance(bridge, f"peers-bridge-{time.time_ns()}", topic)
                 r = via_wrk(bridge, name, base, "binary", n, "", tmp)  # type: ignore[arg-type]
                 httpx.delete(f"{bridge.url}{base}", headers={"Content-Type": V2}, timeout=30)

@@ -33,6 +33,7 @@ USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 #: a user the PLAIN login module knows but who has no SCRAM credentials
 PLAIN_ONLY = ("carol", "carol-secret")
 N = 12  # records per tenant and round
+ADMIN = "admin-token-of-the-security-test"
 
 #: tenant id -> (listener, its kafka section without bootstrap)
 GOOD: dict[str, tuple[str, dict[str, Any]]] = {
@@ -117,7 +118,7 @@ def gateway(secure_kafka: EmbeddedKafka, material: Path) -> Iterator[GatewayProc
                for tid, (listener, kafka) in {**GOOD, **BAD}.items()]
     (material / "tenants.yaml").write_text(yaml.safe_dump({"version": 1, "tenants": tenants}))
     env = {"GATEWAY_TENANTS_FILE": str(material / "tenants.yaml"), "KCG_T_ALICE": USERS["alice"],
-           "KCG_T_CAROL": PLAIN_ONLY[1], "GATEWAY_REQUEST_TIMEOUT_MS": "5000"}
+           "KCG_T_CAROL": PLAIN_ONLY[1], "GATEWAY_REQUEST_TIMEOUT_MS": "5000", "GATEWAY_ADMIN_TOKEN": ADMIN}
     # the gateway's own bootstrap: the PLAINTEXT listener (every tenant names its own)
     with GatewayProcess(secure_kafka.bootstrap, env=env, log_file=material / "gateway.log") as g:
         yield g
@@ -233,3 +234,8 @@ async def test_refused_tenants_get_json_errors_and_the_others_keep_working(
     for t in BAD:
         await refused(http, t, "sec-refused")
     await asyncio.gather(*(round_trip(http, t, again[t], f"g3-{t}") for t in GOOD))
+    # the readiness probe names the refused tenants, and only them (every tenant's brokers must answer it: one
+    # refused tenant makes the replica not ready, see docs/runbook.md KcgNotReady)
+    r = await http.get("/readyz", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 503, r.text
+    assert r.json()["tenants"] == dict.fromkeys(BAD, "the gateway cannot authenticate to Kafka"), r.text

@@ -160,6 +160,20 @@ _cext, _ = load("service.protocol._crecords")
 _frame_buffer = _cext.frame_buffer if _cext is not None else _frame_buffer_py
 
 
+#: TLS alerts a server sends about the client's certificate. With TLS 1.3 the client's side of the handshake ends
+#: before the server has checked that certificate, so a refusal (Kafka's ssl.client.auth) arrives as an alert on
+#: the first read, not as a handshake error: an authentication failure all the same, not a lost connection.
+_CERTIFICATE_ALERTS = frozenset({
+    "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE", "TLSV1_ALERT_UNKNOWN_CA",
+    "TLSV1_ALERT_ACCESS_DENIED", "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+})
+
+
+def _refused_certificate(exc: BaseException) -> bool:
+    return isinstance(exc, ssl.SSLError) and exc.reason in _CERTIFICATE_ALERTS
+
+
 class _KafkaProtocol(asyncio.BufferedProtocol):
     """Size-prefixed frames out of the byte stream, handed to the connection as they complete."""
 
@@ -272,6 +286,8 @@ class _KafkaProtocol(asyncio.BufferedProtocol):
         conn = self.conn
         if exc is None:
             conn._fail(KafkaConnectionError(f"{conn.address} closed the connection"))
+        elif _refused_certificate(exc):
+            conn._fail(AuthenticationError(f"{conn.address} refused the client certificate (or its absence): {exc}"))
         else:
             conn._fail(KafkaConnectionError(f"connection to {conn.address} lost: {exc}"))
         if not self.closed.done():

@@ -34,7 +34,7 @@ from service.client.errors import KafkaError
 from service.gateway import Gateway
 from service.gcpolicy import GcPolicy
 from service.httpserver import held_send
-from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, labelled
+from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, brokers_ready, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.routing import TOKEN_HEADER
 from service.schemas.formats import SchemaService
@@ -249,7 +249,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "client_rack": "",
         },
     )
-    collector = GatewayCollector(gateway)
+    collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)
     registry.register(collector)
     # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
     from service.schemas import avro_limits
@@ -376,16 +376,20 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         # an admin token, the details stay public.
         detailed = is_admin(request) or (not tenants.auth_required and admin_token is None)
         problems = await broker_problems()
-        if problems:
+        if problems and not brokers_ready({t: t not in problems for t in tenants.tenants}, settings.readyz_tenants):
             if not detailed:
                 return OrjsonResponse({"status": "unavailable"}, status_code=503)
             return OrjsonResponse({"status": "unavailable", "error_code": 50302, "tenants": problems},
                                   status_code=503)
+        status = "degraded" if problems else "ready"  # degraded: GATEWAY_READYZ_TENANTS=any, some tenants fail
         if not detailed:
-            return OrjsonResponse({"status": "ready"})
-        return OrjsonResponse({"status": "ready", "tenants": sorted(tenants.tenants),
-                               "brokers": {t: len(gateway.tenants[t].client.metadata.brokers)
-                                           for t in tenants.tenants}})
+            return OrjsonResponse({"status": status})
+        body: dict[str, Any] = {"status": status, "tenants": sorted(tenants.tenants),
+                                "brokers": {t: len(gateway.tenants[t].client.metadata.brokers)
+                                            for t in tenants.tenants if t not in problems}}
+        if problems:
+            body["failing"] = problems
+        return OrjsonResponse(body)
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics (Bearer GATEWAY_ADMIN_TOKEN when set)")
     async def prom_metrics(request: Request) -> Response:

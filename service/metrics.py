@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -121,9 +121,11 @@ class GatewayMetrics:
 class GatewayCollector(Collector):
     """Per-tenant aggregates and per-partition lag read from the live consumers at scrape time."""
 
-    def __init__(self, gateway: Gateway, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, gateway: Gateway, clock: Callable[[], float] = time.monotonic, *,
+                 readyz_tenants: str = "all") -> None:
         self.gateway = gateway
         self.clock = clock
+        self.readyz_tenants = readyz_tenants  # GATEWAY_READYZ_TENANTS: see brokers_ready
         self._prepared: list[GaugeMetricFamily | CounterMetricFamily] | None = None
         self._families: list[GaugeMetricFamily | CounterMetricFamily] = []
         self.lock = asyncio.Lock()  # one scrape at a time: prepare() and the collect() it feeds pair up
@@ -193,8 +195,10 @@ class GatewayCollector(Collector):
         self._reachable = {tid: ok for (tid, _), ok in zip(runtimes, results, strict=True)}
 
     def _readiness(self) -> list[GaugeMetricFamily]:
+        policy = self.readyz_tenants
         ready = GaugeMetricFamily("kcg_ready", "1 when the gateway is ready (not draining and the brokers of "
-                                  "every tenant answered the latest background probe, as /readyz checks), "
+                                  "every tenant, or with GATEWAY_READYZ_TENANTS=any of one, answered the latest "
+                                  "background probe, as /readyz checks), "
                                   "else 0; absent until the first probe completed")
         reachable = GaugeMetricFamily("kcg_broker_reachable", "1 when the tenant's brokers answered the latest "
                                       "readiness probe, else 0", labels=["tenant"])
@@ -202,7 +206,7 @@ class GatewayCollector(Collector):
         if self._reachable is not None:
             for tid, ok in sorted(self._reachable.items()):
                 reachable.add_metric([tid], 1 if ok else 0)
-            ready.add_metric([], 0 if draining or not all(self._reachable.values()) else 1)
+            ready.add_metric([], 0 if draining or not brokers_ready(self._reachable, policy) else 1)
         elif draining:
             ready.add_metric([], 0)
         return [ready, reachable]
@@ -375,6 +379,14 @@ class GatewayCollector(Collector):
         self._families = [instances, fetch, session_err, session_resets, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
                           prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget(),
                           *self._durable()]
+
+
+def brokers_ready(reachable: Mapping[str, bool], policy: str = "all") -> bool:
+    """Whether the tenants' broker checks make the replica ready (GATEWAY_READYZ_TENANTS): ``all`` every tenant's
+    brokers answered, ``any`` at least one tenant's did (no tenants: ready)."""
+    if not reachable:
+        return True
+    return any(reachable.values()) if policy == "any" else all(reachable.values())
 
 
 class SchemaCacheCollector(Collector):

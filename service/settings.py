@@ -211,6 +211,11 @@ class Settings(BaseSettings):
     produce_max_records: int = Field(
         10_000, ge=1, description="Most records in one v2 produce request (413 / 41303 above, nothing written); "
         "a 1 MiB body of 100-byte values holds about 7,000")
+    readyz_tenants: Literal["all", "any"] = Field(
+        "all", description="/readyz and kcg_ready: 'all' ready only while the brokers of every tenant answer; "
+        "'any' ready while those of at least one tenant answer, the failing tenants listed (status 'degraded'): "
+        "with tenants on separate clusters, one cluster's outage or one tenant's refused credentials then does "
+        "not take every tenant off the load balancer")
     readyz_cache_s: float = Field(
         1.0, ge=0, le=60, description="/readyz answers from its last broker check for this long (concurrent probes "
         "share one check)")

@@ -1,13 +1,14 @@
 """Apache Kafka killed with -9 (or stopped with SIGTERM) mid-stream and started again on its data, ports and cluster,
 under a continuous idempotent producer and two HTTP consumer instances of one group that commit after every poll.
 
-Every record is counted: each one the producer was told is acknowledged is delivered; a record is delivered twice only
-inside the uncommitted window (at or past the last offset committed before the broker went down, and delivered before
-it was back); the group is STABLE afterwards with both members and all four partitions; both instances get records
-again after the restart, every commit issued after it is acknowledged (200), the last commits reach the end of every
-partition, and the gateway's /healthz answers 200 throughout. A dedicated broker: the session's must not be killed.
+Every record is counted: each one the producer was told is acknowledged is delivered, at its offset; a record is
+delivered twice only inside the uncommitted window (at or past the last offset committed before the broker went
+down, first delivered before commits worked again, and never after an acknowledged commit covered it); the group is
+STABLE afterwards with both members, all four partitions and no lag; both instances get records again after the
+restart; commits are refused (409/40903) only while the broker is away or the group settles, each member's are
+all acknowledged from its first acknowledged one after the restart on; the gateway's /healthz answers 200
+throughout. A dedicated broker: the session's must not be killed.
 """
-
 from __future__ import annotations
 
 import asyncio

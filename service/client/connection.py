@@ -624,11 +624,18 @@ class BrokerConnection:
             await asyncio.shield(self._protocol.closed)
 
 
+#: The longest wait between two connection attempts to a broker (as Kafka's Java client,
+#: ``reconnect.backoff.max.ms`` = 1000). A broker that was down for a few seconds is reached again within
+#: about a second of its return; with 10 s, the gateway found a restarted Kafka 4 s late, by when the
+#: group coordinator had expired its members (session timeout) and the group rebalanced.
+RECONNECT_BACKOFF_MAX_S = 1.0
+
+
 class Backoff:
     """Exponential backoff with jitter (pure; the caller sleeps)."""
 
-    def __init__(self, initial: float = 0.1, maximum: float = 10.0, factor: float = 2.0, jitter: float = 0.2,
-                 rng: Any = None) -> None:
+    def __init__(self, initial: float = 0.1, maximum: float = RECONNECT_BACKOFF_MAX_S, factor: float = 2.0,
+                 jitter: float = 0.2, rng: Any = None) -> None:
         import random
 
         self.initial = initial

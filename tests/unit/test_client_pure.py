@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from service.client.client import parse_bootstrap
-from service.client.connection import Backoff
+from service.client.connection import RECONNECT_BACKOFF_MAX_S, Backoff
 from service.client.errors import BrokerResponseError, NoCommonVersionError
 from service.client.metadata import ClusterMetadata
 from service.client.versions import NegotiatedVersions
@@ -104,3 +104,13 @@ def test_broker_response_error_carries_code_and_retriability() -> None:
     assert e.code == 6 and e.retriable and "NOT_LEADER_OR_FOLLOWER" in str(e)
     e2 = BrokerResponseError(22)
     assert not e2.retriable and e2.name == "ILLEGAL_GENERATION"
+
+
+def test_reconnect_backoff_is_capped_at_a_second() -> None:
+    """A broker that was down for a while is tried again at least once a second (Kafka's Java client:
+    reconnect.backoff.max.ms = 1000), so a restarted broker is found again within about a second."""
+    b = Backoff(rng=random.Random(3))
+    delays = [b.failure(now=0.0) for _ in range(30)]
+    assert 0.08 <= delays[0] <= 0.12
+    assert max(delays) <= RECONNECT_BACKOFF_MAX_S * 1.2 and RECONNECT_BACKOFF_MAX_S == 1.0
+    assert delays[-1] >= 0.8

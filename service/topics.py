@@ -26,6 +26,7 @@ from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
 from service.consumer.consumer import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from service.fetch.oneshot import probe_fetch
+from service.fetch.ranges import LEADER_RETRY_PAUSES
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.gateway import GatewayError
 from service.protocol import error_codes as EC
@@ -377,11 +378,17 @@ async def _read_offsets_once(client: KafkaClient, tp: TopicPartition, refresh: b
 
 async def read_offsets(client: KafkaClient, tp: TopicPartition) -> PartitionOffsets:
     """Beginning, end (high watermark) and last stable offset of one partition, from its leader. A stale
-    leader (NOT_LEADER_OR_FOLLOWER and the like) is looked up again once."""
-    try:
-        return await _read_offsets_once(client, tp, refresh=False)
-    except BrokerResponseError as exc:
-        if exc.code not in EC.METADATA_REFRESH_CODES:
-            raise
-        log.debug("offsets of %s-%d: %s; retrying with fresh metadata", tp.topic, tp.partition, exc)
+    leader (NOT_LEADER_OR_FOLLOWER and the like; UNKNOWN_LEADER_EPOCH from a partition Apache Kafka just created)
+    is looked up again, after the pauses of :data:`service.fetch.ranges.LEADER_RETRY_PAUSES`."""
+    refresh = False
+    for pause in LEADER_RETRY_PAUSES:
+        try:
+            return await _read_offsets_once(client, tp, refresh=refresh)
+        except BrokerResponseError as exc:
+            if exc.code not in EC.METADATA_REFRESH_CODES:
+                raise
+            log.debug("offsets of %s-%d: %s; retrying with fresh metadata", tp.topic, tp.partition, exc)
+        if pause:
+            await asyncio.sleep(pause)
+        refresh = True
     return await _read_offsets_once(client, tp, refresh=True)

@@ -88,6 +88,9 @@ MAX_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes default
 MAX_ROUNDS = 8  # fetches per page while they bring only control / aborted batches
 FETCH_WAIT_MS = 5
 MAX_RETRY_WAIT_MS = 500  # an empty answer below the end is asked again with a longer wait
+#: pauses (s) before asking a partition's leader again after NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH and
+#: the like, each time with fresh metadata: the first at once, 1.5 s in all
+LEADER_RETRY_PAUSES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 class OffsetOutOfRange(GatewayError):
@@ -268,17 +271,22 @@ async def _fetch(client: KafkaClient, node: int, tp: TopicPartition, offset: int
 
 async def _fetch_with_leader(client: KafkaClient, tp: TopicPartition, offset: int, isolation: int,
                              max_bytes: int, max_wait_ms: int = FETCH_WAIT_MS) -> Any:
-    """Fetch from the leader; a stale leader (NOT_LEADER_OR_FOLLOWER and the like) is looked up once more."""
-    for refresh in (False, True):
+    """Fetch from the leader; a stale leader (NOT_LEADER_OR_FOLLOWER and the like) is looked up again, at once and
+    then after the short pauses of :data:`LEADER_RETRY_PAUSES` (a partition just created on Apache Kafka answers
+    UNKNOWN_LEADER_EPOCH for a moment)."""
+    refresh = False
+    for pause in (*LEADER_RETRY_PAUSES, None):
         node = await _leader(client, tp, refresh)
         part = await _fetch(client, node, tp, offset, isolation, max_bytes, max_wait_ms)
         code = part.error_code
         if not code:
             return part
         client.handle_error_code(code, tp.topic)
-        if code in EC.METADATA_REFRESH_CODES and not refresh:
-            continue
-        return part
+        if code not in EC.METADATA_REFRESH_CODES or pause is None:
+            return part
+        if pause:
+            await asyncio.sleep(pause)
+        refresh = True
     raise AssertionError("unreachable")  # pragma: no cover
 
 

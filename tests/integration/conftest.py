@@ -102,7 +102,8 @@ def cleanup() -> Iterator[list[GatewayProcess]]:
 def registry_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A Tansu broker of the schema registry's own: on the session broker, after the rest of the suite had used
     it for a while, Karapace's master election never completed ("No master set", its ``_schemas`` topic never
-    created) and the registry did not start within its timeout. Gateways of schema tests start on this one."""
+    created) and the registry did not start within its timeout. It holds only the schemas: the gateways of the schema
+    tests and their records are on the module's ``broker`` (Tansu, then Apache Kafka)."""
     broker = EmbeddedBroker(log_file=tmp_path_factory.mktemp("registry-tansu") / "tansu.log")
     broker.start()
     try:

@@ -25,8 +25,8 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, json_format
 
-from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.proto_orders import order_class
 from tests.registry.server import TestRegistry
@@ -45,9 +45,9 @@ USER_V2 = {"type": "record", "name": "User", "namespace": "docs",
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, schema_registry: str,
+def gw(broker: AnyBroker, schema_registry: str,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry,
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry,
                                               "GATEWAY_AUTO_CREATE_TOPICS": "true"},
                         log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
         yield g
@@ -91,7 +91,7 @@ async def _consume(http: httpx.AsyncClient, topic: str, fmt: str, accept: str, n
 
 
 async def test_avro_docs_flow_with_evolution_and_per_record_errors(
-        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str, topic_name: str) -> None:
+        http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str, topic_name: str) -> None:
     client = SchemaRegistryClient({"url": schema_registry})
     ctx = SerializationContext(topic_name, MessageField.VALUE)
     v1 = AvroSerializer(client, json.dumps(USER_V1))
@@ -99,7 +99,7 @@ async def test_avro_docs_flow_with_evolution_and_per_record_errors(
     values = [v1({"name": "testUser"}, ctx), v2({"name": "ann", "age": 7}, ctx), v2({"name": "bob", "age": None}, ctx),
               b"plain text", frame(2_000_000_000, b"\x02x"), None]
     keys = [None, None, None, None, None, v1({"name": "key"}, SerializationContext(topic_name, MessageField.KEY))]
-    _produce(tansu.bootstrap, topic_name, values, keys)
+    _produce(broker.bootstrap, topic_name, values, keys)
     got = await _consume(http, topic_name, "avro", AVRO, len(values))
     assert [r["offset"] for r in got] == list(range(len(values)))
     assert got[0]["topic"] == topic_name and got[0]["partition"] == 0
@@ -118,11 +118,11 @@ async def test_avro_docs_flow_with_evolution_and_per_record_errors(
                for line in metrics.splitlines()), "decode errors are counted"
 
 
-async def test_avro_stream_ndjson(http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str,
+async def test_avro_stream_ndjson(http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str,
                                   topic_name: str) -> None:
     ser = AvroSerializer(SchemaRegistryClient({"url": schema_registry}), json.dumps(USER_V1))
     ctx = SerializationContext(topic_name, MessageField.VALUE)
-    _produce(tansu.bootstrap, topic_name, [ser({"name": f"u{i}"}, ctx) for i in range(5)])
+    _produce(broker.bootstrap, topic_name, [ser({"name": f"u{i}"}, ctx) for i in range(5)])
     group = f"g-{uuid.uuid4().hex[:8]}"
     r = await http.post(f"/consumers/{group}", json={"format": "avro", "auto.offset.reset": "earliest"},
                         headers={"Content-Type": V2})
@@ -141,7 +141,7 @@ async def test_avro_stream_ndjson(http: httpx.AsyncClient, tansu: EmbeddedBroker
 
 
 async def test_protobuf_with_a_reference_and_message_indexes(
-        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str, topic_name: str) -> None:
+        http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str, topic_name: str) -> None:
     p = f"p{uuid.uuid4().hex[:8]}"
     order_cls = order_class(p, ping_first=True)
     ser = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": schema_registry}),
@@ -150,13 +150,13 @@ async def test_protobuf_with_a_reference_and_message_indexes(
     sent = [{"orderId": "o-1", "total": {"units": "12", "currency": "EUR"}}, {"orderId": "o-2", "total": None}]
     values = [ser(json_format.ParseDict({k: v for k, v in s.items() if v is not None}, order_cls()), ctx)
               for s in sent]
-    _produce(tansu.bootstrap, topic_name, values)
+    _produce(broker.bootstrap, topic_name, values)
     got = await _consume(http, topic_name, "protobuf", PROTOBUF, 2)
     assert got[0]["value"] == sent[0]  # the second message of the file (indexes [1]), its import resolved
     assert got[1]["value"] == {"orderId": "o-2"}  # an unset message field is left out, as JsonFormat prints it
 
 
-async def test_jsonschema(http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str,
+async def test_jsonschema(http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str,
                           topic_name: str) -> None:
     schema = json.dumps({"title": "Event", "type": "object",
                          "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
@@ -164,7 +164,7 @@ async def test_jsonschema(http: httpx.AsyncClient, tansu: EmbeddedBroker, schema
     ser = JSONSerializer(schema, SchemaRegistryClient({"url": schema_registry}))
     ctx = SerializationContext(topic_name, MessageField.VALUE)
     sent = [{"id": 1, "tags": ["a", "ü"]}, {"id": 2}]
-    _produce(tansu.bootstrap, topic_name, [ser(v, ctx) for v in sent])
+    _produce(broker.bootstrap, topic_name, [ser(v, ctx) for v in sent])
     got = await _consume(http, topic_name, "jsonschema", JSONSCHEMA, 2)
     assert [r["value"] for r in got] == sent
 
@@ -180,15 +180,15 @@ async def test_accept_must_match_a_schema_format(http: httpx.AsyncClient) -> Non
 
 
 async def test_registry_faults_lose_nothing_and_no_registry_is_a_clear_error(
-        tansu: EmbeddedBroker, topic_name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        broker: AnyBroker, topic_name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     with TestRegistry() as reg:
         sid = reg.add(f"{topic_name}-value", json.dumps(USER_V1))
         from service.schemas.avro import AvroCodec
 
         codec = AvroCodec(USER_V1)
-        _produce(tansu.bootstrap, topic_name, [frame(sid, codec.encode({"name": f"n{i}"})) for i in range(3)])
+        _produce(broker.bootstrap, topic_name, [frame(sid, codec.encode({"name": f"n{i}"})) for i in range(3)])
         log = tmp_path_factory.mktemp("gwfault") / "gateway.log"
-        with GatewayProcess(tansu.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": reg.url,
+        with GatewayProcess(broker.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": reg.url,
                                                   "GATEWAY_SCHEMA_REGISTRY_TIMEOUT_S": "1"}, log_file=log) as g:
             async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
                 r = await http.post("/consumers/gf", json={"format": "avro", "auto.offset.reset": "earliest"},
@@ -216,7 +216,7 @@ async def test_registry_faults_lose_nothing_and_no_registry_is_a_clear_error(
                 # the records of the failed poll were given back: all three, in order, once
                 assert [(x["offset"], x["value"]["name"]) for x in got] == [(0, "n0"), (1, "n1"), (2, "n2")]
         # a gateway without any registry: the format is refused at create, naming the setting
-        with GatewayProcess(tansu.bootstrap, env={"GATEWAY_EMBEDDED_REGISTRY": "false"},
+        with GatewayProcess(broker.bootstrap, env={"GATEWAY_EMBEDDED_REGISTRY": "false"},
                             log_file=log.with_name("noreg.log")) as g:
             async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
                 r = await http.post("/consumers/gn", json={"format": "protobuf"}, headers={"Content-Type": V2})
@@ -240,9 +240,9 @@ UNION_RECORD = {"id": "one", "attrs": [{"k": "text", "v": "value"}, {"k": "count
 
 
 async def test_avro_renderings_confluent_tags_unions_karapace_does_not(
-        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str, topic_name: str) -> None:
+        http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str, topic_name: str) -> None:
     ser = AvroSerializer(SchemaRegistryClient({"url": schema_registry}), json.dumps(UNION_SCHEMA))
-    _produce(tansu.bootstrap, topic_name, [ser(UNION_RECORD, SerializationContext(topic_name, MessageField.VALUE))],
+    _produce(broker.bootstrap, topic_name, [ser(UNION_RECORD, SerializationContext(topic_name, MessageField.VALUE))],
              keys=[b"plain-key"])
     got: dict[str, dict[str, Any]] = {}
     for rendering in ("karapace", "confluent"):
@@ -323,7 +323,7 @@ async def test_karapace_avro_scenarios_through_produce_and_consume(http: httpx.A
         assert got == records, topic
 
 
-async def test_each_tenant_reads_with_its_own_registry(tansu: EmbeddedBroker, topic_name: str,
+async def test_each_tenant_reads_with_its_own_registry(broker: AnyBroker, topic_name: str,
                                                       tmp_path_factory: pytest.TempPathFactory) -> None:
     """Two tenants name two registries in the tenants file, where schema id 1 is not the same schema: the same
     record bytes decode with each tenant's own schema (no cache shared across registries); a third tenant
@@ -340,7 +340,7 @@ async def test_each_tenant_reads_with_its_own_registry(tansu: EmbeddedBroker, to
     with TestRegistry() as reg_a, TestRegistry() as reg_b:
         assert reg_a.add("x", json.dumps(left)) == reg_b.add("y", json.dumps(right))
         sid = reg_a.add("x", json.dumps(left))
-        _produce(tansu.bootstrap, topic_name, [frame(sid, AvroCodec(left).encode({"a": "hé"}))])
+        _produce(broker.bootstrap, topic_name, [frame(sid, AvroCodec(left).encode({"a": "hé"}))])
         d = tmp_path_factory.mktemp("tenant-registries")
         (d / "tenants.yaml").write_text(f"""version: 1
 tenants:
@@ -353,7 +353,7 @@ tenants:
   - id: gamma
     api_keys: ["{sha('key-gamma')}"]
 """)
-        with GatewayProcess(tansu.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
+        with GatewayProcess(broker.bootstrap, env={"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml")},
                             log_file=d / "gw.log") as g:
             async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
                 seen = {}

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.routing import owner, routing_key
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_durable_replicas import DURABLE
 from tests.integration.test_replicas import (
@@ -56,12 +56,12 @@ async def held_by(procs: dict[str, GatewayProcess], group: str, name: str) -> se
 
 
 async def test_scale_out_moves_only_the_instances_the_new_replica_owns(
-        tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str, tmp_path: Path,
+        broker: AnyBroker, bclient: KafkaClient, topic_name: str, tmp_path: Path,
         cleanup: list[GatewayProcess]) -> None:
     parts = 4
-    await kclient.create_topics({topic_name: parts})
-    produced = await asyncio.to_thread(produce, tansu.bootstrap, topic_name, 0, 1000, parts)
-    procs = replica_set(tansu, tmp_path, ABC, env={**DURABLE, "GATEWAY_INSTANCE_MOVE_AFTER_S": str(MOVE_AFTER_S)})
+    await bclient.create_topics({topic_name: parts})
+    produced = await asyncio.to_thread(produce, broker.bootstrap, topic_name, 0, 1000, parts)
+    procs = replica_set(broker, tmp_path, ABC, env={**DURABLE, "GATEWAY_INSTANCE_MOVE_AFTER_S": str(MOVE_AFTER_S)})
     cleanup += procs.values()
     start(procs["a"], procs["b"])  # c is listed as a peer but starts later
     await converged([procs["a"], procs["b"]], set(AB))
@@ -115,7 +115,7 @@ async def test_scale_out_moves_only_the_instances_the_new_replica_owns(
     async def producer() -> None:
         n = 1000
         while not fed.is_set():
-            produced.update(await asyncio.to_thread(produce, tansu.bootstrap, topic_name, n, 100, parts))
+            produced.update(await asyncio.to_thread(produce, broker.bootstrap, topic_name, n, 100, parts))
             n += 100
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(fed.wait(), 0.3)

@@ -28,8 +28,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -67,8 +67,8 @@ def _blocks(count: int, n: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, schema_registry: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry},
+def gw(broker: AnyBroker, schema_registry: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry},
                         log_file=tmp_path_factory.mktemp("gw") / "gateway.log") as g:
         yield g
 
@@ -164,12 +164,12 @@ def _refused(rec: dict[str, Any], raw: bytes, why: str) -> None:
 
 
 async def test_a_value_nested_20000_levels_is_that_records_error(
-        http: httpx.AsyncClient, gw: GatewayProcess, tansu: EmbeddedBroker, schema_registry: str) -> None:
-    topic = _topic(tansu.bootstrap)
+        http: httpx.AsyncClient, gw: GatewayProcess, broker: AnyBroker, schema_registry: str) -> None:
+    topic = _topic(broker.bootstrap)
     sid = _register(schema_registry, f"{topic}-value", RECURSIVE)
     deep = frame(sid, _deep(DEEP_LEVELS))
     healthy = frame(sid, _deep(3))
-    _produce(tansu.bootstrap, topic, [deep, healthy])
+    _produce(broker.bootstrap, topic, [deep, healthy])
 
     got, _ = await _poll(http, topic, 2)  # on a gateway without the limits the process dies here (SIGSEGV)
     _refused(got[0], deep, "nested deeper than 64 levels")
@@ -190,8 +190,8 @@ async def test_a_value_nested_20000_levels_is_that_records_error(
 
 
 async def test_amplifying_block_counts_are_refused_small_and_fast(
-        http: httpx.AsyncClient, gw: GatewayProcess, tansu: EmbeddedBroker, schema_registry: str) -> None:
-    topic = _topic(tansu.bootstrap)
+        http: httpx.AsyncClient, gw: GatewayProcess, broker: AnyBroker, schema_registry: str) -> None:
+    topic = _topic(broker.bootstrap)
     nulls = _register(schema_registry, f"{topic}-value", NULLS)
     empties = _register(schema_registry, f"{topic}-empties", EMPTIES)
     # ~900 bytes claiming 300 blocks of 65,536 nulls (98 MB of JSON), then single blocks of 2**62 and 65,537
@@ -199,11 +199,11 @@ async def test_amplifying_block_counts_are_refused_small_and_fast(
                frame(empties, _blocks(2**62, 1)), frame(empties, _blocks(65_537, 1))]
     assert all(len(a) < 1024 for a in attacks)
     healthy = frame(nulls, _blocks(3, 1))
-    _produce(tansu.bootstrap, topic, [*attacks, healthy])
+    _produce(broker.bootstrap, topic, [*attacks, healthy])
     assert gw.proc is not None
     # warm the avro path (schemas, programs) so that the peak measured below is the attack's
-    warm = _topic(tansu.bootstrap)
-    _produce(tansu.bootstrap, warm, [healthy])
+    warm = _topic(broker.bootstrap)
+    _produce(broker.bootstrap, warm, [healthy])
     await _poll(http, warm, 1)
     before = _peak_rss(gw.proc.pid)
 

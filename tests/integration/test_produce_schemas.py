@@ -1,7 +1,7 @@
 """Produce formats avro, protobuf and jsonschema (issue 23 item 3) against a real registry.
 
-Gateways run in-process (``create_app`` over httpx's ASGI transport, a few ms each) on the suite's Tansu broker,
-pointed at the real Karapace registry (``schema_registry``; its own broker holds only the schemas). Records are
+Gateways run in-process (``create_app`` over httpx's ASGI transport, a few ms each) on the module's broker
+(Tansu, then Kafka), pointed at the real Karapace registry (``schema_registry``; its own broker holds only the schemas). Records are
 read back from Kafka raw and decoded with confluent-kafka's own AvroDeserializer / ProtobufDeserializer /
 JSONDeserializer against the same registry. Bodies marked "verbatim" are Confluent's v2 documentation examples.
 """
@@ -31,9 +31,10 @@ from google.protobuf.descriptor_pool import DescriptorPool
 
 from api.app import create_app
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded import free_port
 from service.schemas.wire import unframe
 from service.settings import Settings
+from tests.conftest import AnyBroker
 from tests.integration.proto_orders import order_class
 
 pytestmark = pytest.mark.integration
@@ -53,8 +54,8 @@ async def gateway(bootstrap: str, **settings: Any) -> AsyncIterator[httpx.AsyncC
 
 
 @pytest.fixture
-async def http(tansu: EmbeddedBroker, schema_registry: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with gateway(tansu.bootstrap, schema_registry_url=schema_registry) as c:
+async def http(broker: AnyBroker, schema_registry: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with gateway(broker.bootstrap, schema_registry_url=schema_registry) as c:
         yield c
 
 
@@ -118,11 +119,11 @@ def user_class(package: str) -> Any:
 
 
 # -- Confluent's documented examples, read back by confluent-kafka ---------------------------------------------
-async def test_docs_examples_verbatim(http: httpx.AsyncClient, kclient: KafkaClient, tansu: EmbeddedBroker,
+async def test_docs_examples_verbatim(http: httpx.AsyncClient, bclient: KafkaClient, broker: AnyBroker,
                                       schema_registry: str, topic_name: str) -> None:
     registry = SchemaRegistryClient({"url": schema_registry})
     avro_t, proto_t, json_t, two_t = (f"{topic_name}-{s}" for s in ("avro", "proto", "json", "two"))
-    await kclient.create_topics({avro_t: 1, proto_t: 1, json_t: 1, two_t: 2})
+    await bclient.create_topics({avro_t: 1, proto_t: 1, json_t: 1, two_t: 2})
 
     # the quick start's avro example
     body = ('{"value_schema": "{\\"type\\": \\"record\\", \\"name\\": \\"User\\", \\"fields\\": [{\\"name\\": '
@@ -130,7 +131,7 @@ async def test_docs_examples_verbatim(http: httpx.AsyncClient, kclient: KafkaCli
     out = produced(await http.post(f"/topics/{avro_t}", content=body, headers=AVRO), 1)
     assert out["offsets"] == [{"partition": 0, "offset": 0, "error_code": None, "error": None}]
     assert registry.get_latest_version(f"{avro_t}-value").schema_id == out["value_schema_id"]  # TopicNameStrategy
-    [m] = read_raw(tansu.bootstrap, avro_t, 1)
+    [m] = read_raw(broker.bootstrap, avro_t, 1)
     assert unframe(m.value()).schema_id == out["value_schema_id"] and m.key() is None
     ctx = SerializationContext(avro_t, MessageField.VALUE)
     assert AvroDeserializer(registry)(m.value(), ctx) == {"name": "testUser"}
@@ -140,7 +141,7 @@ async def test_docs_examples_verbatim(http: httpx.AsyncClient, kclient: KafkaCli
             '"records": [{"value": {"name": "testUser"}}]}')
     out = produced(await http.post(f"/topics/{proto_t}", content=body, headers=PROTOBUF), 1)
     assert registry.get_schema(out["value_schema_id"]).schema_type == "PROTOBUF"
-    [m] = read_raw(tansu.bootstrap, proto_t, 1)
+    [m] = read_raw(broker.bootstrap, proto_t, 1)
     fr = unframe(m.value(), protobuf=True)
     assert fr.schema_id == out["value_schema_id"] and fr.message_indexes == (0,)
     cls = user_class(f"p{uuid.uuid4().hex[:8]}")
@@ -152,7 +153,7 @@ async def test_docs_examples_verbatim(http: httpx.AsyncClient, kclient: KafkaCli
     body = ('{"value_schema": "{\\"type\\":\\"object\\",\\"properties\\":{\\"f1\\":{\\"type\\":\\"string\\"}}}", '
             '"records": [{"value": {"f1": "bar"}}]}')
     out = produced(await http.post(f"/topics/{json_t}", content=body, headers=JSONSCHEMA), 1)
-    [m] = read_raw(tansu.bootstrap, json_t, 1)
+    [m] = read_raw(broker.bootstrap, json_t, 1)
     assert JSONDeserializer(None, schema_registry_client=registry)(
         m.value(), SerializationContext(json_t, MessageField.VALUE)) == {"f1": "bar"}
 
@@ -163,16 +164,16 @@ async def test_docs_examples_verbatim(http: httpx.AsyncClient, kclient: KafkaCli
     first_partition = out["offsets"][0]["partition"]  # keyless: the sticky partition
     assert [(o["partition"], o["offset"]) for o in out["offsets"]] == [(first_partition, 0),
                                                                        (1, int(first_partition == 1))]
-    got = read_raw(tansu.bootstrap, two_t, 2, partitions=2)
+    got = read_raw(broker.bootstrap, two_t, 2, partitions=2)
     deser = AvroDeserializer(registry)
     assert sorted(deser(m.value(), SerializationContext(two_t, MessageField.VALUE)) for m in got) == [12, 24]
 
 
-async def test_keys_ids_and_evolution(http: httpx.AsyncClient, kclient: KafkaClient, tansu: EmbeddedBroker,
+async def test_keys_ids_and_evolution(http: httpx.AsyncClient, bclient: KafkaClient, broker: AnyBroker,
                                       schema_registry: str, topic_name: str) -> None:
     """Schema text, then a compatible evolution (a field added with a default), then both by id: three
     posts, two ids, every record read back by confluent-kafka with its own writer schema."""
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     registry = SchemaRegistryClient({"url": schema_registry})
     v1 = {"type": "record", "name": "User", "namespace": "p23", "fields": [{"name": "name", "type": "string"}]}
     v2 = {**v1, "fields": [*v1["fields"], {"name": "age", "type": "int", "default": -1}]}
@@ -194,7 +195,7 @@ async def test_keys_ids_and_evolution(http: httpx.AsyncClient, kclient: KafkaCli
         "records": [{"key": {"id": 2}, "value": {"name": "ed"}}]}), 1, key_id=key_id, value_id=id1)
     assert third["offsets"][0]["offset"] == 4
 
-    msgs = read_raw(tansu.bootstrap, topic_name, 5)
+    msgs = read_raw(broker.bootstrap, topic_name, 5)
     vctx, kctx = (SerializationContext(topic_name, f) for f in (MessageField.VALUE, MessageField.KEY))
     deser = AvroDeserializer(registry)
     assert [unframe(m.value()).schema_id for m in msgs] == [id1, id1, id2, id2, id1]
@@ -204,10 +205,10 @@ async def test_keys_ids_and_evolution(http: httpx.AsyncClient, kclient: KafkaCli
         {"id": 1}, None, None, None, {"id": 2}]
 
 
-async def test_protobuf_and_jsonschema_by_id(http: httpx.AsyncClient, kclient: KafkaClient, tansu: EmbeddedBroker,
+async def test_protobuf_and_jsonschema_by_id(http: httpx.AsyncClient, bclient: KafkaClient, broker: AnyBroker,
                                              schema_registry: str, topic_name: str) -> None:
     proto_t, json_t = f"{topic_name}-p", f"{topic_name}-j"
-    await kclient.create_topics({proto_t: 1, json_t: 1})
+    await bclient.create_topics({proto_t: 1, json_t: 1})
     registry = SchemaRegistryClient({"url": schema_registry})
     package = f"p{uuid.uuid4().hex[:8]}"
     proto = f'syntax = "proto3";\npackage {package};\n\nmessage User {{\n  string name = 1;\n}}\n'
@@ -219,7 +220,7 @@ async def test_protobuf_and_jsonschema_by_id(http: httpx.AsyncClient, kclient: K
     deser = ProtobufDeserializer(user_class(package), {"use.deprecated.format": False})
     ctx = SerializationContext(proto_t, MessageField.VALUE)
     assert [json_format.MessageToDict(deser(m.value(), ctx), always_print_fields_with_no_presence=True)
-            for m in read_raw(tansu.bootstrap, proto_t, 3)] == [{"name": "a"}, {"name": "b"}, {"name": ""}]
+            for m in read_raw(broker.bootstrap, proto_t, 3)] == [{"name": "a"}, {"name": "b"}, {"name": ""}]
 
     schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}, "big": {"type": "integer"}},
                          "required": ["n"]})
@@ -232,16 +233,16 @@ async def test_protobuf_and_jsonschema_by_id(http: httpx.AsyncClient, kclient: K
              key_id=first["key_schema_id"], value_id=first["value_schema_id"])
     jd = JSONDeserializer(None, schema_registry_client=registry)
     vctx, kctx = (SerializationContext(json_t, f) for f in (MessageField.VALUE, MessageField.KEY))
-    msgs = read_raw(tansu.bootstrap, json_t, 2)
+    msgs = read_raw(broker.bootstrap, json_t, 2)
     assert [jd(m.value(), vctx) for m in msgs] == [{"n": 1}, {"n": 2, "big": 9007199254740993}]
     assert [jd(m.key(), kctx) for m in msgs] == ["k", "k2"]
 
 
-async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, kclient: KafkaClient,
-                                                    tansu: EmbeddedBroker, schema_registry: str,
+async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, bclient: KafkaClient,
+                                                    broker: AnyBroker, schema_registry: str,
                                                     topic_name: str) -> None:
     """A schema id whose .proto imports another registered schema: encoded with the import resolved."""
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     p = f"p{uuid.uuid4().hex[:8]}"
     registry = SchemaRegistryClient({"url": schema_registry})
     dep_text = f'syntax = "proto3";\npackage {p}.money;\n\nmessage Money {{\n  int64 units = 1;\n  string currency = 2;\n}}\n'
@@ -255,14 +256,14 @@ async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, kcli
         "value_schema_id": main_id, "records": [{"value": sent}]}), 1, value_id=main_id)
 
     cls = order_class(p)
-    [m] = read_raw(tansu.bootstrap, topic_name, 1)
+    [m] = read_raw(broker.bootstrap, topic_name, 1)
     assert unframe(m.value(), protobuf=True).message_indexes == (0,)
     msg = ProtobufDeserializer(cls, {"use.deprecated.format": False})(
         m.value(), SerializationContext(topic_name, MessageField.VALUE))
     assert json_format.MessageToDict(msg) == sent
 
 
-async def test_round_trip_through_the_gateway(http: httpx.AsyncClient, kclient: KafkaClient,
+async def test_round_trip_through_the_gateway(http: httpx.AsyncClient, bclient: KafkaClient,
                                               topic_name: str) -> None:
     """Produced through the gateway, consumed through the gateway (each format's media type): the same JSON."""
     cases = {
@@ -276,7 +277,7 @@ async def test_round_trip_through_the_gateway(http: httpx.AsyncClient, kclient: 
     }
     for fmt, (headers, schema, values) in cases.items():
         topic = f"{topic_name}-{fmt}"
-        await kclient.create_topics({topic: 1})
+        await bclient.create_topics({topic: 1})
         produced(await http.post(f"/topics/{topic}", headers=headers, json={
             "value_schema": schema, "records": [{"value": v} for v in values]}), len(values))
         group = f"g-{uuid.uuid4().hex[:8]}"
@@ -303,8 +304,8 @@ async def test_round_trip_through_the_gateway(http: httpx.AsyncClient, kclient: 
 
 # -- refusals: nothing half-written ------------------------------------------------------------------------------
 async def test_a_bad_record_fails_the_request_and_nothing_is_produced(
-        http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+        http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     schema = json.dumps({"type": "record", "name": "P", "namespace": "p23",
                          "fields": [{"name": "name", "type": "string"}, {"name": "age", "type": "int"}]})
     records = [{"value": {"name": "a", "age": 1}}, {"value": {"name": "b", "age": 2}},
@@ -316,7 +317,7 @@ async def test_a_bad_record_fails_the_request_and_nothing_is_produced(
     # the same for protobuf (an unknown field) and jsonschema (a type), at index 1 (topics of their own: the
     # schema was registered under <topic>-value, a schema of another type would be incompatible there)
     proto_t, json_t = f"{topic_name}-p", f"{topic_name}-j"
-    await kclient.create_topics({proto_t: 1, json_t: 1})
+    await bclient.create_topics({proto_t: 1, json_t: 1})
     proto = 'syntax = "proto3"; package p23bad; message M { int32 n = 1; }'
     refused(await http.post(f"/topics/{proto_t}", headers=PROTOBUF, json={
         "value_schema": proto, "records": [{"value": {"n": 1}}, {"value": {"m": 2}}]}), 422, 42203,
@@ -337,8 +338,8 @@ async def test_a_bad_record_fails_the_request_and_nothing_is_produced(
     assert await end_offset(http, topic_name) == 1500
 
 
-async def test_schema_errors(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_schema_errors(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     post = http.post
     url = f"/topics/{topic_name}"
     refused(await post(url, headers=AVRO, json={"value_schema": '"int"', "records": [{"key": 1, "value": 1}]}),
@@ -365,13 +366,13 @@ async def test_schema_errors(http: httpx.AsyncClient, kclient: KafkaClient, topi
         "value_schema": v1, "records": [{"value": {"a": "x"}}]}), 404, 40401)
 
 
-async def test_subject_name_strategies(tansu: EmbeddedBroker, kclient: KafkaClient, schema_registry: str,
+async def test_subject_name_strategies(broker: AnyBroker, bclient: KafkaClient, schema_registry: str,
                                        topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+    await bclient.create_topics({topic_name: 1})
     ns = f"p{uuid.uuid4().hex[:8]}"
     key = json.dumps({"type": "record", "name": "K", "namespace": ns, "fields": [{"name": "id", "type": "int"}]})
     value = json.dumps({"type": "record", "name": "V", "namespace": ns, "fields": [{"name": "s", "type": "string"}]})
-    async with gateway(tansu.bootstrap, schema_registry_url=schema_registry,
+    async with gateway(broker.bootstrap, schema_registry_url=schema_registry,
                        schema_subject_name_strategy="TopicRecordNameStrategy",
                        schema_key_subject_name_strategy="RecordNameStrategy") as http:
         out = produced(await http.post(f"/topics/{topic_name}", headers=AVRO, json={
@@ -385,10 +386,10 @@ async def test_subject_name_strategies(tansu: EmbeddedBroker, kclient: KafkaClie
     assert registry.get_latest_version(f"{topic_name}-{ns}.V").schema_id == out["value_schema_id"]
 
 
-async def test_registry_down_and_no_registry(tansu: EmbeddedBroker, kclient: KafkaClient, topic_name: str) -> None:
-    await kclient.create_topics({topic_name: 1})
+async def test_registry_down_and_no_registry(broker: AnyBroker, bclient: KafkaClient, topic_name: str) -> None:
+    await bclient.create_topics({topic_name: 1})
     body = {"value_schema": '"string"', "records": [{"value": "x"}]}
-    async with gateway(tansu.bootstrap, schema_registry_url=f"http://127.0.0.1:{free_port()}",
+    async with gateway(broker.bootstrap, schema_registry_url=f"http://127.0.0.1:{free_port()}",
                        schema_registry_timeout_s=2) as http:
         r = await http.post(f"/topics/{topic_name}", headers=AVRO, json=body)
         refused(r, 503, 50307, "unreachable")
@@ -396,7 +397,7 @@ async def test_registry_down_and_no_registry(tansu: EmbeddedBroker, kclient: Kaf
         refused(await http.post(f"/topics/{topic_name}", headers=PROTOBUF, json={
             "value_schema_id": 1, "records": [{"value": {}}]}), 503, 50307)
         assert await end_offset(http, topic_name) == 0
-    async with gateway(tansu.bootstrap) as http:
+    async with gateway(broker.bootstrap) as http:
         for headers in (AVRO, PROTOBUF, JSONSCHEMA):
             refused(await http.post(f"/topics/{topic_name}", headers=headers, json=body), 422, 42211,
                     "GATEWAY_SCHEMA_REGISTRY_URL")

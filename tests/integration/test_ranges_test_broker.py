@@ -248,3 +248,27 @@ async def test_an_offset_outside_the_log_names_the_bounds_though_the_broker_answ
             assert fetched and (fetched[0].error_code, fetched[0].high_watermark) == (EC.OFFSET_OUT_OF_RANGE, -1)
         finally:
             await client.close()
+
+
+async def test_a_partition_whose_leader_does_not_know_its_epoch_yet_is_asked_again() -> None:
+    """Apache Kafka answers a fetch of a partition it created a moment ago with UNKNOWN_LEADER_EPOCH (75) for a
+    while (seen right after CreateTopics): read_page and read_offsets ask again with fresh metadata, after short
+    pauses, instead of failing the range read with a 503."""
+    from service.topics import read_offsets
+
+    async with TestCluster(topics={"t": 1}) as cluster:
+        for v in (b"a", b"b", b"c"):
+            cluster.append("t", 0, [v])
+        client = KafkaClient(cluster.bootstrap_servers)
+        try:
+            since = len(cluster.requests(ApiKey.FETCH))
+            cluster.error(ApiKey.FETCH, EC.UNKNOWN_LEADER_EPOCH, count=3, depth=2)
+            page = await read_page(client, TP, 0)
+            assert [r.value for r in page.records] == [b"a", b"b", b"c"]
+            fetches = cluster.requests(ApiKey.FETCH)[since:]
+            assert [e.response.responses[0].partitions[0].error_code for e in fetches][:4] == [75, 75, 75, 0]
+            fault = cluster.error(ApiKey.LIST_OFFSETS, EC.UNKNOWN_LEADER_EPOCH, count=2, depth=2)
+            bounds = await read_offsets(client, TP)
+            assert (bounds.beginning_offset, bounds.end_offset) == (0, 3) and fault.applied == 2
+        finally:
+            await client.close()

@@ -23,8 +23,8 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2
 
-from service.embedded import EmbeddedBroker
 from service.schemas.wire import frame
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.proto_orders import order_class
 
@@ -44,9 +44,9 @@ ORDER_BAD = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, schema_registry: str,
+def gw(broker: AnyBroker, schema_registry: str,
        tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(tansu.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry},
+    with GatewayProcess(broker.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": schema_registry},
                         log_file=tmp_path_factory.mktemp("gw-typed") / "gateway.log") as g:
         yield g
 
@@ -86,8 +86,8 @@ def order(i: int, **extra: Any) -> dict[str, Any]:
 
 
 async def test_avro_range_with_evolution_reads_typed_columns(
-        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str) -> None:
-    topic = new_topic(tansu.bootstrap)
+        http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str) -> None:
+    topic = new_topic(broker.bootstrap)
     client = SchemaRegistryClient({"url": schema_registry})
     ctx = SerializationContext(topic, MessageField.VALUE)
     v1, v2 = AvroSerializer(client, json.dumps(ORDER_V1)), AvroSerializer(client, json.dumps(ORDER_V2))
@@ -95,7 +95,7 @@ async def test_avro_range_with_evolution_reads_typed_columns(
     values = [v1(order(i), ctx) for i in range(3)] + [v2(order(i, note=f"n{i}"), ctx) for i in range(3, 6)]
     values += [b"not avro", None, frame(2_000_000_000, b"\x02"),
                bad({"id": "x"}, SerializationContext(f"{topic}-other", MessageField.VALUE))]
-    produce(tansu.bootstrap, topic, values)
+    produce(broker.bootstrap, topic, values)
     id1 = client.get_latest_version(f"{topic}-value").schema_id  # v2 is the subject's latest
     id_v1 = client.get_version(f"{topic}-value", 1).schema_id
 
@@ -150,15 +150,15 @@ async def test_avro_range_with_evolution_reads_typed_columns(
     assert seen == list(range(6))
 
 
-async def test_jsonschema_typed_range(http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str) -> None:
-    topic = new_topic(tansu.bootstrap)
+async def test_jsonschema_typed_range(http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str) -> None:
+    topic = new_topic(broker.bootstrap)
     client = SchemaRegistryClient({"url": schema_registry})
     schema = {"type": "object", "title": "Evt", "properties": {
         "n": {"type": "integer"}, "who": {"$ref": "#/definitions/who"}, "any": {}},
         "definitions": {"who": {"type": "object", "properties": {"name": {"type": ["null", "string"]}}}}}
     ser = JSONSerializer(json.dumps(schema), client)
     ctx = SerializationContext(topic, MessageField.VALUE)
-    produce(tansu.bootstrap, topic, [ser({"n": i, "who": {"name": f"w{i}"}, "any": [i]}, ctx) for i in range(3)])
+    produce(broker.bootstrap, topic, [ser({"n": i, "who": {"name": f"w{i}"}, "any": [i]}, ctx) for i in range(3)])
     t, _ = await typed_page(http, topic, format="jsonschema")
     vt = t.schema.field("value").type
     assert vt.field("n").type == pa.int64() and vt.field("who").type == pa.struct([("name", pa.string())])
@@ -167,8 +167,8 @@ async def test_jsonschema_typed_range(http: httpx.AsyncClient, tansu: EmbeddedBr
 
 
 async def test_protobuf_typed_range_with_a_reference_and_evolution(
-        http: httpx.AsyncClient, tansu: EmbeddedBroker, schema_registry: str) -> None:
-    topic = new_topic(tansu.bootstrap)
+        http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str) -> None:
+    topic = new_topic(broker.bootstrap)
     client = SchemaRegistryClient({"url": schema_registry})
     ctx = SerializationContext(topic, MessageField.VALUE)
     values = []
@@ -182,7 +182,7 @@ async def test_protobuf_typed_range_with_a_reference_and_evolution(
             if with_note:
                 msg.note = f"n{i}"
             values.append(ser(msg, ctx))
-    produce(tansu.bootstrap, topic, values)
+    produce(broker.bootstrap, topic, values)
     t, _ = await typed_page(http, topic, format="protobuf")
     vt = t.schema.field("value").type
     assert [f.name for f in vt] == ["order_id", "total", "note"]  # the latest writer's Order (indexes [1])
@@ -195,8 +195,8 @@ async def test_protobuf_typed_range_with_a_reference_and_evolution(
     assert len(set(t.column("value_schema_id").to_pylist())) == 2 and set(t.column("error").to_pylist()) == {None}
 
 
-async def test_typed_range_request_errors(http: httpx.AsyncClient, tansu: EmbeddedBroker) -> None:
-    topic = new_topic(tansu.bootstrap)
+async def test_typed_range_request_errors(http: httpx.AsyncClient, broker: AnyBroker) -> None:
+    topic = new_topic(broker.bootstrap)
     path = f"/topics/{topic}/partitions/0/records"
     r = await http.get(path, params={"offset": 0, "format": "avro"},
                        headers={"Accept": "application/vnd.kafka.json.v2+json"})

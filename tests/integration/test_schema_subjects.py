@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -45,14 +45,14 @@ tenants:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, schema_registry: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, schema_registry: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("schema-subjects")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
     env = {"GATEWAY_TENANTS_FILE": str(f), "GATEWAY_SCHEMA_REGISTRY_URL": schema_registry,
            # values by record name (the attack), keys by topic name (<topic>-key)
            "GATEWAY_SCHEMA_VALUE_SUBJECT_NAME_STRATEGY": "RecordNameStrategy"}
-    with GatewayProcess(tansu.bootstrap, env=env, log_file=d / "gw.log") as g:
+    with GatewayProcess(broker.bootstrap, env=env, log_file=d / "gw.log") as g:
         yield g
 
 
@@ -87,10 +87,10 @@ def refused(r: httpx.Response, status: int, code: int) -> str:
 
 
 @pytest.fixture
-async def setup(http: httpx.AsyncClient, kclient: KafkaClient, topic_name: str) -> dict[str, Any]:
+async def setup(http: httpx.AsyncClient, bclient: KafkaClient, topic_name: str) -> dict[str, Any]:
     """Tenant A's record ``ta.<ns>.Secret`` registered by A's produce; a topic of each tenant."""
     ta_topic, tb_topic = f"sa-{topic_name}", f"sb-{topic_name}"
-    await kclient.create_topics({ta_topic: 1, tb_topic: 1})
+    await bclient.create_topics({ta_topic: 1, tb_topic: 1})
     name = f"ta.n{uuid.uuid4().hex[:8]}.Secret"
     schema = record(name, (SECRET_FIELD, "string"))
     out = ok(await http.post(f"/topics/{ta_topic}", headers=avro(KEY_A), json={

@@ -1,7 +1,8 @@
-"""The Spark sink (``sink``), end to end on Tansu through a real gateway process: committed transactions, an
-open transaction holding partition 0 at its LSO, plain records; available-now runs into parquet (read back
-through Spark) and Delta (read back with delta-rs / pyarrow); a second run picks up only the new records;
-the batch reader; bad input; on Apache Kafka, aborted transactions never reach the table. One Spark session
+"""The Spark sink (``sink``), end to end through a real gateway process on the module's broker. On Tansu:
+committed transactions, an open transaction holding partition 0 at its LSO, plain records; available-now runs
+into parquet (read back through Spark) and Delta (read back with delta-rs / pyarrow); a second run picks up only
+the new records. On both: the batch reader and its commit group; bad input. On Apache Kafka: aborted transactions
+never reach the table. One Spark session
 (local[2]) for the module."""
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from service.embedded import EmbeddedBroker
-from service.embedded_kafka import EmbeddedKafka
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_kafka_transactions import assert_exactly, write_interleaved
 from tests.integration.test_kafka_transactions import create_topic as create_txn_topic
@@ -32,9 +32,9 @@ Row = tuple[str, int, int, bytes | None, bytes]  # topic, partition, offset, key
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("sink-gw")
-    g = GatewayProcess(tansu.bootstrap, log_file=d / "gw.log")
+    g = GatewayProcess(broker.bootstrap, log_file=d / "gw.log")
     g.start()
     try:
         yield g
@@ -94,13 +94,16 @@ def table_rows(spark: Any, path: Path, fmt: str) -> list[Row]:
     return sorted(zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True))
 
 
+# Tansu only: on Kafka, test_on_kafka_aborted_transactions_never_reach_the_table covers committed transactions, an
+# open one holding its partition and a second run taking what it held (the formats and triggers are the sink's)
+@pytest.mark.parametrize("broker", ["tansu"], indirect=True, scope="module")
 @pytest.mark.parametrize("fmt", ["parquet", "delta"])
 def test_available_now_exactly_the_committed_records_then_only_new_ones(
-        tansu: EmbeddedBroker, gw: GatewayProcess, spark: Any, tmp_path: Path, fmt: str) -> None:
+        broker: AnyBroker, gw: GatewayProcess, spark: Any, tmp_path: Path, fmt: str) -> None:
     from sink.cli import run
 
-    topic = create_topic(tansu.bootstrap, 2)
-    b = tansu.bootstrap
+    topic = create_topic(broker.bootstrap, 2)
+    b = broker.bootstrap
     want = produce(b, topic, 0, 50, "plain0")
     want += produce(b, topic, 0, 40, "txn0", txn=f"tx-{topic}-a")
     want += produce(b, topic, 1, 30, "txn1", txn=f"tx-{topic}-b")
@@ -128,13 +131,13 @@ def test_available_now_exactly_the_committed_records_then_only_new_ones(
     assert s3["rows"] == 0 and table_rows(spark, tmp_path / f"table-{fmt}", fmt) == got
 
 
-def test_batch_reader_and_commit_group(tansu: EmbeddedBroker, gw: GatewayProcess, spark: Any,
+def test_batch_reader_and_commit_group(broker: AnyBroker, gw: GatewayProcess, spark: Any,
                                        tmp_path: Path) -> None:
     from sink.cli import run
     from sink.groups import GroupCommitter
 
-    topic = create_topic(tansu.bootstrap, 3)
-    want = [r for p in range(3) for r in produce(tansu.bootstrap, topic, p, 40 + p, f"p{p}")]
+    topic = create_topic(broker.bootstrap, 3)
+    want = [r for p in range(3) for r in produce(broker.bootstrap, topic, p, 40 + p, f"p{p}")]
     df = (spark.read.format("kafka_gateway").option("gateway", gw.url).option("topics", topic)
           .option("maxOffsetsPerTask", "16").option("maxBytesPerPage", "200").load())
     assert df.rdd.getNumPartitions() == 3 + 3 + 3
@@ -176,14 +179,9 @@ def test_unknown_topic_is_a_clear_error_and_writes_nothing(gw: GatewayProcess, s
     assert "unreachable" in capsys.readouterr().err
 
 
-# -- on Apache Kafka (this module's Spark session: the session start and the first run's warm-up are paid once) --
-@pytest.fixture(scope="module")
-def kafka_gw(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(kafka.bootstrap, log_file=tmp_path_factory.mktemp("sink-gw-kafka") / "gw.log") as g:
-        yield g
-
-
-def test_on_kafka_aborted_transactions_never_reach_the_table(kafka: EmbeddedKafka, kafka_gw: GatewayProcess,
+# -- on Apache Kafka only (the module's Spark session and its Kafka gateway: paid once) --
+@pytest.mark.parametrize("broker", ["kafka"], indirect=True, scope="module")
+def test_on_kafka_aborted_transactions_never_reach_the_table(broker: AnyBroker, gw: GatewayProcess,
                                                              spark: Any, tmp_path: Path) -> None:
     """Kafka has the aborted-transaction index Tansu lacks: two transactional producers interleave committed and
     aborted transactions over three partitions (tests/integration/test_kafka_transactions.py); the table holds
@@ -191,19 +189,19 @@ def test_on_kafka_aborted_transactions_never_reach_the_table(kafka: EmbeddedKafk
     LSO (later plain records too); once it commits, the next run adds exactly what was held."""
     from sink.cli import run
 
-    b = kafka.bootstrap
+    b = broker.bootstrap
     topic = create_txn_topic(b, 3)
     w = write_interleaved(b, topic, rounds=2)
     assert len(w.committed) == 2 * 6 + 2 * 3 + 3 and len(w.aborted) == 2 * 6
     with open_transaction(b, topic, 4, f"tx-{topic}-open") as txn:  # values t0..t3 on partition 0
         after = {(r[1], r[2], r[4]) for p in range(3) for r in produce(b, topic, p, 3, f"after{p}")}
-        s1 = run(spark, sink_args(kafka_gw, topic, tmp_path, "parquet"), out=io.StringIO())
+        s1 = run(spark, sink_args(gw, topic, tmp_path, "parquet"), out=io.StringIO())
         first = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "table-parquet", "parquet")]
         shown = w.committed | {r for r in after if r[0] != 0}  # partition 0 is held at the open transaction
         assert_exactly(first, shown)
         assert s1["rows"] == len(shown) == 21 + 6
         txn.commit_transaction(30)
-    s2 = run(spark, sink_args(kafka_gw, topic, tmp_path, "parquet"), out=io.StringIO())
+    s2 = run(spark, sink_args(gw, topic, tmp_path, "parquet"), out=io.StringIO())
     got = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "table-parquet", "parquet")]
     opened = {r for r in got if r[2] in {b"t%d" % i for i in range(4)}}
     assert {r[0] for r in opened} == {0} and len(opened) == 4

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,8 +28,8 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
 from service.protocol import records as R
+from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.security.raw_kafka import produce_request
 
@@ -38,8 +39,8 @@ MiB = 1024 * 1024
 LIMIT = 16 * MiB  # the gateway's bound in this test (default 64 MiB)
 BOMB = 100 * MiB  # zeros per bomb
 MARGIN = 48 * MiB  # allocator slack, response buffers, the healthy reads running meanwhile
-TOPIC = "bombs"  # partition 0: gzip bomb @0, zstd bomb @1, healthy records @2..; partition 1: healthy
-OTHER = "healthy-neighbour"
+TOPIC = f"bombs-{uuid.uuid4().hex[:8]}"  # partition 0: gzip bomb @0, zstd bomb @1, healthy records @2..; partition 1: healthy
+OTHER = f"healthy-neighbour-{uuid.uuid4().hex[:8]}"
 HEALTHY = 20
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = {"Accept": "application/vnd.kafka.binary.v2+json"}
@@ -84,10 +85,10 @@ async def _setup(bootstrap: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    asyncio.run(_setup(tansu.bootstrap))
+def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    asyncio.run(_setup(broker.bootstrap))
     log = Path(tmp_path_factory.mktemp("bomb")) / "gateway.log"
-    g = GatewayProcess(tansu.bootstrap, env={"GATEWAY_MAX_BATCH_INFLATED_BYTES": str(LIMIT)}, log_file=log)
+    g = GatewayProcess(broker.bootstrap, env={"GATEWAY_MAX_BATCH_INFLATED_BYTES": str(LIMIT)}, log_file=log)
     with g:
         yield g
 

@@ -11,7 +11,8 @@ default), each into a fresh table and checkpoint:
 The connector's jars come from Maven Central through ``tools/install-spark-kafka.sh`` (a cache outside the
 repository) and are given to the session as ``spark.jars`` (local paths; no ``--packages`` download at run time);
 jars PySpark already ships (Hadoop, Scala, compression codecs, slf4j) are left out. The connector's version is
-PySpark's unless ``--spark-kafka-version`` says otherwise (Maven Central may not serve PySpark's version yet).
+the pom's (``tools/spark-kafka/pom.xml``: PySpark's, or the newest Maven Central serves when it does not serve
+PySpark's yet) unless ``--spark-kafka-version`` says otherwise.
 
 Reported:
 - cold: each side's first run in a fresh process (session start + JVM warm-up), ``--cold-runs`` child processes
@@ -57,10 +58,19 @@ SIDES = ("gateway", "spark-kafka")
 VERSION_RE = re.compile(r"-\d[\w.+-]*\.jar$")
 
 
-def resolve_jars(version: str) -> list[str]:
-    """The connector's jars for ``version`` (resolved into the cache on first use), minus those PySpark ships."""
+def pom_version() -> str:
+    pom = (REPO / "tools" / "spark-kafka" / "pom.xml").read_text()
+    m = re.search(r"<spark.version>(.+?)</spark.version>", pom)
+    assert m, "tools/spark-kafka/pom.xml has no <spark.version>"
+    return m.group(1)
+
+
+def resolve_jars(version: str | None = None) -> list[str]:
+    """The connector's jars for ``version`` (default: the pom's; resolved into the cache on first use), minus
+    those PySpark ships."""
     import pyspark
 
+    version = version or pom_version()
     env = {**os.environ, "KCG_SPARK_KAFKA_VERSION": version}
     r = subprocess.run(["sh", str(REPO / "tools" / "install-spark-kafka.sh")], env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -231,7 +241,7 @@ def main() -> None:
     ap.add_argument("--cold-runs", type=int, default=2, help="cold runs (fresh processes) of each side")
     ap.add_argument("--txn-records", type=int, default=100_000, help="records in the transactional topic")
     ap.add_argument("--txn-size", type=int, default=2_000, help="records per transaction")
-    ap.add_argument("--spark-kafka-version", help="the connector's version (default: PySpark's)")
+    ap.add_argument("--spark-kafka-version", help="the connector's version (default: tools/spark-kafka/pom.xml's)")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     ap.add_argument("--child-config", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -244,9 +254,10 @@ def main() -> None:
     from service.embedded_kafka import EmbeddedKafka
     from sink.cli import stop_session
 
-    version = a.spark_kafka_version or pyspark.__version__
+    version = a.spark_kafka_version or pom_version()
     jars = resolve_jars(version)
-    print(f"pyspark {pyspark.__version__}, spark-sql-kafka-0-10_2.13 {version}: "
+    print(f"pyspark {pyspark.__version__}, spark-sql-kafka-0-10_2.13 {version}"
+          f"{'' if version == pyspark.__version__ else ' (not the same version)'}: "
           f"{', '.join(Path(j).name for j in jars)}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sink-peers-"))
     broker = EmbeddedKafka(heap="1g", fast_start=False, log_file=tmp / "kafka.log")

@@ -39,6 +39,7 @@ test: $(TEST_STAMP) system-deps
 	sh tools/install-node-deps.sh
 	sh tools/install-registry.sh $(PY)
 	sh tools/install-kafka.sh > /dev/null
+	sh tools/install-spark-kafka.sh > /dev/null
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
 

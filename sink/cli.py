@@ -93,7 +93,10 @@ def read_key_file(path: str) -> str:
     return key
 
 
-def build_session(master: str = "local[2]", driver_memory: str = "2g", app_name: str = "kafka-gateway-sink") -> Any:
+def build_session(master: str = "local[2]", driver_memory: str = "2g", app_name: str = "kafka-gateway-sink",
+                  conf: dict[str, str] | None = None) -> Any:
+    """A Spark session for the sink (``kafka_gateway`` registered); ``conf``: extra Spark settings, e.g.
+    ``spark.jars`` (they must be set before the JVM starts)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -106,15 +109,17 @@ def build_session(master: str = "local[2]", driver_memory: str = "2g", app_name:
         opts = java_options()  # a class-data-sharing archive: faster JVM start and first batch
         if opts:
             builder = builder.config("spark.driver.extraJavaOptions", opts)
-    spark = (builder.master(master).appName(app_name)
-             .config("spark.driver.memory", driver_memory)
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
-             .config("spark.python.worker.reuse", "true")
-             .getOrCreate())
+    builder = (builder.master(master).appName(app_name)
+               .config("spark.driver.memory", driver_memory)
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+               .config("spark.python.worker.reuse", "true"))
+    for k, v in (conf or {}).items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from sink.source import register
 

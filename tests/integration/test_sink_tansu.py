@@ -2,13 +2,15 @@
 committed transactions, an open transaction holding partition 0 at its LSO, plain records; available-now runs
 into parquet (read back through Spark) and Delta (read back with delta-rs / pyarrow); a second run picks up only
 the new records. On both: the batch reader and its commit group; bad input. On Apache Kafka: aborted transactions
-never reach the table. One Spark session
+never reach the table, and Spark's own Kafka source with read_committed writes the same rows. One Spark session
 (local[2]) for the module."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from tests.integration.test_kafka_transactions import assert_exactly, write_inte
 from tests.integration.test_kafka_transactions import create_topic as create_txn_topic
 from tests.integration.test_topics_tansu import open_transaction
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 pyspark = pytest.importorskip("pyspark")
 deltalake = pytest.importorskip("deltalake")
@@ -207,3 +210,54 @@ def test_on_kafka_aborted_transactions_never_reach_the_table(broker: AnyBroker, 
     assert {r[0] for r in opened} == {0} and len(opened) == 4
     assert_exactly(got, w.committed | after | opened)
     assert s2["rows"] == 4 + 3
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka source (tools/install-spark-kafka.sh: Maven Central, then a cache), minus the jars PySpark
+    ships; the install fails with its reason when the connector cannot be resolved."""
+    done = subprocess.run(["sh", str(REPO / "tools" / "install-spark-kafka.sh")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    lib = Path(done.stdout.strip().splitlines()[-1])
+    bare = re.compile(r"-\d[\w.+-]*\.jar$")
+    shipped = {bare.sub("", p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(p) for p in lib.glob("*.jar") if bare.sub("", p.name) not in shipped)
+
+
+@pytest.mark.parametrize("broker", ["kafka"], indirect=True, scope="module")
+def test_on_kafka_spark_kafka_source_read_committed_writes_the_rows_the_sink_writes(
+        broker: AnyBroker, gw: GatewayProcess, spark: Any, tmp_path: Path) -> None:
+    """The baseline a Spark user would pick instead of the sink, Spark's own Kafka source (added to this module's
+    session with ADD JAR), available-now into parquet with kafka.isolation.level=read_committed, writes exactly the
+    committed records of interleaved committed and aborted transactions, as the sink does (no failure on the
+    offsets the markers and aborted records leave, with failOnDataLoss at its default, true); with its default
+    isolation level, read_uncommitted, it shows the aborted records too."""
+    from sink.cli import run
+
+    for jar in spark_kafka_jars():
+        spark.sql(f"ADD JAR '{jar}'")
+    b = broker.bootstrap
+    topic = create_txn_topic(b, 3)
+    w = write_interleaved(b, topic, rounds=2)
+    assert len(w.committed) == 21 and len(w.aborted) == 12
+    run(spark, sink_args(gw, topic, tmp_path, "parquet"), out=io.StringIO())
+    ours = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "table-parquet", "parquet")]
+    assert_exactly(ours, w.committed)
+
+    def kafka_source(isolation: str) -> Any:
+        return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", b).option("subscribe", topic)
+                .option("startingOffsets", "earliest").option("kafka.isolation.level", isolation).load()
+                .select("topic", "partition", "offset", "timestamp", "key", "value"))
+
+    q = (kafka_source("read_committed").writeStream.format("parquet").option("path", str(tmp_path / "spark-kafka"))
+         .option("checkpointLocation", str(tmp_path / "spark-kafka-cp")).trigger(availableNow=True).start())
+    assert q.awaitTermination(120), "Spark's Kafka source did not end"
+    assert q.exception() is None, q.exception()
+    theirs = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "spark-kafka", "parquet")]
+    assert_exactly(theirs, w.committed)
+    q = (kafka_source("read_uncommitted").writeStream.format("parquet")
+         .option("path", str(tmp_path / "spark-kafka-all"))
+         .option("checkpointLocation", str(tmp_path / "spark-kafka-all-cp")).trigger(availableNow=True).start())
+    assert q.awaitTermination(120), "Spark's Kafka source did not end"
+    everything = [(r[1], r[2], r[4]) for r in table_rows(spark, tmp_path / "spark-kafka-all", "parquet")]
+    assert_exactly(everything, w.committed | w.aborted)

@@ -1,6 +1,6 @@
 """Hatchling build hook: compiles the optional C extensions (service/protocol/_crecords.c, the record
-decoder, service/schemas/_cavro.c, the Avro -> JSON renderer of issue 23, and service/producer/_cproduce.c,
-the producer's record encoder of issue 24).
+decoder, service/schemas/_cavro.c, the Avro -> JSON renderer of avro consume, and service/producer/_cproduce.c,
+the producer's record encoder).
 
 The extension is built in place next to its source, so editable installs (``pip install -e .``)
 import it straight from the tree; standard wheels get it force-included and a platform tag.
@@ -23,10 +23,10 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SOURCE = Path("service") / "protocol" / "_crecords.c"
 MODULE = "_crecords"
-# issue 23: the Avro -> JSON renderer of the avro consume path (service/schemas/avro_fast.py falls back to Python)
+# the Avro -> JSON renderer of the avro consume path (service/schemas/avro_fast.py falls back to Python)
 AVRO_SOURCE = Path("service") / "schemas" / "_cavro.c"
 AVRO_MODULE = "_cavro"
-# issue 24: the producer's record encoder (service/producer/encoding.py falls back to Python)
+# the producer's record encoder (service/producer/encoding.py falls back to Python)
 PRODUCE_SOURCE = Path("service") / "producer" / "_cproduce.c"
 PRODUCE_MODULE = "_cproduce"
 EXTENSIONS = ((SOURCE, MODULE), (AVRO_SOURCE, AVRO_MODULE), (PRODUCE_SOURCE, PRODUCE_MODULE))

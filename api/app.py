@@ -181,7 +181,7 @@ class ObserveMiddleware:
 
 
 # FastAPI's native OpenTelemetry hooks (newer releases) look up the global tracer and meter providers on every
-# request (~16 µs, issue 24's produce profile); the gateway's telemetry is its Prometheus metrics, so they are
+# request (~16 µs in the produce profile); the gateway's telemetry is its Prometheus metrics, so they are
 # off where the installed FastAPI has them.
 _NO_FRAMEWORK_TELEMETRY: dict[str, Any] = (
     {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
@@ -251,7 +251,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     )
     collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)
     registry.register(collector)
-    # Schema Registry formats (issue 23): the gateway-wide registry; tenants may name their own
+    # Schema Registry formats: the gateway-wide registry; tenants may name their own
     from service.schemas import avro_limits
 
     avro_limits.configure(max_depth=settings.schema_max_depth, max_decoded_bytes=settings.schema_max_decoded_bytes,
@@ -289,7 +289,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                               "and headers as extensions.", **_NO_FRAMEWORK_TELEMETRY)
     app.router.redirect_slashes = False  # trailing slashes are stripped by ObserveMiddleware instead
     app.state.settings = settings
-    set_max_inflated_bytes(settings.max_batch_inflated_bytes)  # every decode of this process (item 2, issue 21)
+    set_max_inflated_bytes(settings.max_batch_inflated_bytes)  # every decode of this process: bounded decompression
     app.state.tenants = tenants
     app.state.gateway = gateway
     app.state.schemas = schemas

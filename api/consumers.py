@@ -794,7 +794,7 @@ async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant,
         inst.touch()
     waited = time.monotonic() - started
     metrics.poll_wait.labels(tenant.id).observe(waited)
-    if out is None:  # binary / json: the array rendered in one buffer (issue 24)
+    if out is None:  # binary / json: the array rendered in one buffer (no per-chunk bytes, no join copy)
         body, count, payload = render_array(chunks, inst.options.format != "binary")
     else:
         body, count, payload = out.array(), out.count, out.payload
@@ -1001,7 +1001,7 @@ async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, medi
                     yield b": keep-alive\n\n"
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
-            if out is None and media != SSE:  # binary / json ndjson: one buffer, token spliced in (issue 24)
+            if out is None and media != SSE:  # binary / json ndjson: one buffer, token spliced in
                 resume = prefix.token(len(chunks) - 1, chunks[-1][1][-1].offset + 1) if prefix is not None else None
                 data, count, payload = render_ndjson(chunks, inst.options.format != "binary", resume)
             else:

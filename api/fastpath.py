@@ -1,6 +1,6 @@
 """The lean routes of the hot paths: ``GET /consumers/{group}/instances/{name}/records`` (not streams) and
 ``POST /topics/{topic}[/partitions/{partition}]`` (produce, :class:`LeanProduce`: ahead of the whole middleware
-stack, issue 24).
+stack: fewer objects per request on the hot path).
 
 A consumer polls this endpoint in a loop, so what the web framework does around each poll — route
 matching over every route, dependency solving, query validation, exception-middleware wrappers — is paid
@@ -164,7 +164,7 @@ _PRODUCE_START_HEADERS = (b"content-type", V2.encode())
 
 class LeanProduce:
     """``POST /topics/{topic}[/partitions/{p}]`` answered ahead of the framework and its middlewares
-    (issue 24: a producer posts in a loop, and the middleware stack, request and response objects cost
+    (a producer posts in a loop, and the middleware stack, request and response objects cost
     more than parsing its records). Called by the app (``GatewayApp.__call__``) before anything else; it
     either declines before reading anything (the full app then serves the request as always) or serves
     it doing what the middlewares would have done for it:
@@ -291,7 +291,7 @@ class LeanProduceCall:
             self.observe(status)
 
     def answer_now(self, body: bytes, respond: Respond) -> Awaitable[Answer] | None:
-        """The answer without a task or an await (issue 24), when nothing must be awaited: None is returned and
+        """The answer without a task or an await, when nothing must be awaited: None is returned and
         ``respond(status, headers, body)`` is called once, at once or when the records are acknowledged.
         Otherwise (a topic not in fresh metadata, a schema'd format, an error for the app's handlers to answer)
         an awaitable of :meth:`answer`'s result is returned for the caller to run in a task; the request is

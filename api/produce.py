@@ -37,7 +37,7 @@ Decisions where Confluent's behaviour was not followed or had to be chosen (its 
   auto-create (Tansu would, with 4 partitions). An unknown partition (path, or a record's ``partition``) is
   **404/40402** before anything is produced (Confluent's older v2 checked the path partition the same
   way; a bad record partition made its Java producer throw, a 500).
-- ``application/vnd.kafka.{avro,protobuf,jsonschema}.v2+json`` (issue 23): key and value are JSON data
+- ``application/vnd.kafka.{avro,protobuf,jsonschema}.v2+json``: key and value are JSON data
   of the schema named by ``key_schema`` / ``value_schema`` (the schema's text: Avro JSON, ``.proto``, JSON
   Schema; registered under the subject of ``GATEWAY_SCHEMA_SUBJECT_NAME_STRATEGY``) or ``key_schema_id`` /
   ``value_schema_id``; the answer carries the ids. Every record is encoded before anything is sent: one bad
@@ -599,7 +599,7 @@ def _count_produced(request: Request, tenant: Tenant, acked: int, nbytes: int, f
 
 def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: int | None,
                 answer: Callable[[bytes, int], None], failed: Callable[[Exception], None]) -> bool:
-    """:func:`produce_answer` without awaiting, for the protocol-level path (issue 24: no task or future per
+    """:func:`produce_answer` without awaiting, for the protocol-level path (no task or future per
     request): a binary or json body (the request's body already read) whose topic's partitions are in fresh
     metadata, with room in the producer's buffer, is checked and queued at once, and True is returned; its
     answer then comes through ``answer(body, status)`` (or ``failed(exc)`` for a bug) once the records are

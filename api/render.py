@@ -176,7 +176,7 @@ def render_array_py(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
 
 
 def _c_array(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
-    # issue 24: the whole JSON array in one C buffer (no per-chunk bytes, no join copy)
+    # the whole JSON array in one C buffer (no per-chunk bytes, no join copy)
     return _crecords.render_framed(  # type: ignore[union-attr,no-any-return]
         [(recs, _head(tp)) for tp, recs in chunks if recs], ARRAY_SEP, json, b"[", b"]")
 
@@ -198,7 +198,7 @@ def render_ndjson_py(chunks: Chunks, json: bool, resume: bytes | None) -> tuple[
 def render_ndjson(chunks: Chunks, json: bool, resume: bytes | None) -> tuple[bytes, int, int]:
     """A stream write of binary or json-format records, one per line; with ``resume``, the last record carries
     ``"resume":"<resume>"`` (the stream's resume token after it). (body, records, key + value bytes), in one
-    buffer with the C renderer (issue 24: no per-chunk bytes, no join copy)."""
+    buffer with the C renderer (no per-chunk bytes, no join copy)."""
     if render_binary_chunk is _c_binary and _crecords is not None and hasattr(_crecords, "render_framed"):
         items = [(recs, _head(tp)) for tp, recs in chunks if recs]
         if not items:
@@ -220,7 +220,7 @@ def render_array(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
 use_c_renderer(_crecords is not None)
 
 
-# -- schema'd formats (avro, protobuf, jsonschema; issue 23) ---------------------------------------------------
+# -- schema'd formats (avro, protobuf, jsonschema) ----------------------------------------------------------------
 # Keys and values were decoded by service.schemas (SchemaResolver.decode): each is its JSON value, None, or a
 # DecodeError, rendered as the json format renders a value that is not JSON: null plus "<field>_error" (why)
 # and "<field>_base64" (the record's bytes), so an undecodable record is still delivered, never lost.
@@ -274,7 +274,7 @@ def render_decoded(chunks: Chunks, decoded: Decoded, sep: bytes = ARRAY_SEP,
     return Rendered(parts, count, payload)
 
 
-# -- avro through the C renderer (service.schemas._cavro; issue 23) --------------------------------------------
+# -- avro through the C renderer (service.schemas._cavro) ----------------------------------------------------
 # The avro hot path: every key and value a compiled program covers is rendered in C straight from its bytes
 # to the JSON that render_decoded_chunk writes for it; each other one (not framed, unknown id, a payload the C
 # code does not decode, ...) is rendered by ``fallback(field, raw)``, the Python path for that one field. A
@@ -297,7 +297,7 @@ def use_c_avro(enabled: bool) -> None:
 
 
 def _as_list(recs: Any) -> list[Record]:
-    """The C avro renderer takes lists; a poll's chunk may be a RecordRun (service/fetch/fetcher.py, issue 24)."""
+    """The C avro renderer takes lists; a poll's chunk may be a RecordRun (service/fetch/fetcher.py)."""
     return recs if type(recs) is list else list(recs)
 
 

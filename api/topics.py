@@ -249,7 +249,7 @@ async def read_partition_records(
         max_bytes: Annotated[int, Query(ge=1, le=MAX_MAX_BYTES,
                                         description="about this many key + value bytes per page (at least "
                                                     "one record)")] = DEFAULT_MAX_BYTES,
-        # -- typed Arrow (issue 23): schema'd values (and keys) decoded into Arrow columns
+        # -- typed Arrow: schema'd values (and keys) decoded into Arrow columns
         format: Annotated[Literal["avro", "protobuf", "jsonschema"] | None, Query(
             description="decode the values (Confluent wire format, schemas from the Schema Registry) into a "
                         "typed `value` column (Arrow only); see service/fetch/typed.py for the columns")] = None,

@@ -1,5 +1,5 @@
 """Failover: time from kill -9 of the replica holding a consumer instance to the next record its client gets,
-with durable instances and, as the baseline in the same run, without them (issue 22).
+with durable instances and, as the baseline in the same run, without them.
 
 Starts an embedded Tansu broker and, per mode, three gateway replicas (``a``, ``b``, ``c``; GATEWAY_PEERS naming
 all three, static membership on as in the Helm chart, except for one baseline). A producer thread writes a record every ``--interval-ms``

@@ -21,8 +21,8 @@ that throttles one client shows up there as a lower rate and a count of 429 answ
 again at once after one; ``--no-defaults``: skip those rows).
 
 Per row: records/s (N / time from the client's start to the N-th record), ratio to the direct consumer,
-poll p50/p99 (wrk's request latency), and the gateway's CPU per delivered record (from /proc). Targets
-(issue 24): binary GET >= 0.7x, max_records=5000 >= 0.9x, json GET >= 0.6x, ndjson >= 1.0x, poll p99 <= 15 ms. Everything shares this
+poll p50/p99 (wrk's request latency), and the gateway's CPU per delivered record (from /proc). Targets:
+binary GET >= 0.7x, max_records=5000 >= 0.9x, json GET >= 0.6x, ndjson >= 1.0x, poll p99 <= 15 ms. Everything shares this
 machine's cores (broker, gateway, client).
 
 ``--profile DIR`` samples the gateway with py-spy (``pip install py-spy``) during every HTTP row and writes
@@ -278,7 +278,7 @@ def main() -> None:
                 print(f"  round {r + 1}: " + ", ".join(f"{k}: {v[-1].rate:,.0f}/s" for k, v in rows.items()),
                       flush=True)
         direct_rate = statistics.median(x.rate for x in rows.pop("confluent-kafka direct (tuned)"))
-        # issue 24's targets (issue 13's were 0.5x / 0.8x / 0.35x and p99 <= 25 ms)
+        # the targets (the earlier ones were 0.5x / 0.8x / 0.35x and p99 <= 25 ms)
         targets = {"binary GET, default request": "0.7x", "binary GET, max_records=5000": "0.9x",
                    "binary ndjson stream": "1.0x", "json GET, default request": "0.6x"}
         print(f"\n{n:,} records x 100 bytes, 4 partitions, one instance, one request at a time; median of {a.rounds}"

@@ -23,7 +23,7 @@ engine and direct rows write as many records as the HTTP row's timed run did (``
 each), so every row is the time to write the same N records into an empty broker. Everything shares this
 machine's cores (broker, gateway, client).
 
-The HTTP row's time split (issue 24): the gateway process's CPU per record during the wrk run (from /proc),
+The HTTP row's time split: the gateway process's CPU per record during the wrk run (from /proc),
 next to the engine's CPU per record in-process (same records, no HTTP) and the body's JSON + base64 parse
 (``parse_body_records``, the route's own body parse, timed in this process on the same body); the rest is HTTP handling
 (uvicorn, routing, rendering the answer). ``--profile DIR`` samples the gateway with py-spy during the HTTP
@@ -253,7 +253,7 @@ def direct(bootstrap: str, topic: str, n: int) -> tuple[float, int, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
-    # issue 24's row: 100 records per POST, 8 connections, vs the idempotent direct producer (linger 5 ms)
+    # the HTTP row: 100 records per POST, 8 connections, vs the idempotent direct producer (linger 5 ms)
     ap.add_argument("--batch", type=int, default=100, help="records per HTTP request / send_many call")
     ap.add_argument("--connections", type=int, default=8, help="HTTP requests (send_many calls) in flight")
     ap.add_argument("--rounds", type=int, default=3)
@@ -364,7 +364,7 @@ def run_row(a: argparse.Namespace, rnd: int, name: str, n: int, broker: Embedded
 
 def report(rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float]], batch: int) -> None:
     base = statistics.median(r for r, _ in rows["direct confluent-kafka"])
-    targets = {HTTP_ROW: "0.6x", DEFAULTS_ROW: "0.6x"}  # issue 24; issue 34: the same with the shipped defaults
+    targets = {HTTP_ROW: "0.6x", DEFAULTS_ROW: "0.6x"}  # the row with the shipped defaults has the same target
     print(f"\n{'scenario':<26}{'records/s (median)':>20}{'ratio to direct':>18}{'target':>8}  (rounds)  429s")
     for name, vals in rows.items():
         med = statistics.median(r for r, _ in vals)

@@ -1,4 +1,4 @@
-"""Avro consume over HTTP next to binary, in the same run (issue 23: target avro GET >= 0.5x the binary GET).
+"""Avro consume over HTTP next to binary, in the same run (target: avro GET >= 0.5x the binary GET).
 
 One embedded Tansu broker (memory://), a real Schema Registry (Karapace, ../shared/registry/start) on a broker of
 its own, one real gateway process pointed at it (production settings, as bench/http_capacity.py). Two topics of

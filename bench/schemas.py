@@ -1,4 +1,4 @@
-"""Schema'd records: rows per second next to their binary baseline, in the same run (issue 23).
+"""Schema'd records: rows per second next to their binary baseline, in the same run.
 
 One embedded Tansu broker (memory://), a real Schema Registry (Karapace via ../shared/registry/start, on a
 broker of its own), one real gateway process pointed at it (production settings). Two topics of 4

@@ -24,7 +24,7 @@ produce (same broker, after the consume rows): ``wrk`` with ``--connections`` (8
 producer (acks=all, linger.ms 5) writing N records into another, timed from its creation to the end of
 ``flush()``.
 
-Ratios: each GET row against ``direct, assign`` (the tuned baseline of issue 34), json against the same
+Ratios: each GET row against ``direct, assign`` (the tuned baseline), json against the same
 (records of the same count and size), produce against the direct producer. The gateway runs as shipped except
 that the per-tenant request rate and poll limits are off (they are off by default already; explicit here).
 

@@ -1,4 +1,4 @@
-"""The embedded Schema Registry of ``make run`` (issue 23 item 5): Karapace next to the embedded Tansu broker.
+"""The embedded Schema Registry of ``make run``: Karapace next to the embedded Tansu broker.
 
 When the gateway runs on its embedded broker, GATEWAY_SCHEMA_REGISTRY_URL is unset and GATEWAY_EMBEDDED_REGISTRY
 allows it (``auto``: when the launcher exists), the gateway starts a real registry with the launcher of

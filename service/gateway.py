@@ -429,7 +429,7 @@ class Gateway:
             raise ShuttingDown("the gateway is shutting down; create the instance again (on another replica)",
                                headers={"Retry-After": "1"})
         validate_group_id(group)
-        group = sys.intern(group)  # one string per group, not per instance (issue 24: memory per idle instance)
+        group = sys.intern(group)  # one string per group, not per instance (memory per idle instance)
         if name is None:
             name = self.generate_name(group)
         elif not NAME_RE.fullmatch(name):

@@ -125,7 +125,7 @@ HOLD_MAX_BYTES = 8192
 
 
 class CoalescingTransport:
-    """The connection's transport for uvicorn (issue 24): uvicorn writes a response's head and its body with two
+    """The connection's transport for uvicorn: uvicorn writes a response's head and its body with two
     ``write`` calls, two system calls (strace); a short write is held until the next write of the same loop
     iteration and both go out with one ``writelines``, or alone at the end of the iteration. Writes keep their
     order; closing, EOF and aborts flush (or drop, for abort) what is held first. Everything else is the
@@ -398,7 +398,7 @@ class LeanCall(Protocol):
 
 
 class LeanCycle:
-    """A request served without uvicorn's ASGI cycle (issue 24: the produce hot path; ~20% of the gateway's CPU
+    """A request served without uvicorn's ASGI cycle (the produce hot path; ~20% of the gateway's CPU
     per produce request went to the request/response cycle, ASGI messages and the app's dispatch). The app's
     ``lean_begin(scope)`` takes a request once its head is parsed (httptools only); the body is collected and
     handed to the call when complete, which answers through :meth:`respond` without a task when it can (its

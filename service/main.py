@@ -125,7 +125,7 @@ async def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, _stop)
         scheme = "https" if tls else "http"
         print(f"gateway HTTP on {scheme}://{settings.host}:{settings.port} (bootstrap {bootstrap})", flush=True)
-        # issue 23: a schema registry next to the embedded broker, started in the background (not awaited)
+        # a schema registry next to the embedded broker, started in the background (not awaited)
         launcher = launcher_for(settings) if broker is not None else None
         if launcher is not None:
             registry = EmbeddedRegistry(launcher, bootstrap, app.state.schemas, settings,

@@ -84,7 +84,7 @@ class GatewayMetrics:
         self.produce_failures = Counter("kcg_produce_failures_total",
                                         "Records produced over HTTP that the broker did not acknowledge",
                                         ["tenant"], registry=registry)
-        # schema'd formats (issue 23): keys/values delivered with key_error/value_error, polls given back
+        # schema'd formats: keys/values delivered with key_error/value_error, polls given back
         self.schema_decode_errors = Counter("kcg_schema_decode_errors_total",
                                             "Keys and values of schema'd consumers delivered as null with an error "
                                             "field (not in the wire format, unknown schema id, undecodable)",

@@ -292,11 +292,11 @@ class Settings(BaseSettings):
         -1, ge=-1, le=32767, description="Replication factor of a topic created by produce; -1: the broker's "
         "default.replication.factor (CreateTopics v4+)")
 
-    # Schema Registry (issue 23); gateway-wide, a tenant may name its own in the tenants file
+    # Schema Registry; gateway-wide, a tenant may name its own in the tenants file
     schema_registry_url: str | None = Field(
         None, description="Base URL of the Confluent-compatible Schema Registry of the avro, protobuf and "
         "jsonschema formats (e.g. http://registry:8081)")
-    # schema'd produce (issue 23 item 3, service/schemas/produce.py): the subject a key_schema/value_schema
+    # schema'd produce (service/schemas/produce.py): the subject a key_schema/value_schema
     # posted as text is registered under
     schema_subject_name_strategy: SubjectNameStrategy = Field(
         "TopicNameStrategy", description="Subject of a schema posted with produce: TopicNameStrategy "
@@ -353,7 +353,7 @@ class Settings(BaseSettings):
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "
         "untagged; bytes base64). A consumer may choose its own with \"avro.json.rendering\" at creation")
-    # the embedded registry of `make run` (service/embedded_registry.py, issue 23 item 5)
+    # the embedded registry of `make run` (service/embedded_registry.py)
     embedded_registry: Literal["auto"] | bool = Field(
         "auto", description="Start a Schema Registry (Karapace, from GATEWAY_REGISTRY_LAUNCHER) next to the "
         "embedded broker when GATEWAY_SCHEMA_REGISTRY_URL is unset: 'auto' when the launcher is found, true: "

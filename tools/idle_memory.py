@@ -1,4 +1,4 @@
-"""Where the memory of idle subscribed consumer instances goes (issue 24's idle row), in-process.
+"""Where the memory of idle subscribed consumer instances goes (the idle row of the bench), in-process.
 
 Starts an embedded Tansu broker and a :class:`service.gateway.Gateway` in this process, creates
 ``--instances`` instances in groups of ``--per-group`` (one ``--per-group``-partition topic, so every member

@@ -70,7 +70,7 @@ class KafkaClient:
         self.metadata = ClusterMetadata()
         self.metadata_max_age = metadata_max_age
         self._conns: dict[int, ManagedConnection] = {}
-        #: issue 24: a second connection per coordinator for the heartbeats of stable members only
+        #: a second connection per coordinator for the heartbeats of stable members only
         #: (heartbeat_connection; service/group/heartbeats.py reads its answers once per heartbeat tick)
         self._hb_conns: dict[int, ManagedConnection] = {}
         # Idle connections for requests the broker may hold (JoinGroup, SyncGroup, long-poll Fetch).
@@ -109,7 +109,7 @@ class KafkaClient:
         return conn
 
     def heartbeat_connection(self, node_id: int) -> ManagedConnection:
-        """A connection to ``node_id`` of its own for the heartbeats of stable group members (issue 24): they
+        """A connection to ``node_id`` of its own for the heartbeats of stable group members: they
         are answered in bulk once per heartbeat tick (its reads are paused in between, see
         service/group/heartbeats.py), which must not delay the commits and lookups of the main connection."""
         return self.connection(node_id, self._hb_conns)

@@ -142,7 +142,7 @@ class _Callback:
 TIMEOUT_SWEEP_S = 0.1
 
 
-# issue 24: the read path without a copy per response. Small frames (heartbeats, metadata, offsets, ...) are read
+# the read path without a copy per response. Small frames (heartbeats, metadata, offsets, ...) are read
 # into a scratch buffer and handed out as bytes; a frame that cannot fit in it (a Fetch response of megabytes)
 # gets a buffer of its own, which the socket fills directly (recv_into) and which is handed out as is: the records
 # decoded from it are views of it (no append to a growing buffer, no copy out of it). The scratch buffer exists
@@ -722,7 +722,7 @@ class ManagedConnection:
             await self._conn.close()
 
 
-# -- batched sends (issue 24: idle heartbeats) -----------------------------------------------------------------
+# -- batched sends (idle heartbeats) --------------------------------------------------------------------------
 # Frames built by the caller (bodies already encoded), numbered and queued on a connection in one go, their
 # answers handed over raw from the connection's read callback, with BrokerConnection's own request bookkeeping
 # (correlation ids, _pending, the timeout sweep, the write coalescing).

@@ -146,7 +146,7 @@ def restart_backoff(failures: int) -> float:
     return min(5.0, 0.1 * 2 ** min(max(failures - 1, 0), 10))
 
 
-# Issue 24 (memory per idle instance): what is the same for most instances is shared, not built per instance.
+# Memory per idle instance: what is the same for most instances is shared, not built per instance.
 @functools.lru_cache(maxsize=64)
 def _fetch_config(isolation_level: int, min_bytes: int, max_bytes: int, partition_max_bytes: int, max_wait_ms: int,
                   active_max_wait_ms: int | None, prefetch_max_bytes: int, rack_id: str,
@@ -189,7 +189,7 @@ class Consumer:
         self.assignment_changed = LightEvent()
         self.revoked_history: list[list[TopicPartition]] = []
         self._commit_lock = asyncio.Lock()
-        # partitions being revoked (refused to commits); a shared empty frozenset while none are (issue 24: an
+        # partitions being revoked (refused to commits); a shared empty frozenset while none are (an
         # empty set per instance is 216 B)
         self._revoking: frozenset[TopicPartition] = _NONE_REVOKING
         self.coordinator: GroupCoordinator | None = None
@@ -229,7 +229,7 @@ class Consumer:
         self._wake_positions()
         # the auto-commit task starts with the first records delivered (_note_consumed)
 
-    # Issue 24 (memory per idle instance): the positions and auto-commit tasks run only while they have work
+    # Memory per idle instance: the positions and auto-commit tasks run only while they have work
     # and end when they have none, started again by what gives them work; an idle instance holds neither
     # (a suspended task with its coroutines, waiter and timer costs ~1-2 KB, per instance).
     def _wake_positions(self) -> None:

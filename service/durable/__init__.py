@@ -1,1 +1,1 @@
-"""Durable consumer instances (issue 22): descriptors in a compacted topic, re-creation on the ring owner."""
+"""Durable consumer instances: descriptors in a compacted topic, re-creation on the ring owner."""

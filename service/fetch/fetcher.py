@@ -100,7 +100,7 @@ _take_budget: Callable[[list[Record], int, int, int, bool], tuple[int, int]] = (
     _crecords.take_budget if _crecords is not None and hasattr(_crecords, "take_budget") else _take_budget_py)
 
 
-# issue 24: records kept as a RecordRun (service/protocol/_crecords.c): the partition's batches copied once into
+# records kept as a RecordRun (service/protocol/_crecords.c): the partition's batches copied once into
 # one bytes object plus a per-record index, no Python object per record; the C renderers write the response
 # straight from it and a record tuple is built only when some other code asks for one (run[i]). Used for
 # the common case only (see _run_of): uncompressed data batches with records, none transactional or control,
@@ -158,7 +158,7 @@ def _run_of(raw: Any, tp: TopicPartition, fetch_offset: int, limit: int | None,
     return run, nxt, epoch
 
 
-# issue 24: a partition's records are decoded in pieces of about this many bytes of whole batches, with the
+# a partition's records are decoded in pieces of about this many bytes of whole batches, with the
 # event loop let go between pieces: a multi-megabyte partition otherwise holds the loop for ~10 ms (HTTP
 # requests, heartbeats and polls wait behind it; the poll p99 under load).
 DECODE_PIECE_BYTES = 512 * 1024
@@ -277,7 +277,7 @@ class FetchConfig:
 
 
 class Fetcher:
-    # Slots (issue 24, memory per idle instance): past 29 attributes an instance's __dict__ is a ~1.6 KB table of
+    # Slots (memory per idle instance): past 29 attributes an instance's __dict__ is a ~1.6 KB table of
     # its own (one per consumer instance). "__dict__" lets tests replace a method on one instance (created only
     # then); "__weakref__" for the memory budget's WeakSet of fetchers.
     __slots__ = (
@@ -505,7 +505,7 @@ class Fetcher:
                 await self._round()
                 failures = 0
                 if self.idle:
-                    # Issue 24 (memory per idle instance): paused for idleness, the task ends instead of waiting
+                    # Memory per idle instance: paused for idleness, the task ends instead of waiting
                     # (no suspended task, coroutines and waiter per idle instance); wake() and demand() start
                     # it again. No await since _round looked, so no wake-up was missed.
                     self._task = None

@@ -1,4 +1,4 @@
-"""Typed offset-range reads (issue 23 item 4): a range page of schema'd records as typed Arrow columns.
+"""Typed offset-range reads: a range page of schema'd records as typed Arrow columns.
 
 ``GET /topics/{t}/partitions/{p}/records?format=avro`` (or ``protobuf`` / ``jsonschema``) with ``Accept:
 application/vnd.apache.arrow.stream`` answers the page of :mod:`service.fetch.ranges` with the value decoded:

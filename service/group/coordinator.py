@@ -98,7 +98,7 @@ HEARTBEAT_TICK_S = 0.02  # heartbeats are due on this grid (service.group.heartb
 
 
 class GroupCoordinator:
-    # Slots (issue 24, memory per idle instance): with more than 29 attributes an instance's __dict__ stops
+    # Slots (memory per idle instance): with more than 29 attributes an instance's __dict__ stops
     # sharing its keys with the class and becomes a ~1.6 KB table of its own (one per consumer instance).
     # "__dict__" stays so that tests can still replace a method on one instance (created only then).
     __slots__ = (
@@ -403,7 +403,7 @@ class GroupCoordinator:
         self.heartbeats += 1
         step: Step | None = m.on_heartbeat_response(resp)
         # nothing of this round stays referenced from this frame while the task sleeps in _drive_heartbeats
-        # (issue 24: the answer, a Step with its four lists and the topics list were ~0.5 KB per idle member)
+        # (idle memory: the answer, a Step with its four lists and the topics list were ~0.5 KB per idle member)
         del resp, topics
         if step is not None and step.action is Action.OK:
             step = None

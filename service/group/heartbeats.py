@@ -1,4 +1,4 @@
-"""Heartbeats of stable members, batched per coordinator connection (issue 24: idle instances).
+"""Heartbeats of stable members, batched per coordinator connection (cheap idle instances).
 
 Ten thousand idle members of a gateway each heartbeat every few seconds. One :class:`HeartbeatWheel` per
 event loop keeps every stable member's next heartbeat on a grid of ``tick`` seconds with one loop timer for

@@ -83,7 +83,7 @@ class GroupMember:
             raise ValueError("at least one assignor is required")
         protocols = {a.rebalance_protocol for a in assignors}
         self.group_id = group_id
-        self.assignors = tuple(assignors)  # (the consumer's shared tuple is kept as it is: issue 24)
+        self.assignors = tuple(assignors)  # (the consumer's shared tuple is kept as it is: idle memory)
         # As in Java, the incremental protocol is used only when every configured assignor supports it
         # (the default ["range", "cooperative-sticky"] therefore stays eager).
         self.cooperative = protocols == {"COOPERATIVE"}
@@ -103,7 +103,7 @@ class GroupMember:
         self.rejoin_reason = "initial join"
         self.fatal_error: BrokerResponseError | None = None
         # leader only: JoinGroup members of the current generation (a shared empty tuple otherwise, as the list
-        # of unreadable subscriptions: issue 24, memory per idle member)
+        # of unreadable subscriptions: memory per idle member)
         self._members: Sequence[Any] = ()
         self.rebalances = 0
         self.bad_subscriptions: Sequence[tuple[str, str]] = ()
@@ -199,7 +199,7 @@ class GroupMember:
         if code == EC.NONE:
             self.member_id = resp.member_id
             self.generation_id = resp.generation_id
-            # one string per group, not one per member (issue 24: memory per idle instance)
+            # one string per group, not one per member (memory per idle instance)
             self.protocol_name = _shared(resp.protocol_name)
             self.leader_id = _shared(resp.leader)
             self.state = MemberState.SYNCING

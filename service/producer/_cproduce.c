@@ -1,4 +1,4 @@
-/* The producer's record encoder in C (issue 24): the records section of one magic-2 batch, written from
+/* The producer's record encoder in C: the records section of one magic-2 batch, written from
  * the accumulator's runs of queued records in one pass, without a Python object per record.
  *
  * encode_runs(runs) -> (section: bytes, count, base_timestamp, max_timestamp)

@@ -80,11 +80,11 @@ class ProducerConfig:
     retry_backoff_ms: int = 100  # retry.backoff.ms (doubles per attempt)
     retry_backoff_max_ms: int = 1_000  # retry.backoff.max.ms
     # Produce requests in flight per broker (each on a connection of its own). 1: the next request leaves when
-    # the previous one is answered, carrying every partition's records queued meanwhile (issue 24: HTTP A/B,
+    # the previous one is answered, carrying every partition's records queued meanwhile (HTTP A/B,
     # 0.26 instead of 0.48 requests per 100-record POST, less CPU per record in the gateway and the broker)
     max_in_flight_per_broker: int = 1
     buffer_bytes: int = 64 * 1024 * 1024  # buffer.memory: send_many waits while this much is queued
-    # records without a key stick to one partition for this many bytes (issue 24: 64 KiB rather than Java's
+    # records without a key stick to one partition for this many bytes (64 KiB rather than Java's
     # 16 KiB batch.size: a request carries ~1.7 batches instead of ~3 under load; librdkafka sticks for 10 ms)
     sticky_bytes: int = 65_536
     metadata_max_age_ms: int = 300_000  # metadata.max.age.ms

@@ -11,7 +11,7 @@ per ready partition, group the batches by leader and send one Produce request (a
 at most ``max_in_flight_per_broker`` at a time. A request is written at once on an idle connection of the
 producer to that broker (or pipelined behind another, when all are busy), encoded by hand
 (:mod:`service.protocol.produce_codec`), and its answer is handled from the connection's read callback: no
-task, future or message objects per request (issue 24). Only a request that needs a connection opened
+task, future or message objects per request. Only a request that needs a connection opened
 first runs in a task. The broker's answer goes to the accumulator, which decides success, retry, split,
 reset or failure; callers of ``send_many`` are answered once each of their records was acknowledged or
 failed. A request that times out closes its connection (its other requests fail as ambiguous, like a
@@ -625,7 +625,7 @@ class Producer:
 
         The next request to the broker leaves before the completed deliveries' callbacks run (they write the
         HTTP answers): the broker works on it meanwhile instead of waiting for those writes and for the sender
-        task's next turn of the loop (issue 24: one request in flight per broker)."""
+        task's next turn of the loop (one request in flight per broker)."""
         now = (self._loop or asyncio.get_running_loop()).time()
         on_response = self.acc.on_response
         completed: list[Delivery] = []

@@ -746,7 +746,7 @@ put_json_compact(char *o, const unsigned char *p, Py_ssize_t n)
 }
 
 /* "<name>":<compact JSON>  or  "<name>":null,"<name>_error":"not valid JSON","<name>_base64":"..." */
-/* issue 24: the field from raw bytes (n < 0: null), shared by record tuples and record runs */
+/* the field from raw bytes (n < 0: null), shared by record tuples and record runs */
 static inline char *
 put_json_field_raw(char *o, const char *name, Py_ssize_t name_len, const unsigned char *p, Py_ssize_t n)
 {
@@ -789,7 +789,7 @@ py_json_valid(PyObject *module, PyObject *arg)
     return PyBool_FromLong(ok);
 }
 
-/* ---- record runs (issue 24): a partition's records as an index into one bytes object ------------------
+/* ---- record runs: a partition's records as an index into one bytes object ---------------------------
  *
  * RecordRun(data: bytes, record_type) is a read-only sequence of records that keeps the records section(s)
  * it was built from (data) and, per record, where its fields are: no Python object per record until one is

@@ -1,4 +1,4 @@
-"""Produce requests and answers by hand, for the producer's hot path (issue 24).
+"""Produce requests and answers by hand, for the producer's hot path.
 
 The generated codec (``frames.encode_request`` / ``decode_response``) builds a message object per topic and
 partition and reads every field of the answer into objects; a Produce request of the gateway is a few

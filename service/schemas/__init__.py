@@ -1,4 +1,4 @@
-"""Schema'd records (issue 23): everything about the Confluent Schema Registry formats has its home here.
+"""Schema'd records: everything about the Confluent Schema Registry formats has its home here.
 
 * :mod:`service.schemas.wire` -- the Confluent wire framing (magic byte 0, 4-byte big-endian schema id, for
   Protobuf the message-index list, then the payload); sans-io.

@@ -1,5 +1,5 @@
 /*
- * Optional accelerator for the avro consume path (issue 23): Avro binary payloads rendered straight to the
+ * Optional accelerator for the avro consume path: Avro binary payloads rendered straight to the
  * JSON bytes the pure-Python path produces (AvroCodec.decode + orjson.dumps(..., OPT_NON_STR_KEYS)), with no
  * Python object per value.
  *

@@ -1,4 +1,4 @@
-"""Schema'd records -> typed Arrow columns (issue 23 item 4): the schema -> Arrow mapping, and decoding. Sans-io.
+"""Schema'd records -> typed Arrow columns: the schema -> Arrow mapping, and decoding. Sans-io.
 
 Used by the typed range reads (``GET /topics/{t}/partitions/{p}/records?format=avro`` with Arrow output) and,
 through them, by the Spark sink. Values are decoded into Python values (not the REST Proxy's JSON renderings)

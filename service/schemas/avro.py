@@ -1,4 +1,4 @@
-"""Avro payloads <-> the JSON the Confluent REST Proxy v2 speaks (issue 23). Sans-io: bytes and values only.
+"""Avro payloads <-> the JSON the Confluent REST Proxy v2 speaks. Sans-io: bytes and values only.
 
 A payload here is already unframed (no magic byte, no schema id): :mod:`service.schemas.wire` strips that.
 Records are read with the *writer's* schema (the one the id names), by fastavro, and rendered as JSON:

@@ -1,4 +1,4 @@
-"""Avro records straight into Arrow columns, vectorised with numpy (issue 23 item 4: typed range reads).
+"""Avro records straight into Arrow columns, vectorised with numpy (for typed range reads).
 
 fastavro decodes a record at a time into Python dicts that pyarrow then converts back: some microseconds a
 record. Here all records of one writer schema are decoded together, field after field: a numpy array

@@ -1,4 +1,4 @@
-"""Avro payloads straight to JSON bytes in C, for the avro consume hot path (issue 23).
+"""Avro payloads straight to JSON bytes in C, for the avro consume hot path.
 
 :class:`~service.schemas.avro.AvroCodec` stays the reference: ``orjson.dumps(codec.decode(payload),
 option=OPT_NON_STR_KEYS)``. This module compiles a codec's parsed schema (its ``_Node`` tree) into a flat

@@ -1,4 +1,4 @@
-"""One door to the per-format codecs (issue 23): format name -> codec, compiled codecs cached per schema id.
+"""One door to the per-format codecs: format name -> codec, compiled codecs cached per schema id.
 
 The HTTP layer and the sink call only this module::
 

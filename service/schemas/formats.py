@@ -1,4 +1,4 @@
-"""Schema'd formats for the gateway (issue 23): which registry a tenant uses, and framed payloads -> JSON.
+"""Schema'd formats for the gateway: which registry a tenant uses, and framed payloads -> JSON.
 
 The HTTP layer and the sink call only this module (and :mod:`service.schemas.codecs` through it):
 

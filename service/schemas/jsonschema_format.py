@@ -1,4 +1,4 @@
-"""JSON Schema payloads (issue 23): the payload is JSON text, the schema a JSON Schema. Sans-io.
+"""JSON Schema payloads: the payload is JSON text, the schema a JSON Schema. Sans-io.
 
 Decode parses with orjson (and, when asked, validates: Karapace's REST proxy validates on consume, Confluent's
 JSON Schema deserializer does not by default); encode validates the value, then serializes it compactly.

@@ -1,4 +1,4 @@
-"""Schema'd produce (issue 23, item 3): JSON keys and values -> Confluent-framed Avro / Protobuf / JSON Schema
+"""Schema'd produce: JSON keys and values -> Confluent-framed Avro / Protobuf / JSON Schema
 bytes, for ``POST /topics/{topic}`` with ``application/vnd.kafka.{avro,protobuf,jsonschema}.v2+json``.
 
 The HTTP layer (:mod:`api.produce`) calls, per request:

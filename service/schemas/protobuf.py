@@ -1,4 +1,4 @@
-"""Protobuf payloads <-> the JSON the Confluent REST Proxy v2 speaks (issue 23). Sans-io.
+"""Protobuf payloads <-> the JSON the Confluent REST Proxy v2 speaks. Sans-io.
 
 The schema is a ``FileDescriptorProto``, not ``.proto`` text: the Schema Registry hands one out for any
 Protobuf schema with ``GET /schemas/ids/{id}?format=serialized`` (base64 of the serialized descriptor;

@@ -139,7 +139,7 @@ class KafkaModel(_Model):
 
 
 class SchemaRegistryModel(_Model):
-    """A tenant's own Schema Registry (issue 23); unset: the gateway-wide GATEWAY_SCHEMA_REGISTRY_URL."""
+    """A tenant's own Schema Registry; unset: the gateway-wide GATEWAY_SCHEMA_REGISTRY_URL."""
 
     url: str = Field(min_length=1, pattern=r"^https?://")
     basic_auth_env: str | None = Field(None, pattern=_ENV_NAME)  # "user:password"

@@ -89,7 +89,7 @@ def compile_pattern(pattern: str) -> Any:
         raise PatternError(detail) from None
 
 
-_MEMO_SIZE = 4096  # names remembered per pattern set (checked on every produce and poll: issue 24)
+_MEMO_SIZE = 4096  # names remembered per pattern set (checked on every produce and poll)
 
 
 class _Patterns:

@@ -85,7 +85,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "auth": {"existingSecret": "gateway-tokens"},
         "serviceMonitor": {"enabled": True},
     },
-    "peer-tls": {  # issue 21 items 16-17: HTTPS between replicas, no generated tokens, chart limits
+    "peer-tls": {  # HTTPS between replicas, no generated tokens, chart limits
         "kafka": {"bootstrap": BOOTSTRAP},
         "tls": {"enabled": True, "secretName": "gateway-tls"},
         "auth": {"generateTokens": False, "peerToken": "peer-token-from-values", "adminToken": "admin-from-values"},
@@ -96,7 +96,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "gateway": {"deniedTopics": "audit-*,re:^secret\\..*", "http": {"maxHeaderBytes": 32768,
                                                                    "maxConnections": 2000}},
     },
-    "deployment-hpa": {  # issue 22: durable instances make a Deployment with an HPA safe
+    "deployment-hpa": {  # durable instances make a Deployment with an HPA safe
         "kafka": {"bootstrap": BOOTSTRAP},
         "workload": "Deployment",
         "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 20, "targetCPUUtilizationPercentage": 65},
@@ -110,7 +110,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["streaming"]}]}]}}},
     },
 }
-# gateway.forwardedAllowIps has no default: the chart asks for the ingress controller's network (issue 21)
+# gateway.forwardedAllowIps has no default: the chart asks for the ingress controller's network
 INGRESS_CIDR = "10.244.0.0/16"
 for _values in VALUE_SETS.values():
     _values.setdefault("gateway", {}).setdefault("forwardedAllowIps", INGRESS_CIDR)
@@ -467,7 +467,7 @@ def test_rollout_on_configuration_change(chart: Any, rendered: Rendered) -> None
 def test_defaults(chart: Any) -> None:
     r = render(chart, VALUE_SETS["defaults"])
     assert r.workload["kind"] == "StatefulSet" and r.workload["spec"]["replicas"] == 3
-    # durable instances on by default (issue 22), their descriptors in the gateway's default topic
+    # durable instances on by default, their descriptors in the gateway's default topic
     assert r.env()["GATEWAY_DURABLE_INSTANCES"] == "true"
     assert r.env()["GATEWAY_INSTANCES_TOPIC"] == "__kcg_instances"
     assert not r.of("HorizontalPodAutoscaler") and not r.of("ServiceMonitor") and not r.of("PrometheusRule")
@@ -736,7 +736,7 @@ def test_chart_alert_rules_are_the_repository_rules() -> None:
 
 
 def test_allowed_hosts(chart: Any) -> None:
-    """gateway.allowedHosts sets GATEWAY_ALLOWED_HOSTS (issue 21 item 7); empty leaves the gateway's default."""
+    """gateway.allowedHosts sets GATEWAY_ALLOWED_HOSTS; empty leaves the gateway's default."""
     values = {"kafka": {"bootstrap": BOOTSTRAP}, "gateway": {"allowedHosts": "kafka-gw.example.com,.corp.example"}}
     assert render(chart, values).env()["GATEWAY_ALLOWED_HOSTS"] == "kafka-gw.example.com,.corp.example"
     assert "GATEWAY_ALLOWED_HOSTS" not in render(chart, {"kafka": {"bootstrap": BOOTSTRAP}}).env()

@@ -23,7 +23,7 @@ from service.embedded import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import GatewayProcess
 
 S3_BUCKET = "tansu"
-#: the Karapace launcher of ../shared (issue 23); tools/install-registry.sh pre-builds its venv in `make test`
+#: the Karapace launcher of ../shared; tools/install-registry.sh pre-builds its venv in `make test`
 REGISTRY_START = Path(__file__).resolve().parents[2].parent / "shared" / "registry" / "start"
 
 

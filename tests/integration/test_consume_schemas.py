@@ -1,4 +1,4 @@
-"""Consume formats avro, protobuf and jsonschema (issue 23) through the gateway, against a real registry.
+"""Consume formats avro, protobuf and jsonschema through the gateway, against a real registry.
 
 Records are produced by confluent-kafka's own AvroSerializer / ProtobufSerializer / JSONSerializer against the
 real Karapace registry (``schema_registry``), then consumed through a gateway process pointed at the same registry,

@@ -1,4 +1,4 @@
-"""Instance descriptors in a compacted topic (issue 22 item 1), against Tansu: written by one replica's store,
+"""Instance descriptors in a compacted topic, against Tansu: written by one replica's store,
 read at start and followed by another's; tombstones remove; garbage records are skipped."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durable consumer instances on one replica (issue 22 items 1-2, GATEWAY_DURABLE_INSTANCES): an instance
+"""Durable consumer instances on one replica (GATEWAY_DURABLE_INSTANCES): an instance
 survives kill -9 of its gateway. The restarted gateway re-creates it from its descriptor on the first request
 (same options and subscription, positions from the committed offsets): the client sees no 404; every record
 is delivered, those after the last commit again (at-least-once). Delete and subscription changes are durable

@@ -1,4 +1,4 @@
-"""Durable instances across replicas (issue 22 item 2): kill -9 of the replica holding an instance, clients
+"""Durable instances across replicas: kill -9 of the replica holding an instance, clients
 keep sending every request round robin to the live replicas, and nothing else: the instance is re-created on
 its new ring owner from its descriptor (same static member, same subscription, positions from the committed
 offsets). No client-visible 404; every produced record consumed; duplicates only from the uncommitted window;

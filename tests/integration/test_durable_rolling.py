@@ -1,4 +1,4 @@
-"""A rolling restart of three replicas with durable instances under load (issue 22): each replica in turn gets
+"""A rolling restart of three replicas with durable instances under load: each replica in turn gets
 SIGTERM (its instances are handed off and re-created on their next owner under the same static member ids) and
 is restarted; clients round robin over the replicas and commit after every batch. Nothing is lost, no client sees
 a 404, duplicates stay inside the uncommitted window.

@@ -1,4 +1,4 @@
-"""Scale-out with durable instances (issue 22 item 3): replicas a and b hold four instances of one group, clients
+"""Scale-out with durable instances: replicas a and b hold four instances of one group, clients
 poll and commit round robin over the live replicas while records are produced; replica c starts. The two
 instances whose ring owner becomes c are handed off by their holders (between requests) and re-created on c at
 their next request; the two others never move. No client-visible 404, every record consumed, duplicates only

@@ -138,7 +138,7 @@ async def test_graceful_restarts_in_a_row_leave_no_member_without_partitions(
     caplog.set_level(logging.INFO, logger="service.group.coordinator")
     await _two(members, topic_name, static=False)
     for _ in range(2):
-        # the follower first: the leader then leaves while the group is forming (the stall of issue 22)
+        # the follower first: the leader then leaves while the group is forming (where groups used to stall)
         for old in list(reversed(members.live)):
             members.live.remove(old)
             await old.close()

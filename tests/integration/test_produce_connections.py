@@ -1,4 +1,4 @@
-"""The producer's own connections (issue 24): Produce requests are written on connections the producer keeps
+"""The producer's own connections: Produce requests are written on connections the producer keeps
 open per broker (at most ``max_in_flight_per_broker``), never on the client's control connections or its
 lease pool, without a task per request; a timed-out request closes its connection."""
 

@@ -1,4 +1,4 @@
-"""Produce formats avro, protobuf and jsonschema (issue 23 item 3) against a real registry.
+"""Produce formats avro, protobuf and jsonschema against a real registry.
 
 Gateways run in-process (``create_app`` over httpx's ASGI transport, a few ms each) on the module's broker
 (Tansu, then Kafka), pointed at the real Karapace registry (``schema_registry``; its own broker holds only the schemas). Records are

@@ -1,4 +1,4 @@
-"""Typed offset-range reads (issue 23 item 4): records produced by confluent-kafka's AvroSerializer (and
+"""Typed offset-range reads: records produced by confluent-kafka's AvroSerializer (and
 JSONSerializer) against the real Karapace registry (``schema_registry``), a schema evolution mid-range,
 read back through a gateway process as typed Arrow (``format=avro``): one reader schema per page (the latest
 writer's by default, or pinned), rows of other writer schemas resolved into it, undecodable rows as error

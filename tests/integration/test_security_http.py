@@ -172,7 +172,7 @@ async def test_failed_authentication_is_rate_limited_per_address(http: httpx.Asy
         codes.append(r.status_code)
     assert codes[:5] == [401] * 5 and codes[5:] == [429, 429], codes
     assert r.json()["error_code"] == 42901 and int(r.headers["Retry-After"]) >= 1
-    # the right key is never refused (behind an ingress every client shares the address: issue 21 item 5);
+    # the right key is never refused (behind an ingress every client shares the address);
     # the wrong ones stay throttled; other addresses are not affected
     r = await http.get("/topics", headers={**auth(KEY_A), **attacker})
     assert r.status_code == 200, r.text

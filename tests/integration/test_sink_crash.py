@@ -138,7 +138,7 @@ def test_gateway_going_away_is_a_clear_error_and_leaves_whole_batches(
         gw2.stop()
 
 
-# -- typed (issue 23): an Avro topic into a typed Delta table ------------------------------------------------
+# -- typed: an Avro topic into a typed Delta table -------------------------------------------------------------
 AVRO_V1 = {"type": "record", "name": "Reading", "namespace": "sink", "fields": [
     {"name": "n", "type": "long"}, {"name": "label", "type": "string"},
     {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}

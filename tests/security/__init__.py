@@ -1,1 +1,1 @@
-"""Security tests (issue 21): each performs an attack against a running gateway and asserts the refusal."""
+"""Security tests: each performs an attack against a running gateway and asserts the refusal."""

@@ -1,4 +1,4 @@
-"""Issue 21 item 10: a replica checks credentials before forwarding or looking anything up.
+"""A replica checks credentials before forwarding or looking anything up.
 
 An unauthenticated request for an instance another replica holds is answered 401 by the receiving replica,
 with no routing headers (nothing tells where the instance lives), and never reaches the holder.

@@ -1,4 +1,4 @@
-"""Issue 21 item 5: the failed-authentication limiter throttles guessing without locking out valid keys.
+"""The failed-authentication limiter throttles guessing without locking out valid keys.
 
 Behind an ingress every client shares the ingress's address; one client guessing keys must not lock the
 other tenants out. Wrong admin tokens count like wrong API keys. A real gateway process, real sockets.

@@ -1,4 +1,4 @@
-"""Issue 21 item 12: ``base_uri`` (v2) and the v3 links are never built from an unchecked Host or a
+"""``base_uri`` (v2) and the v3 links are never built from an unchecked Host or a
 forged ``Forwarded: proto=``: GATEWAY_PUBLIC_URL when set, else an http(s) URL of a plain host name or
 address (400/40003 otherwise, and nothing is created). Real gateway processes over real sockets; the test
 client connects from 127.0.0.1, the default trusted proxy, so its forwarded headers are believed."""

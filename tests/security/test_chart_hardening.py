@@ -1,4 +1,4 @@
-"""Issue 21 items 16-17 in the Helm chart: a NetworkPolicy (ingress from the ingress controller, the replicas
+"""The Helm chart's hardening: a NetworkPolicy (ingress from the ingress controller, the replicas
 and monitoring only), `auth.generateTokens: false` honoured (nothing generated; no peer token fails the
 render), no checksum of a Secret in the pod template (it would publish a hash of the tokens), the HTTP limits
 as values, and HTTPS between the replicas (certificates mounted, probes and scrapes over HTTPS).

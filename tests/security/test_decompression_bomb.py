@@ -1,4 +1,4 @@
-"""Issue 21 item 2: decompression bombs.
+"""Decompression bombs.
 
 100 MiB of zeros compressed with gzip (~100 KB) and with zstd (a streaming frame that does not declare its
 size, ~3 KB) are written straight to the broker. Against a real gateway whose batch bound is lowered to

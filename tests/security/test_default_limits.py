@@ -1,10 +1,10 @@
-"""Issue 21 item 8: limits are on by default. Against gateway processes whose tenants set no quotas (and one in
+"""Limits are on by default. Against gateway processes whose tenants set no quotas (and one in
 open mode), over real sockets: a tenant creating instances as fast as it can gets exactly the shipped 1,000 and
 then 429/42901 with Retry-After; a 60,000-topic subscription is refused with 422/42206 (open mode too); a tenant
 opening streams gets the shipped 100 and then 429; a flood of requests past a configured rate gets 429 with
 Retry-After. Meanwhile another tenant keeps being served.
 
-Issue 34: the shipped defaults protect without throttling: one heavy client (eight connections, produce
+The shipped defaults protect without throttling: one heavy client (eight connections, produce
 requests of 100 records and reads, as fast as the gateway answers) in open mode meets no 429 at all (the
 default request rate is off; the caps on what requests hold stay on)."""
 

@@ -1,4 +1,4 @@
-"""Issue 21 item 19 (docs): ``/docs`` and ``/redoc`` load no third-party script.
+"""``/docs`` and ``/redoc`` load no third-party script.
 
 Before: FastAPI's default pages loaded Swagger UI and ReDoc, unpinned, from a CDN (``cdn.jsdelivr.net``) and
 the Swagger page ran an inline script, so a compromised CDN could run script in the gateway's origin. Now,

@@ -1,4 +1,4 @@
-"""Issue 21 item 1: request heads are bounded in size, count and time, and connections are limited.
+"""Request heads are bounded in size, count and time, and connections are limited.
 
 Each test attacks a real gateway process over raw sockets and checks the refusal (a JSON error, the
 connection closed), the gateway's memory (VmHWM, the peak RSS, from /proc) and that other clients are

@@ -1,4 +1,4 @@
-"""Issue 21 item 15: ``group.instance.id`` and ``client.id`` of a new consumer instance are validated
+"""``group.instance.id`` and ``client.id`` of a new consumer instance are validated
 (Kafka's legal characters, length bounds: a newline never reaches the broker), and ``client.id`` is put in
 the tenant's own namespace ``kcg-<tenant>-<client.id>``, so tenant A cannot pose as tenant B to the
 broker (quotas, logs, ACL audit). A real gateway process with two tenants, asked over real sockets; what

@@ -1,4 +1,4 @@
-"""Issue 21 item 4: internal topics (``__*``, ``_schemas``, ``_confluent*``) are denied to every tenant, whatever its
+"""Internal topics (``__*``, ``_schemas``, ``_confluent*``) are denied to every tenant, whatever its
 patterns: produce (v2, v3), range reads, subscribe (names and patterns), assign, offsets, v2 and v3 metadata and v3
 consumer-group lags. Attacked over real sockets on gateway processes in open mode and with a tenants file whose
 tenants have no or permissive topic patterns; a normal topic keeps working for the same tenant throughout.

@@ -1,4 +1,4 @@
-"""Issue 21 item 13: a refused JWT gets one generic 401 whatever failed, so an outsider cannot probe which
+"""A refused JWT gets one generic 401 whatever failed, so an outsider cannot probe which
 issuers and tenants exist (unknown issuer vs. unknown tenant vs. bad signature answered alike); the reason
 is in the gateway's log only. A real gateway process with a tenants file, over real sockets."""
 

@@ -1,4 +1,4 @@
-"""Issue 21 item 19 (Kafka error texts): a broker's error message and broker addresses never reach clients.
+"""Kafka error texts: a broker's error message and broker addresses never reach clients.
 
 Before: the broker's ``error_message`` (which names hosts and internal addresses) and the client layer's
 connection errors (``cannot connect to 10.x.y.z:9092``) were copied into HTTP answers. Now a real gateway

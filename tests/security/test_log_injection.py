@@ -1,4 +1,4 @@
-"""Issue 21 item 14: a request path is logged escaped in the text log format, so a percent-encoded newline
+"""A request path is logged escaped in the text log format, so a percent-encoded newline
 (or carriage return, escape sequence) in it cannot forge log lines.
 
 A real gateway (replica r0, text logs) forwards a request for an instance whose ring owner is r1; "r1" is a

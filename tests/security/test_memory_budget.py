@@ -1,4 +1,4 @@
-"""Issue 21 item 3: one memory budget covers everything a client can make the gateway hold.
+"""One memory budget covers everything a client can make the gateway hold.
 
 A real gateway with ``GATEWAY_MEMORY_BUDGET_BYTES`` lowered to ``BUDGET`` over a topic of ``DATA`` bytes:
 

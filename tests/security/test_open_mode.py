@@ -1,4 +1,4 @@
-"""Issue 21 item 7: open mode (no tenants file, no authentication) is not open to the network.
+"""Open mode (no tenants file, no authentication) is not open to the network.
 
 A real gateway process over real sockets: bound to loopback unless GATEWAY_HOST says otherwise, and a
 request whose Host header is not an allowed host (DNS rebinding: a web page re-points its own name at

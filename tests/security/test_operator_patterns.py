@@ -1,4 +1,4 @@
-"""Issue 21 item 19: the operator's ``re:`` patterns in the tenants file run on RE2. A catastrophic-backtracking
+"""The operator's ``re:`` patterns in the tenants file run on RE2. A catastrophic-backtracking
 pattern (``re:(a+)+$``) against a long ``aaaa…b`` topic name is answered at once (a backtracking engine would hold
 the event loop for ages, stalling every tenant), other tenants keep being served during the attack, and a construct
 RE2 lacks is refused when the gateway starts, with a config error naming it."""

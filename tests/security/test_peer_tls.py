@@ -1,4 +1,4 @@
-"""Issue 21 item 16: TLS between replicas (forwarded requests carry the peer token and client credentials).
+"""TLS between replicas (forwarded requests carry the peer token and client credentials).
 
 Replicas a and b serve HTTPS with certificates of one CA (named ``replicas.kcg.test``, which every replica
 verifies through GATEWAY_PEER_TLS_SERVER_NAME, as GATEWAY_PEER_DNS discovery does with the headless Service's

@@ -1,4 +1,4 @@
-"""Issue 21 item 6 (and the peer-token part of item 5): replicas always authenticate each other.
+"""Replicas always authenticate each other.
 
 Peers without a peer token refuse to start; ``/internal/*`` needs the token even in open mode (no tenants
 file); a forwarded-request header with a spoofed client address is refused without the token; wrong peer

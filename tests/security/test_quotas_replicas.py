@@ -1,4 +1,4 @@
-"""Issue 21 item 9: ``max_instances`` holds across the replica set, not per replica. Two real gateway replicas
+"""``max_instances`` holds across the replica set, not per replica. Two real gateway replicas
 (peer token, a tenants file): a tenant with ``max_instances: 3`` creating instances whose names hash to both
 replicas gets exactly 3, then 429/42901 with Retry-After on either replica; deleting one frees one slot; a
 replica killed with -9 leaks none of the tenant's slots. Another tenant is served throughout; the

@@ -1,4 +1,4 @@
-"""Issue 21 item 11: anonymous /readyz probes cannot make the gateway call the brokers at their rate.
+"""Anonymous /readyz probes cannot make the gateway call the brokers at their rate.
 
 A gateway process runs against the protocol-level test broker (in a thread of this process), whose request
 log counts the Metadata requests: a burst of concurrent and back-to-back probes within one cache window

@@ -1,4 +1,4 @@
-"""Issue 21 item 18: the sink's API key is not visible to other users of the machine, nor in Spark's plans.
+"""The sink's API key is not visible to other users of the machine, nor in Spark's plans.
 
 Before: ``consumer-gateway sink --api-key KEY`` was the way to pass a key, so every local user could read it
 (``ps``, ``/proc/PID/cmdline``), and Spark got it as the data source option ``apiKey``, which Spark's default

@@ -1,4 +1,4 @@
-"""Issue 21 item 19: topic names Kafka forbids (``.``, ``..``, other characters, over 249) are refused everywhere a
+"""Topic names Kafka forbids (``.``, ``..``, other characters, over 249) are refused everywhere a
 topic name enters — produce (v2, v3), range reads, topic metadata (v2, v3), subscribe, assign — without asking the
 broker (Tansu accepts them), and nothing is created on the broker. Real sockets, a gateway process in open mode."""
 

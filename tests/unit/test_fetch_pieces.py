@@ -1,4 +1,4 @@
-"""issue 24: a large partition of a Fetch response is decoded in pieces of whole batches with the event loop let
+"""A large partition of a Fetch response is decoded in pieces of whole batches with the event loop let
 go in between (service/fetch/fetcher.py split_records / Fetcher._handle_pieces): the pieces cover the records
 exactly, in order; the buffered records are the same as decoded in one go; a seek between two pieces drops the
 rest; what cannot be split safely (compressed batches, aborted transactions, small partitions) is not."""

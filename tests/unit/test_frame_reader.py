@@ -1,4 +1,4 @@
-"""issue 24: the broker connection's frame reader (service/client/connection.py ``_KafkaProtocol``, a buffered
+"""The broker connection's frame reader (service/client/connection.py ``_KafkaProtocol``, a buffered
 protocol): small frames come out of the reusable scratch buffer as bytes, a frame larger than it is read into a
 buffer of its own, and however the stream is cut into reads every frame comes out whole, in order, once."""
 

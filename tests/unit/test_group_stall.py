@@ -1,4 +1,4 @@
-"""Stall detection of group members (issue 22 item 0): the pure decisions and the metric they feed."""
+"""Stall detection of group members: the pure decisions and the metric they feed."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class RecoveringCoordinator(GroupCoordinator):
 
     def __init__(self, described: set[str] | None) -> None:
         c = coordinator(["t"])
-        for name in GroupCoordinator.__slots__:  # a coordinator's state is in slots (issue 24: idle memory)
+        for name in GroupCoordinator.__slots__:  # a coordinator's state is in slots (memory per idle instance)
             if name != "__dict__":
                 setattr(self, name, getattr(c, name))
         self.__dict__.update(c.__dict__)

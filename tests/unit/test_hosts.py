@@ -1,4 +1,4 @@
-"""api/hosts.py: Host header parsing and the GATEWAY_ALLOWED_HOSTS matcher (issue 21 items 7, 12)."""
+"""api/hosts.py: Host header parsing and the GATEWAY_ALLOWED_HOSTS matcher."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An idle consumer instance holds as few asyncio tasks as it can (issue 24, memory per idle instance): the
+"""An idle consumer instance holds as few asyncio tasks as it can (memory per idle instance): the
 fetcher's task ends once it is paused for idleness and a poll (or a wake-up) starts it again; the positions
 task ends when no partition needs a position and an assignment, seek or reset starts it again; the heavy
 per-instance objects keep their state in slots."""

@@ -38,7 +38,7 @@ async def test_context_reaches_tasks_and_json_lines() -> None:
 
 
 def test_text_format_escapes_control_characters() -> None:
-    """Issue 21 item 14: one record is one line; a traceback's lines start with '  | '."""
+    """One record is one line (no forged log lines); a traceback's lines start with '  | '."""
     import logging as _logging
 
     from service.logs import TextFormatter, escape

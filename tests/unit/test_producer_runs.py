@@ -1,4 +1,4 @@
-"""The producer's run-based hot path (issue 24): the C record encoder against its Python twin, the sticky
+"""The producer's run-based hot path: the C record encoder against its Python twin, the sticky
 partitioner's runs against record-by-record choices, and the accumulator cutting runs into batches and
 answering every record of a run exactly once."""
 

@@ -1,4 +1,4 @@
-"""Quotas (issue 21 items 8 and 9): the shipped defaults and how the tenants file overrides them, the scaled
+"""Quotas: the shipped defaults and how the tenants file overrides them, the scaled
 per-replica shares, the stream / range-read slots, the subscription size, and ``max_instances`` across
 replicas — the owner of record's ledger and two coordinators talking through an in-process transport."""
 

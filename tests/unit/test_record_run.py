@@ -1,4 +1,4 @@
-"""RecordRun (issue 24): a partition's records indexed in one bytes object, rendered by C straight from it.
+"""RecordRun: a partition's records indexed in one bytes object, rendered by C straight from it.
 
 Differential: a run built from batches holds exactly the records decode_records makes of them (item by item,
 slices, payload, take_budget), renders byte-identical to the list path (binary and json, array and ndjson

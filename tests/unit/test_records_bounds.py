@@ -1,4 +1,4 @@
-"""Bounded decompression of record batches (issue 21, item 2): a batch that inflates past the bound is an
+"""Bounded decompression of record batches: a batch that inflates past the bound is an
 InflatedSizeError naming topic, partition and offset, whatever its codec and whatever its frame claims; a batch
 just under the bound decodes; decode_records stops at a total budget."""
 

@@ -1,4 +1,4 @@
-"""issue 24: a poll's whole JSON array rendered in one C buffer (``_crecords.render_framed`` via
+"""A poll's whole JSON array rendered in one C buffer (``_crecords.render_framed`` via
 ``api.render.render_array``) gives the same bytes as the per-chunk renderer joined by ``Rendered.array``,
 and the pure-Python path; the decoder's shared timestamp objects and the pair-table base64 change no value."""
 

@@ -1,4 +1,4 @@
-"""service/schemas/produce.py (schema'd produce, issue 23 item 3) without sockets: subject-name strategies,
+"""service/schemas/produce.py (schema'd produce) without sockets: subject-name strategies,
 the body's schema fields, batch validation (all or nothing, errors naming record index and path), framing;
 resolution through a real SchemaResolver + RegistryClient over an in-memory httpx transport."""
 

@@ -1,4 +1,4 @@
-"""The typed mode of the Spark sink (issue 23 item 4), without Spark or a gateway: the options, the pinned
+"""The typed mode of the Spark sink, without Spark or a gateway: the options, the pinned
 reader schema travelling in the input partitions, the Spark schema a typed page gives, a typed page (built by
 the gateway's own code) cast into it, the CLI arguments and the Delta writer's schema merge flag."""
 

@@ -390,7 +390,7 @@ def _jwt_failure(reg: TenantRegistry, tok: str) -> str:
         reg.authenticate({"Authorization": f"Bearer {tok}"})
     assert (info.value.status, info.value.error_code) == (401, 40101)
     assert tok not in info.value.message and tok.split(".")[2] not in info.value.message
-    # one answer for every refused JWT (issue 21 item 13); the reason is only logged
+    # one answer for every refused JWT (no probing which issuers and tenants exist); the reason is only logged
     assert info.value.message == JWT_REFUSED and isinstance(info.value, JwtRefused)
     return info.value.reason
 

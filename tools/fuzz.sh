@@ -68,6 +68,12 @@ status=0
 "$PY" -m pytest -q -p no:cacheprovider --timeout="${KCG_FUZZ_TIMEOUT:-3600}" tests/fuzz "$@" || status=$?
 for report in "$WORK"/sanitizer.*; do
   [ -e "$report" ] || continue
+  # with allocator_may_return_null=1 an allocation ASan refuses (a count near 2^62 that the C code passes on, to
+  # be answered with MemoryError, which the tests accept) only logs this warning: not a finding
+  if ! grep -Eqv '^(==[0-9]+==)?WARNING: AddressSanitizer failed to allocate 0x[0-9a-fA-F]+ bytes$|^$' "$report"; then
+    echo "fuzz: note: $(grep -c . "$report") allocation(s) refused by ASan and answered with MemoryError ($report)" >&2
+    continue
+  fi
   echo "fuzz: sanitizer report $report:" >&2
   cat "$report" >&2
   status=1

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -198,7 +198,7 @@ HELD_MIN_BYTES = 64 * 1024
 _DRAIN_WAIT = {"type": "http.response.body", "body": b"", "more_body": True}
 _BODY_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
@@ -587,7 +587,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             call = lean(scope)
             if call is None:
                 return False
-            self.cycle = LeanCycle(self, call, parser.should_keep_alive())  # type: ignore[assignment]
+            self.cycle = LeanCycle(self, call, parser.should_keep_alive())
             return True
 
         def on_body(self, body: bytes) -> None:

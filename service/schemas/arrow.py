@@ -929,9 +929,9 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
             if sid not in usable:
                 errors[i] = _frame_error(fmt, p, sid, lookup)
                 continue
-            rows = groups.get(sid)  # type: ignore[arg-type]
+            rows = groups.get(sid)
             if rows is None:
-                rows = groups[sid] = []  # type: ignore[index]
+                rows = groups[sid] = []
             rows.append(i)
     for sid, rows in groups.items():
         picked = payloads if rows is None else [payloads[i] for i in rows]

@@ -611,7 +611,7 @@ class AvroCodec:
         if self._always_within():
             return 0
         if self._cscan is not None:
-            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())  # type: ignore[no-any-return]
+            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())
         return avro_limits.scan_py(self._scan_nodes, payload)
 
     def _always_within(self) -> bool:
@@ -629,7 +629,7 @@ class AvroCodec:
         if self._always_within():
             return {}
         if self._cscan_many is not None:
-            return self._cscan_many(self._scan_program, payloads,  # type: ignore[no-any-return]
+            return self._cscan_many(self._scan_program, payloads,
                                     avro_limits.limits_tuple())
         return {i: code for i, p in enumerate(payloads) if (code := self.refusal(p))}
 

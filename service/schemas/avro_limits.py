@@ -58,7 +58,7 @@ class DecodeLimits:
         return min(self.cap, max(self.floor, self.expansion * n))
 
     def as_tuple(self) -> tuple[int, int, int, int, int, int]:
-        return astuple(self)  # type: ignore[return-value]
+        return astuple(self)
 
 
 #: the gateway's limits (service/settings.py through :func:`configure`)

@@ -517,7 +517,7 @@ class RegistryClient:
             fut = asyncio.ensure_future(make())
             self._inflight[key] = fut
             fut.add_done_callback(functools.partial(self._settled, key))
-        return await asyncio.shield(fut)  # type: ignore[no-any-return]
+        return await asyncio.shield(fut)
 
     def _settled(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
         if self._inflight.get(key) is fut:
@@ -566,7 +566,7 @@ class RegistryClient:
         key = ("latest", subject)
         hit = self._subjects.get(key)
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         return await self._once(key, lambda: self._fetch_latest(subject))
 
     async def _fetch_latest(self, subject: str) -> RegisteredSchema:

@@ -13,7 +13,7 @@ import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from service.protocol import primitives as P
 from service.protocol.errors import ProtocolDecodeError
@@ -106,6 +106,10 @@ class Struct:
 
     __slots__ = ()
     _fields: tuple[str, ...] = ()
+
+    if TYPE_CHECKING:
+        # each generated class has its own __init__ (its fields, by keyword or position)
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):

@@ -553,9 +553,9 @@ class RegistryClient:
     async def get_versions(self, subject: str) -> list[int]:
         key = ("versions", subject)
         hit = self._subjects.get(key)
-        if hit is None:
-            hit = await self._once(key, lambda: self._fetch_versions(subject))
-        return list(hit)
+        versions: tuple[int, ...] = hit if hit is not None else await self._once(
+            key, lambda: self._fetch_versions(subject))
+        return list(versions)
 
     async def _fetch_versions(self, subject: str) -> tuple[int, ...]:
         versions = tuple(parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions")))

@@ -134,7 +134,7 @@ class CoalescingTransport:
     __slots__ = ("_held", "_loop", "_send_timeout_s", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 send_timeout_s: float = OutputLimits.send_timeout_s) -> None:
+                 send_timeout_s: float = OutputLimits().send_timeout_s) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] | None = None

@@ -36,7 +36,7 @@ _b64 = binascii.b2a_base64
 
 class Rendered(NamedTuple):
     parts: list[bytes]  # one per non-empty chunk: its records joined by the separator
-    count: int  # records
+    count: int  # type: ignore[assignment]  # records (shadows tuple.count, on purpose)
     payload: int  # key + value bytes (the bytes-delivered metric)
 
     # Each framing copies the (possibly multi-megabyte) parts exactly once.

@@ -217,7 +217,7 @@ def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
     if flow is not None and not hasattr(flow, "write_paused"):
         flow = None
 
-    async def send_held(message: dict[str, Any]) -> None:
+    async def send_held(message: MutableMapping[str, Any]) -> None:
         if message["type"] != "http.response.body":
             await send(message)
             return

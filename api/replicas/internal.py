@@ -48,7 +48,7 @@ class InternalEndpoints:
     async def internal(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path not in ("/internal/peer", "/internal/lookup", "/internal/peers", *QUOTA_PATHS):
-            resp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
+            resp: ASGIApp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
         elif not self.token_ok(scope):
             resp = self.refused(scope, "this endpoint is for gateway replicas: it needs the "
                                 f"{TOKEN_HEADER} header with GATEWAY_PEER_TOKEN")

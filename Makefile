@@ -1,4 +1,5 @@
-# Quick start: `make run` (gateway + embedded Tansu broker + embedded Schema Registry) and `make test` (the whole suite).
+# Quick start: `make run` (gateway + embedded Tansu broker + embedded Schema Registry) and `make test` (the whole suite,
+# then ruff and mypy: the type check of service, api and sink, strict on the pure cores; [tool.mypy] in pyproject.toml).
 # `GATEWAY_EMBEDDED_BROKER=kafka make run`: the same on an embedded Apache Kafka (docs/brokers.md).
 PYTHON ?= python3
 VENV ?= .venv
@@ -42,6 +43,7 @@ test: $(TEST_STAMP) system-deps
 	sh tools/install-spark-kafka.sh > /dev/null
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The fuzz tier (tests/fuzz, also part of `make test`) run longer (KCG_FUZZ_PROFILE=long) against ASan/UBSan
 # builds of the three C extensions, made in a temporary copy of the sources (tools/fuzz.sh; the in-tree modules
@@ -51,6 +53,7 @@ fuzz: $(TEST_STAMP)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 sink-demo: $(TEST_STAMP)
 	$(PY) -m sink.demo
@@ -59,6 +62,6 @@ bench: $(TEST_STAMP) system-deps
 	$(PY) bench/codec.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find service -name '*.so' -delete

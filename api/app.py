@@ -8,7 +8,7 @@ import hmac
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -43,11 +43,11 @@ from service.tenants import TenantError, TenantRegistry, TopicDenyList
 
 log = logging.getLogger(__name__)
 
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
-                    Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[MutableMapping[str, Any]]],
+                    Callable[[MutableMapping[str, Any]], Awaitable[None]]], Awaitable[None]]
 
 
-def _budget_of(scope: dict[str, Any]) -> MemoryBudget | None:
+def _budget_of(scope: MutableMapping[str, Any]) -> MemoryBudget | None:
     app = scope.get("app")
     gateway = getattr(getattr(app, "state", None), "gateway", None)
     return getattr(gateway, "budget", None)
@@ -64,8 +64,8 @@ class ObserveMiddleware:
         self.metrics = metrics
         self.memory_wait_s = memory_wait_s
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+                       send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -108,7 +108,7 @@ class ObserveMiddleware:
             labelled(self.metrics.http_seconds, tenant.id if tenant is not None else "",
                      getattr(route, "path", "unmatched"), method, str(status)).observe(time.perf_counter() - started)
 
-        async def send_observed(message: dict[str, Any]) -> None:
+        async def send_observed(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start" and not observed:
                 observe(message["status"])
             await send(message)
@@ -134,7 +134,7 @@ class ObserveMiddleware:
                 return
         declared = charged
 
-        async def receive_counted() -> dict[str, Any]:
+        async def receive_counted() -> MutableMapping[str, Any]:
             nonlocal received, too_large, charged, no_memory
             message = await receive()
             if message["type"] == "http.request":
@@ -155,7 +155,7 @@ class ObserveMiddleware:
                     charged += 2 * size
             return message
 
-        async def send_guarded(message: dict[str, Any]) -> None:
+        async def send_guarded(message: MutableMapping[str, Any]) -> None:
             nonlocal started_response
             if message["type"] == "http.response.start":
                 started_response = True
@@ -197,8 +197,8 @@ class GatewayApp(FastAPI):
     #: budget until they left the process (service/httpserver.py ``held_send``)
     output_chunk_bytes: int = 1024 * 1024
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
-                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+                       send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] == "http":
             send = held_send(send, getattr(getattr(self.state, "gateway", None), "budget", None),
                              self.output_chunk_bytes)
@@ -207,7 +207,7 @@ class GatewayApp(FastAPI):
                 return
         await super().__call__(scope, receive, send)
 
-    def lean_begin(self, scope: dict[str, Any]) -> Any:
+    def lean_begin(self, scope: MutableMapping[str, Any]) -> Any:
         """The protocol-level produce path's hook (service/httpserver.py ``LeanCycle``): a plain produce
         request's call once its head is parsed, or None (the request then goes through ``__call__``)."""
         lean = self.lean_produce
@@ -363,7 +363,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     async def broker_problems() -> dict[str, str]:
         at = ready_cache["at"]
         if at is not None and time.monotonic() - at < settings.readyz_cache_s:
-            return ready_cache["problems"]  # type: ignore[no-any-return]
+            return ready_cache["problems"]
         task: asyncio.Task[dict[str, str]] | None = ready_cache["task"]
         if task is None or task.done():
             task = ready_cache["task"] = asyncio.create_task(check_brokers(), name="readyz-check")

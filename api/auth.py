@@ -65,7 +65,7 @@ def _trusted_proxies(request: Request) -> TrustedProxies:
         settings = getattr(state, "settings", None)
         proxies = TrustedProxies(getattr(settings, "forwarded_allow_ips", "127.0.0.1"))
         state.trusted_proxies = proxies
-    return proxies  # type: ignore[no-any-return]
+    return proxies
 
 
 def peer_is_trusted_proxy(request: Request) -> bool:

@@ -57,12 +57,12 @@ def _page_headers() -> dict[str, str]:
 
 def swagger_page(app: FastAPI, root: str) -> tuple[str, str]:
     """The Swagger UI page (its inline script replaced by a reference) and the script it had inline."""
-    html = get_swagger_ui_html(
+    html = bytes(get_swagger_ui_html(
         openapi_url=f"{root}{app.openapi_url}", title=f"{app.title} - Swagger UI",
         swagger_js_url=f"{root}{ASSETS_PATH}/swagger-ui-bundle.js",
         swagger_css_url=f"{root}{ASSETS_PATH}/swagger-ui.css",
         swagger_favicon_url=f"{root}{ASSETS_PATH}/favicon.png",
-        swagger_ui_parameters=app.swagger_ui_parameters).body.decode()
+        swagger_ui_parameters=app.swagger_ui_parameters).body).decode()
     found = _INLINE_SCRIPT.search(html)
     if found is None:  # FastAPI changed its page: fail loudly rather than serve a page the CSP breaks
         raise RuntimeError("get_swagger_ui_html has no inline initialisation script")

@@ -129,7 +129,7 @@ class RecordsFastPath:
             return
         match = _PATH.fullmatch(scope["path"])
         query = _query(scope["query_string"]) if match is not None else None
-        if query is None or "app" not in scope:
+        if match is None or query is None or "app" not in scope:
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:

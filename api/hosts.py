@@ -11,14 +11,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from api.errors import error_response
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 #: What a Host header may be: a DNS name (RFC 1123 labels) or IPv4 address, or an IPv6 literal in
 #: brackets, with an optional port. Nothing else (no userinfo, path, spaces or control characters).

@@ -178,7 +178,7 @@ def error_table_markdown() -> str:
     return "".join(f"| {s} | {c} | {m} |\n" for s, c, m in ERROR_CODES)
 
 
-_ERROR_BODY = {
+_ERROR_BODY: dict[str, Any] = {
     "type": "object",
     "title": "ErrorBody",
     "description": "The body of every error response. `error_code` has five digits, mostly the HTTP status "
@@ -289,7 +289,7 @@ SECURITY_SCHEMES = {
         "description": "An API key. Not together with `Authorization: Bearer`.",
     },
 }
-_SECURITY = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
+_SECURITY: list[dict[str, list[str]]] = [{"BearerAuth": []}, {"ApiKeyAuth": []}]
 
 _OPERATION_NOTES = {
     "createConsumer": "The body is optional (all defaults). The instance id is the `name` (or legacy `id`) "

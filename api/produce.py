@@ -354,7 +354,7 @@ def parse_records(body: Any, fmt: str, path_partition: int | None,
     if binary and encoding.native is not None:  # plain base64 key/value records, decoded in C
         fast = encoding.native.parse_binary(records, path_partition)
         if fast is not None:
-            return fast  # type: ignore[no-any-return]
+            return fast
     out: list[tuple[Any, ...]] = []
     sizes: list[int] = []
     mode = fmt if fmt in ("binary", "json") else "schema"

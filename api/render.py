@@ -36,7 +36,7 @@ _b64 = binascii.b2a_base64
 
 class Rendered(NamedTuple):
     parts: list[bytes]  # one per non-empty chunk: its records joined by the separator
-    count: int  # records
+    count: int  # type: ignore[assignment]  # records (shadows tuple.count, on purpose)
     payload: int  # key + value bytes (the bytes-delivered metric)
 
     # Each framing copies the (possibly multi-megabyte) parts exactly once.
@@ -96,11 +96,11 @@ Renderer = Callable[[list[Record], bytes, bytes], tuple[bytes, int]]
 
 
 def _c_binary(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
-    return _crecords.render(recs, head, sep, False)  # type: ignore[union-attr,no-any-return]
+    return _crecords.render(recs, head, sep, False)  # type: ignore[union-attr]
 
 
 def _c_json(recs: list[Record], head: bytes, sep: bytes) -> tuple[bytes, int]:
-    return _crecords.render(recs, head, sep, True)  # type: ignore[union-attr,no-any-return]
+    return _crecords.render(recs, head, sep, True)  # type: ignore[union-attr]
 
 
 render_binary_chunk: Renderer = render_binary_chunk_py
@@ -177,7 +177,7 @@ def render_array_py(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
 
 def _c_array(chunks: Chunks, json: bool) -> tuple[bytes, int, int]:
     # the whole JSON array in one C buffer (no per-chunk bytes, no join copy)
-    return _crecords.render_framed(  # type: ignore[union-attr,no-any-return]
+    return _crecords.render_framed(  # type: ignore[union-attr]
         [(recs, _head(tp)) for tp, recs in chunks if recs], ARRAY_SEP, json, b"[", b"]")
 
 
@@ -204,7 +204,7 @@ def render_ndjson(chunks: Chunks, json: bool, resume: bytes | None) -> tuple[byt
         if not items:
             resume = None  # no record to carry it
         trail = b"\n" if resume is None else b',"resume":"' + resume + b'"}\n'
-        return _crecords.render_framed(  # type: ignore[no-any-return]
+        return _crecords.render_framed(
             items, NDJSON_SEP, json, b"", trail, resume is not None)
     return render_ndjson_py(chunks, json, resume)
 

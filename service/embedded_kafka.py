@@ -457,6 +457,7 @@ class EmbeddedKafka:
         except BaseException:
             self.stop()
             raise
+        assert self.proc is not None
         log.info("embedded Apache Kafka %s ready on %s in %.1f s (format %.1f s, broker %.1f s), pid %d, dir %s",
                  KAFKA_VERSION, self.bootstrap, self.startup_s, self.format_s, self.ready_s, self.proc.pid,
                  self.workdir)

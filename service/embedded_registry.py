@@ -123,7 +123,7 @@ def _load_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl  # type: ignore[no-any-return]
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 

@@ -21,6 +21,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any
 
 from service.budget import MemoryBudget
@@ -257,7 +258,7 @@ class Gateway:
         self._moving: dict[tuple[str, str], asyncio.Event] = {}
         self._serving: dict[tuple[str, str], int] = {}
         self._idle: dict[tuple[str, str], asyncio.Event] = {}
-        self._recreating: dict[tuple[str, str, str], asyncio.Future[ConsumerInstance | None]] = {}
+        self._recreating: dict[tuple[str, str, str], asyncio.Lock] = {}
 
     # -- tenants -------------------------------------------------------------------------------------
     def register_tenant(self, tenant_id: str, client: KafkaClient) -> TenantRuntime:
@@ -552,12 +553,12 @@ class Gateway:
             created=inst.created_wall, last_used=time.time() - max(0.0, time.monotonic() - inst.last_used))
 
     async def describe(self, rt: TenantRuntime, inst: ConsumerInstance,
-                       subscription: dict[str, Any] | type[Ellipsis] | None = ...) -> None:
+                       subscription: dict[str, Any] | EllipsisType | None = ...) -> None:
         """Write the instance's descriptor (at creation, at each subscription change, and now and then
         while it is used). A failure is logged and counted, never raised: the instance works, it would
         just not survive its replica."""
         if subscription is not ...:
-            inst.subscription = subscription  # type: ignore[assignment]
+            inst.subscription = subscription
         store = self.descriptors(rt)
         if store is None or inst.closed:
             return

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -134,7 +134,7 @@ class CoalescingTransport:
     __slots__ = ("_held", "_loop", "_send_timeout_s", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 send_timeout_s: float = OutputLimits.send_timeout_s) -> None:
+                 send_timeout_s: float = OutputLimits().send_timeout_s) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] | None = None
@@ -198,7 +198,7 @@ HELD_MIN_BYTES = 64 * 1024
 _DRAIN_WAIT = {"type": "http.response.body", "body": b"", "more_body": True}
 _BODY_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
@@ -217,7 +217,7 @@ def held_send(send: Send, budget: Any, chunk_bytes: int) -> Send:
     if flow is not None and not hasattr(flow, "write_paused"):
         flow = None
 
-    async def send_held(message: dict[str, Any]) -> None:
+    async def send_held(message: MutableMapping[str, Any]) -> None:
         if message["type"] != "http.response.body":
             await send(message)
             return
@@ -587,7 +587,7 @@ def _httptools_class() -> type[asyncio.Protocol] | None:
             call = lean(scope)
             if call is None:
                 return False
-            self.cycle = LeanCycle(self, call, parser.should_keep_alive())  # type: ignore[assignment]
+            self.cycle = LeanCycle(self, call, parser.should_keep_alive())
             return True
 
         def on_body(self, body: bytes) -> None:

@@ -88,7 +88,7 @@ async def serve(settings: Settings) -> None:
         server = uvicorn.Server(config)
         # We own signal handling (uvicorn would re-raise the signal after shutdown and kill the
         # process before the embedded broker is stopped).
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        server.capture_signals = contextlib.nullcontext  # type: ignore[assignment]
         loop = asyncio.get_running_loop()
         gateway = app.state.gateway
         drain: asyncio.Task[None] | None = None

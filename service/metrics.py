@@ -349,10 +349,10 @@ class GatewayCollector(Collector):
                 lag.add_metric([tid, g, t, str(p)], v)
         # Instances gone since the previous scrape (deleted, expired): their last counts stay in the tenant's
         # totals, so that the counters never go down (a drop would read as a counter reset to rate()).
-        for key, (inst, tid, counts) in self._live.items():
-            if key not in live or live[key][0] is not inst:
-                retired = self._retired.setdefault(tid, {})
-                for name, n in counts.items():
+        for iid, (old, old_tid, old_counts) in self._live.items():
+            if iid not in live or live[iid][0] is not old:
+                retired = self._retired.setdefault(old_tid, {})
+                for name, n in old_counts.items():
                     retired[name] = retired.get(name, 0) + n
         self._live = live
         for tid, sums, hb_max, age_max, pre in per_tenant:

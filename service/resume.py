@@ -33,7 +33,6 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from service.subscription import TopicPartition
 
@@ -179,7 +178,7 @@ class ResumeCodec:
             raise ValueError("a resume key has 16 to 64 bytes")
         self._key = key
 
-    def _mac(self, binding: Binding, prefix: bytes) -> Any:
+    def _mac(self, binding: Binding, prefix: bytes) -> hashlib.blake2b:
         m = hashlib.blake2b(key=self._key, digest_size=MAC_BYTES, person=_DOMAIN)
         m.update(binding.encode())
         m.update(prefix)

@@ -4,14 +4,15 @@ request body, cancelling work when the client goes away."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+# starlette's own types (a scope or message may be any mapping)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -135,7 +136,7 @@ async def unless_disconnected(receive: Receive, work: Coroutine[Any, Any, T]) ->
 def header(scope: Scope, name: bytes) -> bytes | None:
     for k, v in scope["headers"]:
         if k == name:
-            return v  # type: ignore[no-any-return]
+            return v
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import orjson
@@ -53,6 +54,10 @@ class Forwarding:
     metrics: RoutingMetrics
     pool: UpstreamPool
     read_timeout: float
+
+    if TYPE_CHECKING:  # from the other parts of the Router
+        @property
+        def self_id(self) -> str: ...
 
     def _upstream_target(self, scope: Scope) -> str:
         raw = scope.get("raw_path") or quote(scope["path"]).encode()

@@ -4,10 +4,12 @@ replica hold an instance) and ``/internal/quota/*`` (:mod:`api.replicas.quota`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from api.errors import error_response
 from api.replicas.asgi import (
+    ASGIApp,
     Receive,
     Scope,
     Send,
@@ -17,6 +19,7 @@ from api.responses import OrjsonResponse
 from service.gateway import Gateway
 from service.routing import (
     TOKEN_HEADER,
+    Identity,
     PeerTable,
 )
 
@@ -28,10 +31,24 @@ class InternalEndpoints:
     table: PeerTable
     refreshes: int
 
+    if TYPE_CHECKING:  # from the other parts of the Router
+        @property
+        def self_id(self) -> str: ...
+
+        def _sync(self) -> None: ...
+
+        def identity(self) -> Identity: ...
+
+        def token_ok(self, scope: Scope) -> bool: ...
+
+        def refused(self, scope: Scope, message: str) -> ASGIApp: ...
+
+        async def quota_endpoint(self, scope: Scope, receive: Receive, path: str) -> ASGIApp: ...
+
     async def internal(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path not in ("/internal/peer", "/internal/lookup", "/internal/peers", *QUOTA_PATHS):
-            resp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
+            resp: ASGIApp = error_response(404, 40400, f"no such endpoint: {scope['method']} {path}")
         elif not self.token_ok(scope):
             resp = self.refused(scope, "this endpoint is for gateway replicas: it needs the "
                                 f"{TOKEN_HEADER} header with GATEWAY_PEER_TOKEN")

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -25,6 +25,9 @@ from service.routing import (
     urls_of_addrinfo,
 )
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.durable.moves import Move
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ class PeerSet:
     refreshes: int
     _peer_hosts: set[str]
     _last_result: dict[str, str]
+
+    if TYPE_CHECKING:  # from the other parts of the Router
+        def check_moves(self, now: float | None = None) -> list[Move]: ...
 
     # -- ring --------------------------------------------------------------------------------------------
     @property

@@ -4,7 +4,7 @@ replica's answers to them; the owner of record of a tenant's instance count is t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import httpx
@@ -36,6 +36,16 @@ class QuotaTransport:
     table: PeerTable
     client: httpx.AsyncClient | None
     quota: InstanceQuotaCoordinator
+
+    if TYPE_CHECKING:  # from the other parts of the Router
+        @property
+        def self_id(self) -> str: ...
+
+        def owner(self, group: str, name: str) -> str: ...
+
+        def _internal_headers(self) -> dict[str, str]: ...
+
+        def _extensions(self, url: str) -> dict[str, Any]: ...
 
     def members(self) -> list[str]:
         """Every live replica id, this one first (draining ones too: they hold instances)."""

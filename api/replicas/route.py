@@ -7,6 +7,7 @@ ring owner of the name; a create without a name stays here when this replica tak
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
 from api.errors import error_response
 from api.replicas.asgi import (
@@ -21,6 +22,8 @@ from api.replicas.asgi import (
     replaying,
     unless_disconnected,
 )
+from api.replicas.metrics import RoutingMetrics
+from api.responses import OrjsonResponse
 from service.gateway import Gateway
 from service.routing import (
     HintCache,
@@ -41,6 +44,23 @@ class Routing:
     mode: str
     table: PeerTable
     hints: HintCache
+    metrics: RoutingMetrics
+
+    if TYPE_CHECKING:  # from the other parts of the Router
+        @property
+        def self_id(self) -> str: ...
+
+        def _sync(self) -> None: ...
+
+        def owner(self, group: str, name: str) -> str: ...
+
+        async def lookup(self, group: str, name: str, exclude: set[str]) -> list[str]: ...
+
+        async def authenticated(self, scope: Scope, send: Send) -> bool: ...
+
+        async def forward(self, target: str, scope: Scope, body: bytes, send: Send) -> Captured | str: ...
+
+        def redirect(self, target: str, scope: Scope) -> OrjsonResponse | None: ...
 
     # -- instance requests -------------------------------------------------------------------------------
     async def route_instance(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, group: str,

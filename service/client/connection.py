@@ -94,7 +94,7 @@ class ConnectionConfig:
 class _Pending:
     api_key: int
     version: int
-    future: asyncio.Future[Any] | _Callback  # anything with done(), set_result() and set_exception()
+    future: asyncio.Future[Any] | _Callback | _BatchWaiter  # anything with done(), set_result(), set_exception()
     raw: bool
     deadline: float = math.inf  # loop time
 

@@ -442,7 +442,7 @@ class Fetcher:
                     self._account(-(cf.size))
                     self.subs.advance(tp, cf.next_offset, cf.leader_epoch)
                 else:
-                    nxt = (recs.offset(j - 1) if type(recs) is _RecordRun else recs[j - 1].offset) + 1
+                    nxt = (recs.offset(j - 1) if type(recs) is _RecordRun else recs[j - 1].offset) + 1  # type: ignore[attr-defined]  # a RecordRun (C): offset()
                     self.subs.advance(tp, nxt, cf.leader_epoch)
                     cf.fetch_offset = nxt
                     break

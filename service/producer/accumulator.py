@@ -416,8 +416,8 @@ class Accumulator:
                 n = len(idx)
                 contiguous = type(idx) is range and idx.step == 1 and res[idx.start:idx.stop].count(None) == n
                 if known and contiguous and d.offsets is not None:
-                    d.offsets.append((idx.start, p, off, n))  # no object per record (Producer.submit)
-                    res[idx.start:idx.stop] = [ACKED] * n
+                    d.offsets.append((idx.start, p, off, n))  # type: ignore[attr-defined]  # contiguous: a range; no object per record
+                    res[idx.start:idx.stop] = [ACKED] * n  # type: ignore[attr-defined]  # contiguous: idx is a range
                     d.remaining -= n
                     off += n
                     if d.remaining == 0:
@@ -429,7 +429,7 @@ class Accumulator:
                 else:
                     metas = [dup] * n
                 if contiguous:
-                    res[idx.start:idx.stop] = metas
+                    res[idx.start:idx.stop] = metas  # type: ignore[attr-defined]  # contiguous: idx is a range
                     d.remaining -= n
                 else:  # scattered (keyed records) or, defensively, partly resolved already
                     for i, m in zip(idx, metas, strict=True):

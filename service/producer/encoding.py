@@ -136,11 +136,12 @@ native: Any = _cproduce
 def use_c_extension(enabled: bool) -> None:
     """Select the record encoder (tests cover both). ``True`` raises ImportError when it is not built."""
     global encode_runs, plain_sizes, metas
-    if enabled and _cproduce is None:
+    if not enabled:
+        encode_runs, plain_sizes, metas = _encode_runs_py, _plain_sizes_py, _metas_py
+    elif _cproduce is None:
         raise ImportError(f"service.producer._cproduce is not available: {C_IMPORT_ERROR}")
-    encode_runs = _cproduce.encode_runs if enabled else _encode_runs_py
-    plain_sizes = _cproduce.plain_sizes if enabled else _plain_sizes_py
-    metas = _cproduce.metas if enabled else _metas_py
+    else:
+        encode_runs, plain_sizes, metas = _cproduce.encode_runs, _cproduce.plain_sizes, _cproduce.metas
 
 
 def encode_run_batch(runs: list[tuple[list[Any], int]], *, producer_id: int = -1, producer_epoch: int = -1,

@@ -145,6 +145,7 @@ def describe(code: int) -> ErrorCode:
 
 
 # Frequently used codes, by name.
+UNKNOWN_SERVER_ERROR = -1
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3

@@ -58,7 +58,7 @@ def encode_request(req: Struct, version: int, correlation_id: int, client_id: st
     if cm.schema.kind != "request":
         raise TypeError(f"{cm.schema.name} is not a request")
     api_key = cm.schema.api_key
-    out = bytearray(_HDR.pack(0, api_key, version, correlation_id))  # type: ignore[arg-type]
+    out = bytearray(_HDR.pack(0, api_key, version, correlation_id))
     P.write_nullable_string(out, client_id)
     if cm.schema.is_flexible(version):
         out.append(0)  # header tagged fields

@@ -719,6 +719,7 @@ class RecordBatch:
         key = records[0].key
         if key is None or len(key) < _CONTROL_KEY.size:
             raise self._corrupt("control record with a short key")
+        ctype: int
         _version, ctype = _CONTROL_KEY.unpack_from(key)
         try:
             return ControlType(ctype)

@@ -13,7 +13,7 @@ import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from service.protocol import primitives as P
 from service.protocol.errors import ProtocolDecodeError
@@ -106,6 +106,10 @@ class Struct:
 
     __slots__ = ()
     _fields: tuple[str, ...] = ()
+
+    if TYPE_CHECKING:
+        # each generated class has its own __init__ (its fields, by keyword or position)
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -268,7 +272,8 @@ class _Generator:
         top = self._enc_struct(self.cm.schema.name, self.cm.schema.fields)
         src = "\n".join(self.funcs)
         exec(compile(src, f"<kafka-encode {self.cm.schema.name} v{self.v}>", "exec"), self.ns)
-        return self.ns[top]
+        # generated source: the checker cannot see the function exec just defined
+        return cast("Callable[[Any, bytearray], None]", self.ns[top])
 
     def _enc_struct(self, name: str, fields: tuple[F, ...]) -> str:
         fname = f"e_{name}"
@@ -377,7 +382,7 @@ class _Generator:
         top = self._dec_struct(self.cm.schema.name, self.cm.schema.fields)
         src = "\n".join(self.funcs)
         exec(compile(src, f"<kafka-decode {self.cm.schema.name} v{self.v}>", "exec"), self.ns)
-        return self.ns[top]
+        return cast("Callable[[Any, int], tuple[Any, int]]", self.ns[top])
 
     def _dec_struct(self, name: str, fields: tuple[F, ...]) -> str:
         fname = f"d_{name}"

@@ -312,7 +312,7 @@ class _AvroMapper:
 
     def _python_test(self, b: Any, namespace: str | None) -> Callable[[Any], bool] | None:
         s = self._resolve(b, namespace)
-        t = s.get("type") if isinstance(s, dict) else s
+        t: Any = s.get("type") if isinstance(s, dict) else s
         if isinstance(s, dict) and s.get("logicalType") == "decimal":
             return lambda v: v.__class__.__name__ == "Decimal"
         return {
@@ -383,7 +383,8 @@ def _pb_mapping(descriptor: Any, active: frozenset[str] = frozenset()) -> Mapped
             ic = inner.convert
             m = Mapped(pa.list_(inner.type))
 
-            def get(msg: Any, name: str = name, ic: Any = ic) -> Any:
+            # one getter per kind of field, each binding its own defaults
+            def get(msg: Any, name: str = name, ic: Any = ic) -> Any:  # type: ignore[misc]
                 seq = getattr(msg, name)
                 return [ic(x) for x in seq] if ic else list(seq)
         else:
@@ -392,7 +393,7 @@ def _pb_mapping(descriptor: Any, active: frozenset[str] = frozenset()) -> Mapped
             c = m0.convert
             presence = f.type == FD.TYPE_MESSAGE or _has_presence(f)
 
-            def get(msg: Any, name: str = name, c: Any = c, presence: bool = presence) -> Any:
+            def get(msg: Any, name: str = name, c: Any = c, presence: bool = presence) -> Any:  # type: ignore[misc]
                 if presence and not msg.HasField(name):
                     return None
                 v = getattr(msg, name)
@@ -427,7 +428,7 @@ def _pb_field(f: Any, active: frozenset[str]) -> Mapped:
         return _pb_mapping(f.message_type, active)
     if t == FD.TYPE_ENUM:
         values = {v.number: v.name for v in f.enum_type.values}
-        return Mapped(pa.string(), lambda v, values=values: values.get(v, str(v)))
+        return Mapped(pa.string(), lambda v, values=values: values.get(v, str(v)))  # type: ignore[misc]  # bound default
     if t in (FD.TYPE_INT32, FD.TYPE_SINT32, FD.TYPE_SFIXED32):
         return Mapped(pa.int32())
     if t in (FD.TYPE_INT64, FD.TYPE_SINT64, FD.TYPE_SFIXED64, FD.TYPE_UINT32, FD.TYPE_FIXED32):
@@ -929,15 +930,15 @@ def decode_column(fmt: str, payloads: Sequence[bytes | memoryview | None], looku
             if sid not in usable:
                 errors[i] = _frame_error(fmt, p, sid, lookup)
                 continue
-            rows = groups.get(sid)  # type: ignore[arg-type]
+            rows = groups.get(sid)
             if rows is None:
-                rows = groups[sid] = []  # type: ignore[index]
+                rows = groups[sid] = []
             rows.append(i)
     for sid, rows in groups.items():
         picked = payloads if rows is None else [payloads[i] for i in rows]
         indexes: list[Any] | None = None
         if not protobuf:  # framed_ids checked the magic byte and the length: the payload follows the id
-            bodies: list[Any] = list(map(_AFTER_HEADER, picked))
+            bodies: list[Any] = list(map(_AFTER_HEADER, picked))  # type: ignore[arg-type]  # framed: no None
         else:
             bodies, indexes, kept = [], [], []
             for i, p in zip(rows or range(n), picked, strict=True):

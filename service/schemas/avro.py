@@ -382,14 +382,14 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
         elif kind in ("int", "long"):
             lo, hi = (_INT_MIN, _INT_MAX) if kind == "int" else (_LONG_MIN, _LONG_MAX)
 
-            def conv(v: Any, p: str, kind: str = kind, lo: int = lo, hi: int = hi) -> Any:
+            def conv(v: Any, p: str, kind: str = kind, lo: int = lo, hi: int = hi) -> Any:  # type: ignore[misc]  # one converter per kind
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise AvroEncodeError(p, f"expected {kind}, got {_jtype(v)}")
                 if not lo <= v <= hi:
                     raise AvroEncodeError(p, f"{v} is out of range for {kind}")
                 return v
         elif kind in ("float", "double"):
-            def conv(v: Any, p: str, kind: str = kind) -> Any:
+            def conv(v: Any, p: str, kind: str = kind) -> Any:  # type: ignore[misc]  # one converter per kind
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     if v in ("NaN", "Infinity", "-Infinity"):
                         return float(v.replace("Infinity", "inf"))
@@ -403,7 +403,7 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
         elif kind in ("bytes", "fixed"):
             size = node.size if kind == "fixed" else -1
 
-            def conv(v: Any, p: str, size: int = size, kind: str = kind) -> Any:
+            def conv(v: Any, p: str, size: int = size, kind: str = kind) -> Any:  # type: ignore[misc]  # one converter per kind
                 if not isinstance(v, str):
                     raise AvroEncodeError(p, f"expected {kind} as a string of code points 0-255, got {_jtype(v)}")
                 try:
@@ -416,21 +416,21 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
         elif kind == "enum":
             symbols = frozenset(node.symbols)
 
-            def conv(v: Any, p: str, symbols: frozenset = symbols) -> Any:
+            def conv(v: Any, p: str, symbols: frozenset = symbols) -> Any:  # type: ignore[misc]  # one converter per kind
                 if not isinstance(v, str) or v not in symbols:
                     raise AvroEncodeError(p, f"{v!r} is not a symbol of enum {node.fullname}")
                 return v
         elif kind == "array":
             inner = build(node.items[0])
 
-            def conv(v: Any, p: str, inner: Convert = inner) -> Any:
+            def conv(v: Any, p: str, inner: Convert = inner) -> Any:  # type: ignore[misc]  # one converter per kind
                 if not isinstance(v, list):
                     raise AvroEncodeError(p, f"expected array, got {_jtype(v)}")
                 return [inner(item, f"{p}[{i}]") for i, item in enumerate(v)]
         elif kind == "map":
             inner = build(node.items[0])
 
-            def conv(v: Any, p: str, inner: Convert = inner) -> Any:
+            def conv(v: Any, p: str, inner: Convert = inner) -> Any:  # type: ignore[misc]  # one converter per kind
                 if not isinstance(v, dict):
                     raise AvroEncodeError(p, f"expected map (object), got {_jtype(v)}")
                 return {k: inner(item, _child(p, k)) for k, item in v.items()}
@@ -438,7 +438,7 @@ def _build_converters(root: _Node, union_names: dict[int, list[str]], strict_uni
             fields = [(name, build(ftype), has_default, default, _default_of(ftype) if has_default else None)
                       for name, ftype, has_default, default in node.fields]
 
-            def conv(v: Any, p: str, fields: list = fields) -> Any:
+            def conv(v: Any, p: str, fields: list = fields) -> Any:  # type: ignore[misc]  # one converter per kind
                 if not isinstance(v, dict):
                     raise AvroEncodeError(p, f"expected record {node.fullname} (object), got {_jtype(v)}")
                 out = {}
@@ -599,8 +599,10 @@ class AvroCodec:
 
         self._scan_nodes = fast.scan_nodes(self._root)
         self._scan_program = fast.compile_scan(self._scan_nodes)
-        self._cscan = fast._cavro.scan if self._scan_program is not None else None
-        self._cscan_many = fast._cavro.scan_many if self._scan_program is not None else None
+        # a scan program is compiled only when the C module is loaded
+        self._cscan = fast._cavro.scan if self._scan_program is not None else None  # type: ignore[union-attr]
+        self._cscan_many = (fast._cavro.scan_many  # type: ignore[union-attr]
+                            if self._scan_program is not None else None)
         self._may_nest = _has_cycle(self._scan_nodes)  # a recursive schema: values of any depth
         # no cycle, array or map: every value's depth, items and fixed JSON bytes have a bound of the schema's
         self._static = None if self._may_nest else _static_bound(self._scan_nodes)
@@ -611,7 +613,7 @@ class AvroCodec:
         if self._always_within():
             return 0
         if self._cscan is not None:
-            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())  # type: ignore[no-any-return]
+            return self._cscan(self._scan_program, payload, avro_limits.limits_tuple())
         return avro_limits.scan_py(self._scan_nodes, payload)
 
     def _always_within(self) -> bool:
@@ -629,7 +631,7 @@ class AvroCodec:
         if self._always_within():
             return {}
         if self._cscan_many is not None:
-            return self._cscan_many(self._scan_program, payloads,  # type: ignore[no-any-return]
+            return self._cscan_many(self._scan_program, payloads,
                                     avro_limits.limits_tuple())
         return {i: code for i, p in enumerate(payloads) if (code := self.refusal(p))}
 

@@ -174,7 +174,7 @@ def render_value(program: Any, payload: bytes, limits: tuple[int, ...] | None = 
     (the refusal code of :mod:`service.schemas.avro_limits`) for a value over the limits (default: the C
     module's defaults, those of ``DecodeLimits()``)."""
     assert _cavro is not None
-    return _cavro.render_value(program, payload, limits)  # type: ignore[no-any-return]
+    return _cavro.render_value(program, payload, limits)
 
 
 def scan_nodes(root: _Node) -> list[Node]:

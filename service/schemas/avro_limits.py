@@ -58,7 +58,7 @@ class DecodeLimits:
         return min(self.cap, max(self.floor, self.expansion * n))
 
     def as_tuple(self) -> tuple[int, int, int, int, int, int]:
-        return astuple(self)  # type: ignore[return-value]
+        return astuple(self)
 
 
 #: the gateway's limits (service/settings.py through :func:`configure`)
@@ -221,7 +221,7 @@ def _scan_node(nodes: list[Any], idx: int, st: _State) -> None:
         raise _Refused(R_MALFORMED)
 
 
-def scan_py(nodes: list[Any], payload: bytes, limits: DecodeLimits | None = None) -> int:
+def scan_py(nodes: list[Any], payload: bytes | memoryview, limits: DecodeLimits | None = None) -> int:
     """The refusal code of an unframed payload (:data:`R_NONE`: within the limits): the Python twin of
     ``_cavro.scan``. Recursion is bounded by the depth limit (at most :data:`HARD_MAX_DEPTH`)."""
     st = _State(bytes(payload), limits or LIMITS)

@@ -226,20 +226,20 @@ def ecma_to_re2(pattern: str) -> str:
             i += 1
             continue
         if c == "(" and pattern.startswith("(?", i):
-            rest = pattern[i + 2:i + 4]
-            if rest.startswith("="):
+            head = pattern[i + 2:i + 4]
+            if head.startswith("="):
                 raise _refuse("lookahead (?=…)")
-            if rest.startswith("!"):
+            if head.startswith("!"):
                 raise _refuse("negative lookahead (?!…)")
-            if rest == "<=":
+            if head == "<=":
                 raise _refuse("lookbehind (?<=…)")
-            if rest == "<!":
+            if head == "<!":
                 raise _refuse("negative lookbehind (?<!…)")
-            if rest.startswith("<"):
+            if head.startswith("<"):
                 out.append("(?P<")
                 i += 3
                 continue
-            if rest.startswith(":"):
+            if head.startswith(":"):
                 out.append("(?:")
                 i += 3
                 continue

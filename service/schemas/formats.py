@@ -241,7 +241,8 @@ class SchemaResolver:
         size = _texts_size(schema, references)
         fmt = FORMAT_OF.get(schema.schema_type, "")
         codec: Any
-        source, deps = schema.schema, references or None
+        source: Any = schema.schema  # Protobuf text: replaced by its compiled descriptor below
+        deps: Any = references or None
         if size > self.max_schema_bytes:
             codec = TooLargeSchema(fmt, f"schema id {schema_id} with its references is {size} bytes, over the "
                                         f"gateway's limit of {self.max_schema_bytes} (GATEWAY_SCHEMA_MAX_BYTES)")

@@ -381,7 +381,8 @@ class JsonSchemaCodec:
             _check_document(resource.contents, f"reference {name!r} ", known.resolver(base_uri=name),
                             resource._specification, max_depth)
         try:
-            cls.check_schema(loaded, format_checker=_meta_format_checker(cls))
+            # the stubs omit check_schema's format_checker (jsonschema >= 4.5 has it)
+            cls.check_schema(loaded, format_checker=_meta_format_checker(cls))  # type: ignore[call-arg]
         except SchemaError as exc:
             where = _pointer(exc.absolute_path)
             raise JsonSchemaSchemaError(f"not a valid JSON Schema: {where}: {exc.message}") from None

@@ -517,7 +517,7 @@ class RegistryClient:
             fut = asyncio.ensure_future(make())
             self._inflight[key] = fut
             fut.add_done_callback(functools.partial(self._settled, key))
-        return await asyncio.shield(fut)  # type: ignore[no-any-return]
+        return await asyncio.shield(fut)
 
     def _settled(self, key: Hashable, fut: asyncio.Future[Any]) -> None:
         if self._inflight.get(key) is fut:
@@ -553,9 +553,9 @@ class RegistryClient:
     async def get_versions(self, subject: str) -> list[int]:
         key = ("versions", subject)
         hit = self._subjects.get(key)
-        if hit is None:
-            hit = await self._once(key, lambda: self._fetch_versions(subject))
-        return list(hit)
+        versions: tuple[int, ...] = hit if hit is not None else await self._once(
+            key, lambda: self._fetch_versions(subject))
+        return list(versions)
 
     async def _fetch_versions(self, subject: str) -> tuple[int, ...]:
         versions = tuple(parse_versions(await self._request("GET", f"/subjects/{_q(subject)}/versions")))
@@ -566,7 +566,7 @@ class RegistryClient:
         key = ("latest", subject)
         hit = self._subjects.get(key)
         if hit is not None:
-            return hit  # type: ignore[no-any-return]
+            return hit
         return await self._once(key, lambda: self._fetch_latest(subject))
 
     async def _fetch_latest(self, subject: str) -> RegisteredSchema:

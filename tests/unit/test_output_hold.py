@@ -234,6 +234,15 @@ async def test_a_closed_connection_with_unsent_bytes_is_aborted_after_the_send_t
     assert raw2.closing and not raw2.aborted.is_set()
 
 
+async def test_the_default_send_timeout_is_the_output_limits_default() -> None:
+    """Without a send timeout the transport takes OutputLimits' default (30 s), a number: the slotted
+    dataclass's class attribute is its slot descriptor, not the default."""
+    raw = _Transport(unsent=1000)
+    t = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    assert t._send_timeout_s == OutputLimits().send_timeout_s == 30.0
+    t.abort()
+
+
 # -- LeanCycle: the protocol-level produce answer completes once drained -----------------------------------------
 class _CountingCall:
     """A LeanCall answering at once; ``sent()`` counted."""

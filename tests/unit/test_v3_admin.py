@@ -247,3 +247,24 @@ async def test_discard_keeps_an_in_flight_load_from_storing_its_value() -> None:
     gate.set()
     assert await waiter == 1  # the stale load still answers its own waiter
     assert cache.peek("k") == 2  # but did not overwrite the fresh value
+
+
+async def test_an_answer_without_the_topic_is_a_broker_error(client: FakeAdminClient) -> None:
+    """A CreateTopics/DeleteTopics answer that leaves the topic out is UNKNOWN_SERVER_ERROR (it used to raise
+    AttributeError: the code had no name in error_codes)."""
+    admin, _ = make(client)
+    real = client.send_any
+
+    async def empty(req: Any, version: int | None = None, timeout: float | None = None) -> Any:
+        name = type(req).__name__
+        if name == "CreateTopicsRequest":
+            return M.CreateTopicsResponse(topics=[])
+        if name == "DeleteTopicsRequest":
+            return M.DeleteTopicsResponse(responses=[])
+        return await real(req, version, timeout)
+
+    client.send_any = empty  # type: ignore[method-assign]
+    for call in (admin.create_topic("new", 1, 1), admin.delete_topic("old")):
+        with pytest.raises(BrokerResponseError) as info:
+            await call
+        assert info.value.code == EC.UNKNOWN_SERVER_ERROR == -1

@@ -46,12 +46,12 @@ from api.render import (
 )
 from api.responses import OrjsonResponse
 from service.client.errors import KafkaError
+from service.errors import GatewayError
 from service.gateway import (
     GROUP_ID_PATTERN,
     SHUTDOWN_MESSAGE,
     ConsumerInstance,
     Gateway,
-    GatewayError,
     InstanceOptions,
     ShuttingDown,
     TenantRuntime,

@@ -25,7 +25,7 @@ from service.client.errors import (
     KafkaError,
     NoBrokersAvailableError,
 )
-from service.gateway import GatewayError
+from service.errors import GatewayError
 from service.group.coordinator import CommitFailedError
 from service.protocol import error_codes as EC
 from service.protocol.records import InflatedSizeError

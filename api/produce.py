@@ -78,7 +78,7 @@ from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
 from api.produce_common import loads_exact as _loads_exact
 from api.topics import catalog
-from service.gateway import GatewayError
+from service.errors import GatewayError
 from service.metrics import labelled
 from service.producer import (
     Producer,

@@ -19,6 +19,7 @@ from api.auth import current_tenant
 from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.render import render_binary, render_json
 from api.responses import SlotResponse
+from service.errors import GatewayError
 from service.fetch.ranges import (
     ARROW_STREAM,
     DEFAULT_MAX_BYTES,
@@ -28,7 +29,6 @@ from service.fetch.ranges import (
     to_arrow_ipc,
 )
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
-from service.gateway import GatewayError
 from service.schemas.subjects import TenantSchemas
 from service.subscription import TopicPartition
 from service.tenants import Tenant

@@ -27,7 +27,7 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, NoCommonVersionError
-from service.gateway import GatewayError
+from service.errors import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.primitives import ZERO_UUID

@@ -30,6 +30,7 @@ from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
 from service.durable.descriptors import InstanceDescriptor
+from service.errors import GatewayError
 from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
@@ -52,23 +53,6 @@ _GROUP_INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 NAME_PLACEMENT_TRIES = 1000
 NOT_FOUND_HINT = ("it may have been held by a gateway replica that stopped or restarted, or it was deleted: "
                   "create the consumer instance again")
-
-
-class GatewayError(Exception):
-    """An error with an HTTP status and a stable 5-digit error code (Confluent REST Proxy style)."""
-
-    status = 500
-    error_code = 50001
-
-    def __init__(self, message: str, *, status: int | None = None, error_code: int | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        if status is not None:
-            self.status = status
-        if error_code is not None:
-            self.error_code = error_code
-        self.headers = headers or {}
 
 
 def validate_group_id(group: str) -> None:

@@ -81,7 +81,8 @@ from api.produce_common import (
 from api.topics import catalog
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
-from service.gateway import GatewayError, ShuttingDown
+from service.errors import GatewayError
+from service.gateway import ShuttingDown
 from service.producer import Producer, RecordMetadata, UnknownTopicError
 from service.tenants import Tenant
 from service.topics import is_legal_topic_name

@@ -59,10 +59,10 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
+from service.errors import GatewayError
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
 from service.fetch.session import FetchSessionHandler
-from service.gateway import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol.records import Record, decode_records
 from service.subscription import TopicPartition

@@ -45,8 +45,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from service.errors import GatewayError
 from service.fetch.ranges import RangePage, _headers_array
-from service.gateway import GatewayError
 from service.protocol.records import Record
 from service.schemas.arrow import ArrowMappingError, ReaderCache, TypedColumn, decode_column, framed_ids
 from service.schemas.registry import SchemaNotFound

@@ -103,10 +103,10 @@ class GroupCoordinator:
     # "__dict__" stays so that tests can still replace a method on one instance (created only then).
     __slots__ = (
         "__dict__", "_closing", "_coord_lock", "_deferred_recoveries", "_failed", "_failed_rounds",
-        "_hb_epoch", "_hb_result", "_hb_sent", "_loop", "_lost_at", "_on_assign", "_on_fatal", "_on_lost",
+        "_hb_result", "_loop", "_lost_at", "_on_assign", "_on_fatal", "_on_lost",
         "_on_revoke", "_on_task_failure", "_partition_counts", "_stable", "_task", "_topics",
         "_unassigned_since", "_unstable_since", "_wake", "client", "coordinator_id", "fatal", "group_id",
-        "heartbeat_interval", "heartbeat_latency", "heartbeats", "last_error", "last_poll",
+        "heartbeat_epoch", "heartbeat_interval", "heartbeat_latency", "heartbeat_sent_at", "heartbeats", "last_error", "last_poll",
         "left_for_poll_timeout", "max_poll_interval", "member", "polls_in_progress", "retry_backoff",
         "stall_recoveries", "task_failures",
     )
@@ -160,9 +160,9 @@ class GroupCoordinator:
         self.last_error: KafkaError | None = None
         self._failed = LightEvent()  # set while a non-retriable error blocks membership
         # heartbeats from callbacks (_drive_heartbeats): the current drive's number, and what ended it
-        self._hb_epoch = 0
+        self.heartbeat_epoch = 0
         self._hb_result: Step | BaseException | None = None
-        self._hb_sent = 0.0  # loop time the last heartbeat from a callback was sent
+        self.heartbeat_sent_at = 0.0  # loop time the last heartbeat from a callback was sent
         #: since when (monotonic) the member has been trying to (re)join without reaching a stable generation
         self._unstable_since: float | None = None
         #: since when (monotonic) the member has been subscribed while owning no partition (None: it owns some,
@@ -446,12 +446,12 @@ class GroupCoordinator:
         error (as the task's own send would)."""
         loop = self._loop or asyncio.get_running_loop()
         self._hb_result = None
-        self._hb_epoch += 1
+        self.heartbeat_epoch += 1
         self._schedule_heartbeat(loop)
         try:
             await self._wake.wait()
         finally:
-            self._hb_epoch += 1  # a due heartbeat or an answer in flight now belongs to nobody
+            self.heartbeat_epoch += 1  # a due heartbeat or an answer in flight now belongs to nobody
         self._wake.clear()
         result, self._hb_result = self._hb_result, None
         if isinstance(result, BaseException):
@@ -484,7 +484,7 @@ class GroupCoordinator:
         heartbeat_wheel(loop, HEARTBEAT_TICK_S).add(
             self, loop.time() + self.heartbeat_interval * (1.0 - 0.2 * random.random()))
 
-    def _heartbeat_connection(self) -> tuple[BrokerConnection, bool] | None:
+    def heartbeat_route(self) -> tuple[BrokerConnection, bool] | None:
         """The connection for the next heartbeat if it can go from the heartbeat wheel: the member is stable
         and polled recently enough, it has topics, and the coordinator is known and connected. The
         coordinator's heartbeat connection (True: dedicated) when it is connected, else its main one."""
@@ -504,18 +504,23 @@ class GroupCoordinator:
             return None
         return (conn, False) if isinstance(conn, BrokerConnection) else None
 
-    def _on_heartbeat_ok(self, epoch: int) -> None:
+    def heartbeat_blocked(self) -> None:
+        """The wheel could not send a due heartbeat (heartbeat_route gave None): the task decides (rejoin, leave,
+        rediscover, reconnect ...)."""
+        self._wake.set()
+
+    def on_heartbeat_ok(self, epoch: int) -> None:
         """A heartbeat sent from the wheel was answered without error (the common case, kept short)."""
-        if epoch != self._hb_epoch:
+        if epoch != self.heartbeat_epoch:
             return  # the task took over meanwhile; it heartbeats on its own
         loop = self._loop or asyncio.get_running_loop()
-        self.heartbeat_latency = loop.time() - self._hb_sent
+        self.heartbeat_latency = loop.time() - self.heartbeat_sent_at
         self.heartbeats += 1
         self._schedule_heartbeat(loop)
 
-    def _on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
+    def on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
         """A heartbeat sent from the wheel at loop time ``started`` was answered (``resp``) or failed (``exc``)."""
-        if epoch != self._hb_epoch:
+        if epoch != self.heartbeat_epoch:
             return  # the task took over meanwhile; it heartbeats on its own
         if exc is not None:
             self._hb_result = exc

@@ -10,7 +10,7 @@ and the answers are read straight from the raw frames: an error code of 0 just s
 heartbeat; anything else goes through the member's state machine and wakes its task.
 
 The coordinator (:mod:`service.group.coordinator`) decides whether a heartbeat may go from here at all
-(``_heartbeat_connection``) and handles what an answer other than OK asks for.
+(``heartbeat_route``) and handles what an answer other than OK asks for.
 """
 
 from __future__ import annotations
@@ -19,23 +19,47 @@ import asyncio
 import functools
 import struct
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from service.aio import TickGrid
-from service.client.connection import pause_reading, resume_reading, send_frames_nowait
+from service.client.connection import BrokerConnection, pause_reading, resume_reading, send_frames_nowait
+from service.group.member import GroupMember
 from service.protocol import frames
 from service.protocol import messages as M
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError
-
-if TYPE_CHECKING:
-    from service.client.connection import BrokerConnection
-    from service.group.coordinator import GroupCoordinator
 
 HEARTBEAT = int(M.ApiKey.HEARTBEAT)
 _HB_SCHEMA = M.REQUESTS[HEARTBEAT].schema
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _NULL16 = b"\xff\xff"  # a null string (non-flexible versions)
+
+
+class HeartbeatTarget(Protocol):
+    """What the wheel needs of a member's driver (service.group.coordinator.GroupCoordinator implements it):
+    the wheel never reaches into the coordinator otherwise."""
+
+    heartbeat_epoch: int  # moves on when the member's task takes over: entries of an older epoch are dropped
+    heartbeat_sent_at: float  # loop time the wheel last sent this member's heartbeat
+
+    @property
+    def member(self) -> GroupMember: ...
+
+    def heartbeat_route(self) -> tuple[BrokerConnection, bool] | None:
+        """The connection for a due heartbeat (True: a dedicated one), or None: the wheel may not send it."""
+        ...
+
+    def heartbeat_blocked(self) -> None:
+        """A due heartbeat could not go from the wheel (heartbeat_route gave None): the member's task decides."""
+        ...
+
+    def on_heartbeat_ok(self, epoch: int) -> None:
+        """A heartbeat of ``epoch`` was answered without error."""
+        ...
+
+    def on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
+        """A heartbeat of ``epoch`` sent at loop time ``started`` was answered (``resp``) or failed (``exc``)."""
+        ...
 
 
 def _string(s: str, flexible: bool) -> bytes:
@@ -102,7 +126,7 @@ class _Link:
         self.reading = True  # a new connection reads
         self.on_done = _answered_v4 if version >= 4 else _answered_by_version[version]
 
-    def answered(self, entry: tuple[GroupCoordinator, int], payload: bytes | None,
+    def answered(self, entry: tuple[HeartbeatTarget, int], payload: bytes | None,
                  exc: BaseException | None) -> None:
         if self.reading:
             self.reading = False
@@ -110,7 +134,7 @@ class _Link:
         self.on_done(entry, payload, exc)
 
 
-class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
+class HeartbeatWheel(TickGrid[tuple["HeartbeatTarget", int]]):
     """The heartbeats due of one loop's stable members, on a grid of ``tick`` seconds, sent in batches.
 
     An entry is ``(coordinator, epoch)``: when its tick comes it is sent unless the coordinator's heartbeat
@@ -124,11 +148,11 @@ class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
         self.batches = 0  # batches sent (one per connection and tick)
         self.sent = 0  # heartbeats sent
 
-    def entries(self) -> list[tuple[GroupCoordinator, int]]:
+    def entries(self) -> list[tuple[HeartbeatTarget, int]]:
         return [e for b in self._buckets.values() for e in b]
 
-    def add(self, coord: GroupCoordinator, when: float) -> None:  # type: ignore[override]
-        super().add((coord, coord._hb_epoch), when)
+    def add(self, coord: HeartbeatTarget, when: float) -> None:  # type: ignore[override]
+        super().add((coord, coord.heartbeat_epoch), when)
 
     def _fire(self) -> None:
         due = self._begin_fire()
@@ -141,16 +165,16 @@ class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
                 link.reading = True
                 resume_reading(conn)
         heap = self._heap
-        batches: dict[BrokerConnection, list[tuple[GroupCoordinator, int]]] = {}
+        batches: dict[BrokerConnection, list[tuple[HeartbeatTarget, int]]] = {}
         dedicated: dict[BrokerConnection, bool] = {}
         for bucket in self._pop_due(due):
             for entry in bucket:
                 coord = entry[0]
-                if coord._hb_epoch != entry[1]:
+                if coord.heartbeat_epoch != entry[1]:
                     continue  # the member's task took over since
-                found = coord._heartbeat_connection()
+                found = coord.heartbeat_route()
                 if found is None:
-                    coord._wake.set()  # the task decides: rejoin, leave, rediscover, reconnect ...
+                    coord.heartbeat_blocked()  # the task decides: rejoin, leave, rediscover, reconnect ...
                     continue
                 conn = found[0]
                 batch = batches.get(conn)
@@ -166,7 +190,7 @@ class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
         elif heap:
             self._arm(heap[0])
 
-    def _send(self, conn: BrokerConnection, entries: list[tuple[GroupCoordinator, int]], dedicated: bool) -> None:
+    def _send(self, conn: BrokerConnection, entries: list[tuple[HeartbeatTarget, int]], dedicated: bool) -> None:
         version = conn.version_for(HEARTBEAT)
         groups = self._groups
         now = self.loop.time()
@@ -180,7 +204,7 @@ class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
                     groups.clear()
                 group = groups[key] = encoded_group(version, m.group_id)
             bodies.append(heartbeat_body(version, group, m.generation_id, m.member_id, m.group_instance_id))
-            coord._hb_sent = now
+            coord.heartbeat_sent_at = now
         self.batches += 1
         self.sent += len(entries)
         if dedicated:
@@ -193,32 +217,32 @@ class HeartbeatWheel(TickGrid[tuple["GroupCoordinator", int]]):
         send_frames_nowait(conn, HEARTBEAT, version, bodies, entries, on_done)
 
 
-def _answered(version: int, entry: tuple[GroupCoordinator, int], payload: bytes | None,
+def _answered(version: int, entry: tuple[HeartbeatTarget, int], payload: bytes | None,
               exc: BaseException | None) -> None:
     coord, epoch = entry
     if exc is not None or payload is None:
-        coord._on_heartbeat_answer(epoch, coord._hb_sent, None, exc)
+        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, exc)
         return
     try:
         code = heartbeat_error_code(version, payload)
     except ProtocolDecodeError:
         code = -1  # left to the generic decoder below
     if code == 0:
-        coord._on_heartbeat_ok(epoch)
+        coord.on_heartbeat_ok(epoch)
         return
     try:
         resp: Any = frames.decode_response(HEARTBEAT, version, payload)
     except KafkaProtocolError as e:  # an undecodable answer fails the heartbeat, as from the connection
-        coord._on_heartbeat_answer(epoch, coord._hb_sent, None, e)
+        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, e)
         return
-    coord._on_heartbeat_answer(epoch, coord._hb_sent, resp, None)
+    coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, resp, None)
 
 
-def _answered_v4(entry: tuple[GroupCoordinator, int], payload: bytes | None, exc: BaseException | None) -> None:
+def _answered_v4(entry: tuple[HeartbeatTarget, int], payload: bytes | None, exc: BaseException | None) -> None:
     # the common case (Kafka 2.4+, Tansu) inlined: header tag byte 0, throttle, error code 0
     if payload is not None and len(payload) >= 11 and payload[4] == 0 and payload[9] == 0 and payload[10] == 0:
         coord, epoch = entry
-        coord._on_heartbeat_ok(epoch)
+        coord.on_heartbeat_ok(epoch)
         return
     _answered(4, entry, payload, exc)
 

@@ -1150,7 +1150,7 @@ async def test_a_wake_up_takes_over_from_a_heartbeat_in_flight() -> None:
         assert coord.heartbeats >= before + 2 and member_of(c)[1] == 1
         # an answer of an earlier drive arriving during this one (e.g. over a connection since replaced)
         counted = coord.heartbeats
-        coord._on_heartbeat_answer(coord._hb_epoch - 1, time.monotonic(),
+        coord.on_heartbeat_answer(coord.heartbeat_epoch - 1, time.monotonic(),
                                    M.HeartbeatResponse(throttle_time_ms=0, error_code=0), None)
         assert live_heartbeat_dues(coord) <= 1 and coord.heartbeats == counted
 
@@ -1158,4 +1158,4 @@ async def test_a_wake_up_takes_over_from_a_heartbeat_in_flight() -> None:
 def live_heartbeat_dues(coord: Any) -> int:
     """How many heartbeats of ``coord`` wait on the loop's shared heartbeat ticks."""
     wheel = heartbeat_wheel(asyncio.get_running_loop(), HEARTBEAT_TICK_S)
-    return sum(1 for c, epoch in wheel.entries() if c is coord and epoch == coord._hb_epoch)
+    return sum(1 for c, epoch in wheel.entries() if c is coord and epoch == coord.heartbeat_epoch)

@@ -12,11 +12,11 @@ import pytest
 
 from service.budget import MemoryBudget
 from service.client.client import KafkaClient
+from service.errors import GatewayError
 from service.gateway import (
     HARD_CLOSE_GRACE_S,
     ConsumerInstance,
     Gateway,
-    GatewayError,
     InstanceExists,
     InstanceExpired,
     InstanceNotFound,

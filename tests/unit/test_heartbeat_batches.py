@@ -246,7 +246,7 @@ async def test_the_heartbeats_of_a_tick_leave_as_one_batch_per_coordinator_conne
     wheel = heartbeat_wheel(loop, HEARTBEAT_TICK_S)
     for coord in (a, b, c, d, stale):
         wheel.add(coord, loop.time())
-    stale._hb_epoch += 1  # its task took over after the heartbeat was scheduled
+    stale.heartbeat_epoch += 1  # its task took over after the heartbeat was scheduled
     fire_now(wheel)
     await asyncio.sleep(0)
     assert (len(w1.writes), len(w2.writes)) == (1, 1) and wheel.batches == 2 and wheel.sent == 3

@@ -12,7 +12,7 @@ import pytest
 
 from api.produce import parse_body_records
 from service.budget import MemoryBudget
-from service.gateway import GatewayError
+from service.errors import GatewayError
 from service.httpserver import (
     HELD_MIN_BYTES,
     CoalescingTransport,

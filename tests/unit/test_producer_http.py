@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from api.produce import _parse_body, parse_records, render
-from service.gateway import GatewayError
+from service.errors import GatewayError
 from service.producer import ProduceFailure, RecordMetadata
 
 

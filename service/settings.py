@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr
@@ -10,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
 from service.tenants.quotas import Quotas
+from service.tls import build_ssl_context
 
 if TYPE_CHECKING:
     from service.schemas.formats import SchemaLimits
@@ -449,12 +449,3 @@ class Settings(BaseSettings):
             sasl=sasl,
         )
 
-
-def build_ssl_context(cafile: str | None = None, certfile: str | None = None, keyfile: str | None = None,
-                      key_password: str | None = None, check_hostname: bool = True) -> ssl.SSLContext:
-    """A client TLS context: system CAs or ``cafile``; a client certificate for mutual TLS when given."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
-    ctx.check_hostname = check_hostname
-    if certfile:
-        ctx.load_cert_chain(certfile, keyfile, key_password)
-    return ctx

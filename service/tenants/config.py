@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from service.client.connection import ConnectionConfig, SaslConfig
 from service.schemas.registry import RegistryConfig
+from service.tls import build_ssl_context
 
 from .errors import TenantConfigError
 from .patterns import DEFAULT_DENY_LIST, PatternError, TopicDenyList, compile_pattern
@@ -504,8 +505,6 @@ def _tenant_connection(kafka: KafkaModel | None, default_bootstrap: str, default
     ssl_context = None
     server_hostname = None
     if protocol in ("SSL", "SASL_SSL"):
-        from service.settings import build_ssl_context
-
         tls = kafka.tls or TlsModel()
         key_password = None
         if tls.key_password_env or tls.key_password_file:

@@ -28,7 +28,7 @@ from service.client.errors import (
 from service.embedded import free_port
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.settings import build_ssl_context
+from service.tls import build_ssl_context
 from tests.broker import TestCluster
 
 MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")

@@ -1,5 +1,6 @@
 # Quick start: `make run` (gateway + embedded Tansu broker + embedded Schema Registry) and `make test` (the whole suite,
-# then ruff and mypy: the type check of service, api and sink, strict on the pure cores; [tool.mypy] in pyproject.toml).
+# then ruff, mypy (the type check of service, api and sink, strict on the pure cores; [tool.mypy] in pyproject.toml)
+# and lint-imports (the import layers, [tool.importlinter]).
 # `GATEWAY_EMBEDDED_BROKER=kafka make run`: the same on an embedded Apache Kafka (docs/brokers.md).
 PYTHON ?= python3
 VENV ?= .venv
@@ -44,6 +45,7 @@ test: $(TEST_STAMP) system-deps
 	KCG_REQUIRE_CEXT=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The fuzz tier (tests/fuzz, also part of `make test`) run longer (KCG_FUZZ_PROFILE=long) against ASan/UBSan
 # builds of the three C extensions, made in a temporary copy of the sources (tools/fuzz.sh; the in-tree modules
@@ -54,6 +56,7 @@ fuzz: $(TEST_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 sink-demo: $(TEST_STAMP)
 	$(PY) -m sink.demo

@@ -30,6 +30,7 @@ from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
 from service.durable.descriptors import InstanceDescriptor
+from service.durable.store import DescriptorStore
 from service.errors import GatewayError
 from service.tenants.quotas import InstanceQuotaCoordinator
 
@@ -172,7 +173,7 @@ class TenantRuntime:
     # The tenant's TopicCatalog (service/topics.py: cached topic metadata for /topics), created on first use.
     topics: Any = None
     # The tenant's instance descriptors (service/durable: durable instances), started on first use.
-    descriptors: Any = None  # service.durable.store.DescriptorStore
+    descriptors: DescriptorStore | None = None
 
 
 class Gateway:
@@ -524,8 +525,6 @@ class Gateway:
         if not self.durable_instances:
             return None
         if rt.descriptors is None:
-            from service.durable.store import DescriptorStore
-
             rt.descriptors = DescriptorStore(rt.client, self.instances_topic, replica_id=self.replica_id)
             rt.descriptors.start()
         return rt.descriptors

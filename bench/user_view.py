@@ -10,8 +10,9 @@ consume (one embedded Tansu broker, 4 partitions of N x 100-byte records, binary
 
 - ``direct, assign``: the tuned librdkafka consumer (bench/http_consume.py), assign, from consumer creation.
 - ``direct, subscribe``: the same consumer joining a new group (auto.offset.reset=earliest); both subscribing
-  clients use a 4 s session timeout, what ``make run`` gives an instance (Tansu holds a new group's JoinGroup
-  for about half the session timeout: the join is ~2 s of the subscribe rows).
+  clients use the session timeout and heartbeat interval ``make run`` gives an instance on its embedded broker
+  (2 s / 0.5 s; Tansu holds a new group's JoinGroup for about half the session timeout: the join is ~1 s of the
+  subscribe rows).
 - ``GET, subscribe``: create an instance, subscribe, then ``wrk`` (one connection, one request at a time, no
   ``max_records``: the defaults) polls until N records arrived; timed from the create request (the join is
   part of the user's time).
@@ -54,19 +55,21 @@ from bench import produce as prod  # noqa: E402
 from bench.consume import produce as produce_binary  # noqa: E402
 from bench.http_consume import TUNED_DIRECT, GatewayProc, create_topics, direct, produce_json  # noqa: E402
 from service.embedded import EmbeddedBroker  # noqa: E402
+from service.settings import EMBEDDED_HEARTBEAT_INTERVAL_MS, EMBEDDED_SESSION_TIMEOUT_MS  # noqa: E402
 
 PARTITIONS = cap.PARTITIONS
 V2 = cap.V2
 #: the session timeout of both subscribing clients: what `make run` gives an instance on its embedded Tansu, which
 #: holds a new group's JoinGroup for about half of it (Kafka's 45 s default would add ~23 s to every subscribe row)
-SESSION_MS = 4000
+SESSION_MS = EMBEDDED_SESSION_TIMEOUT_MS
 
 
 def direct_subscribe(bootstrap: str, topic: str, n: int) -> float:
     """The tuned librdkafka consumer joining a new group: records/s from its creation to the N-th record."""
     t0 = time.perf_counter()
     c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": f"user-direct-{time.time_ns()}",
-                    "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_MS, **TUNED_DIRECT})
+                    "auto.offset.reset": "earliest", "session.timeout.ms": SESSION_MS,
+                    "heartbeat.interval.ms": EMBEDDED_HEARTBEAT_INTERVAL_MS, **TUNED_DIRECT})
     c.subscribe([topic])
     got = 0
     while got < n and time.perf_counter() - t0 < 300:
@@ -122,7 +125,8 @@ def main() -> None:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed (tools/install-system-deps.sh)")
     n = a.records
-    env = {"GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(SESSION_MS), **dict(kv.split("=", 1) for kv in a.gateway_env)}
+    env = {"GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(SESSION_MS),
+           "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(EMBEDDED_HEARTBEAT_INTERVAL_MS), **dict(kv.split("=", 1) for kv in a.gateway_env)}
     tmp = Path(tempfile.mkdtemp(prefix="bench-user-"))
     broker = EmbeddedBroker()
     broker.start()

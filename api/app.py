@@ -64,7 +64,8 @@ class ObserveMiddleware:
         self.metrics = metrics
         self.memory_wait_s = memory_wait_s
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    async def __call__(self, scope: MutableMapping[str, Any],
+                       receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
                        send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -197,7 +198,8 @@ class GatewayApp(FastAPI):
     #: budget until they left the process (service/httpserver.py ``held_send``)
     output_chunk_bytes: int = 1024 * 1024
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    async def __call__(self, scope: MutableMapping[str, Any],
+                       receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
                        send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         if scope["type"] == "http":
             send = held_send(send, getattr(getattr(self.state, "gateway", None), "budget", None),
@@ -219,7 +221,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     metrics = GatewayMetrics(registry)
     connection = settings.connection_config()
     # the gateway's own topic (instance descriptors) is never a tenant's, whatever its name
-    denied_topics = TopicDenyList.from_setting(",".join(filter(None, [settings.denied_topics, settings.instances_topic])),
+    denied_topics = TopicDenyList.from_setting(
+        ",".join(filter(None, [settings.denied_topics, settings.instances_topic])),
                                                defaults=settings.denied_topics_defaults)
     if settings.tenants_file:
         tenants = TenantRegistry.from_file(settings.tenants_file, default_bootstrap=bootstrap,

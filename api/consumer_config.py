@@ -170,7 +170,8 @@ IGNORED = frozenset({
     "topic.metadata.refresh.sparse", "topic.metadata.propagation.max.ms", "topic.blacklist",
     "message.max.bytes", "message.copy.max.bytes", "receive.message.max.bytes", "max.in.flight",
     "max.in.flight.requests.per.connection", "consume.callback.max.messages", "enable.random.seed",
-    "internal.termination.signal", "offset.store.method", "auto.commit.interval", "reconnect.backoff.jitter.ms", "resolve.canonical.bootstrap.servers.only",
+    "internal.termination.signal", "offset.store.method", "auto.commit.interval", "reconnect.backoff.jitter.ms",
+    "resolve.canonical.bootstrap.servers.only",
     "enable.sparse.connections", "client.software.name", "client.software.version",
 })
 

@@ -479,9 +479,11 @@ async def create_consumer(request: Request, group: GroupId, body: CreateConsumer
     reset = {"smallest": "earliest", "largest": "latest"}.get(body.auto_offset_reset or "",
                                                              body.auto_offset_reset or "latest")
     opts = InstanceOptions(
-        format=body.format, avro_rendering=body.avro_json_rendering, auto_offset_reset=reset, auto_commit=True if auto is None else bool(auto),
+        format=body.format, avro_rendering=body.avro_json_rendering, auto_offset_reset=reset,
+        auto_commit=True if auto is None else bool(auto),
         fetch_min_bytes=int(body.fetch_min_bytes) if body.fetch_min_bytes is not None else None,
-        request_timeout_ms=int(body.consumer_request_timeout_ms) if body.consumer_request_timeout_ms is not None else None,
+        request_timeout_ms=(int(body.consumer_request_timeout_ms)
+                            if body.consumer_request_timeout_ms is not None else None),
         isolation_level=body.isolation_level or "read_uncommitted",
         group_instance_id=body.group_instance_id,
         session_timeout_ms=int(body.session_timeout_ms) if body.session_timeout_ms is not None else None,
@@ -632,7 +634,8 @@ async def commit(request: Request, group: str, instance_id: str, body: CommitOff
         if not offsets:
             await inst.consumer.commit_consumed()
         else:
-            await inst.consumer.commit({TopicPartition(o.topic, o.partition): OffsetAndMetadata(o.offset + 1, o.metadata or "")
+            await inst.consumer.commit({TopicPartition(o.topic, o.partition):
+                                        OffsetAndMetadata(o.offset + 1, o.metadata or "")
                                         for o in offsets})
     except Exception:
         metrics.commit_failures.labels(tenant.id).inc()

@@ -67,7 +67,8 @@ TAGS = {
 LICENSE = {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"}
 
 _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "Not found",
-            405: "Method not allowed", 406: "Not acceptable", 408: "Request head not received in time", 409: "Conflict", 410: "Gone",
+            405: "Method not allowed", 406: "Not acceptable", 408: "Request head not received in time", 409: "Conflict",
+            410: "Gone",
             413: "Request body too large", 415: "Unsupported media type", 421: "Host not allowed",
             422: "Invalid request", 431: "Request header fields too large",
             429: "Too many requests", 500: "Server or Kafka error", 503: "Kafka unavailable"}
@@ -300,7 +301,8 @@ _OPERATION_NOTES = {
                       "description explains.",
     "subscribe": "Give `topics` or `topic_pattern` (a regular expression; new matching topics are picked up). "
                  "With both, `topics` wins, an empty `topics` list unsubscribes, and with neither nothing "
-                 "changes, as in the Confluent REST Proxy. Switching between topics, a pattern and manual assignment without unsubscribing "
+                 "changes, as in the Confluent REST Proxy. Switching between topics, a pattern and manual assignment "
+                 "without unsubscribing "
                  "first is 409 (40903).",
     "assignPartitions": "Manual assignment without group management; exclusive with a subscription "
                         "(409, 40903). Unknown topics are 404 (40401), unknown partitions 404 (40402).",

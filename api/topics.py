@@ -241,7 +241,8 @@ async def read_partition_records(
         offset: Annotated[int, Query(ge=0, le=OFFSET_MAX, description="the first offset to read",
                                      json_schema_extra={"format": "int64"})],
         end_offset: Annotated[int | None, Query(
-            ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"}, description="read below this offset (default: the LSO under read_committed, "
+            ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"},
+            description="read below this offset (default: the LSO under read_committed, "
                                              "else the high watermark; never past either)")] = None,
         isolation_level: Annotated[Literal["read_committed", "read_uncommitted"], Query(
             description="read_committed: aborted transactions and records at or past the LSO left out")

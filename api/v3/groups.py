@@ -305,7 +305,8 @@ async def v3_list_consumer_lags(request: Request, cluster_id: ClusterId, consume
             "/{partition_id}", response_model=ConsumerLagData, responses=READ_ERRORS,
             operation_id="getKafkaConsumerLag", summary="Lag of one partition")
 async def v3_get_consumer_lag(request: Request, cluster_id: ClusterId, consumer_group_id: GroupId,
-                              topic_name: TopicName, partition_id: PartitionId, tenant: Tenant = Depends(current_tenant)) -> Response:
+                              topic_name: TopicName, partition_id: PartitionId,
+                              tenant: Tenant = Depends(current_tenant)) -> Response:
     tenant.require_topic(topic_name)
     cid, g = await _group(request, tenant, cluster_id, consumer_group_id)
     lags = await admin(request, tenant).lags(g, tenant.allows_topic)

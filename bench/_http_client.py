@@ -247,7 +247,8 @@ async def throughput(a: argparse.Namespace) -> dict[str, Any]:
     return {
         "records": tally.got, "first_record_s": tally.first - t0,
         "steady_rate": (tally.got - tally.first_batch) / max(1e-9, tally.last - tally.first),
-        "total_s": tally.last - t0, "window_s": tally.last - tally.first_sent, "polls": tally.polls, "parse": tally.parse,
+        "total_s": tally.last - t0, "window_s": tally.last - tally.first_sent, "polls": tally.polls,
+        "parse": tally.parse,
         "batch_mean": sum(tally.batch_sizes) / max(1, len(tally.batch_sizes)), "anomalies": tally.anomalies,
         "partitions_seen": len(tally.next_offset), "client_cpu_s": cpu1 - cpu0,
         "client_steady_cpu_s": cpu1 - tally.first_cpu, "steady_records": tally.got - tally.first_batch,

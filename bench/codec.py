@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"python {sys.version.split()[0]}, {args.records:,} records of {VALUE_SIZE}-byte values "
           f"(null key, no headers), CRC checked, best of {args.repeat}\n")
-    print(f"{'scenario':30} {'decoder':20} {'records/s':>12} {'MB/s wire':>10} {'MB/s data':>10} {'vs kafka-python':>16}")
+    print(f"{'scenario':30} {'decoder':20} {'records/s':>12} {'MB/s wire':>10} {'MB/s data':>10}"
+          f" {'vs kafka-python':>16}")
     t_start = time.perf_counter()
     results: dict[str, Any] = {}
     for name, codec, per_batch in scenarios:

@@ -2,10 +2,10 @@
 with durable instances and, as the baseline in the same run, without them.
 
 Starts an embedded Tansu broker and, per mode, three gateway replicas (``a``, ``b``, ``c``; GATEWAY_PEERS naming
-all three, static membership on as in the Helm chart, except for one baseline). A producer thread writes a record every ``--interval-ms``
-(5 ms) to a 3-partition topic; one consumer instance is subscribed to it. The client sends each request to the
-next replica in turn (a refused connection to a dead replica: on to the next one), long-polls with a short
-``timeout`` and commits the batch it got after every non-empty poll. Each repetition: steady consumption, then
+all three, static membership on as in the Helm chart, except for one baseline). A producer thread writes a record every
+``--interval-ms`` (5 ms) to a 3-partition topic; one consumer instance is subscribed to it. The client sends each
+request to the next replica in turn (a refused connection to a dead replica: on to the next one), long-polls with a
+short ``timeout`` and commits the batch it got after every non-empty poll. Each repetition: steady consumption, then
 kill -9 of the replica holding the instance right after a poll and before its commit (that batch is the
 uncommitted window: the only records that may come twice), then the time until a poll returns a record again;
 the killed replica is restarted before the next repetition (the instance stays where it now is, so the next
@@ -263,7 +263,8 @@ def run_mode(broker: EmbeddedBroker, label: str, durable: bool, static: bool, se
              args: argparse.Namespace, logdir: Path) -> ModeResult:
     result = ModeResult(label)
     heartbeat_ms = min(3000, session_ms // 3)
-    env = {"GATEWAY_DURABLE_INSTANCES": "true" if durable else "false", "GATEWAY_STATIC_MEMBERSHIP": "true" if static else "false",
+    env = {"GATEWAY_DURABLE_INSTANCES": "true" if durable else "false",
+           "GATEWAY_STATIC_MEMBERSHIP": "true" if static else "false",
            "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(session_ms),
            "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(heartbeat_ms),
            "GATEWAY_PEER_REFRESH_S": str(args.peer_refresh_s)}

@@ -43,7 +43,8 @@ V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BIN = {"Accept": "application/vnd.kafka.binary.v2+json"}
 
 
-def start_replicas(bootstrap: str, ids: list[str], logdir: Path) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:
+def start_replicas(bootstrap: str, ids: list[str],
+                   logdir: Path) -> tuple[list[subprocess.Popen[bytes]], dict[str, str]]:
     ports = {rid: free_port() for rid in ids}
     urls = {rid: f"http://127.0.0.1:{p}" for rid, p in ports.items()}
     procs = []
@@ -95,7 +96,8 @@ def run_wrk(url: str, connections: int, duration: int) -> str:
                           "-H", f"Accept: {BIN['Accept']}", url], capture_output=True, text=True, check=True).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     lat = dict(re.findall(r"^\s+(50|90|99)%\s+(\S+)", out, re.M))
-    return (f"{float(rps.group(1)) if rps else 0:8.0f} req/s  p50 {lat.get('50', '?'):>8}  p90 {lat.get('90', '?'):>8}  "
+    return (f"{float(rps.group(1)) if rps else 0:8.0f} req/s  p50 {lat.get('50', '?'):>8}"
+            f"  p90 {lat.get('90', '?'):>8}  "
             f"p99 {lat.get('99', '?'):>8}")
 
 
@@ -174,7 +176,8 @@ def main() -> None:
         if args.wrk:
             print(f"\nwrk, {args.connections} connections, {args.duration} s, empty polls (timeout=0):")
             for rid, label in (("a", "direct   "), ("b", "forwarded")):
-                print(f"{label} {run_wrk(urls[rid] + bases['empty'] + '/records?timeout=0', args.connections, args.duration)}")
+                print(f"{label} "
+                      f"{run_wrk(urls[rid] + bases['empty'] + '/records?timeout=0', args.connections, args.duration)}")
     finally:
         for proc in procs:
             proc.terminate()

@@ -22,8 +22,8 @@ again at once after one; ``--no-defaults``: skip those rows).
 
 Per row: records/s (N / time from the client's start to the N-th record), ratio to the direct consumer,
 poll p50/p99 (wrk's request latency), and the gateway's CPU per delivered record (from /proc). Targets:
-binary GET >= 0.7x, max_records=5000 >= 0.9x, json GET >= 0.6x, ndjson >= 1.0x, poll p99 <= 15 ms. Everything shares this
-machine's cores (broker, gateway, client).
+binary GET >= 0.7x, max_records=5000 >= 0.9x, json GET >= 0.6x, ndjson >= 1.0x, poll p99 <= 15 ms. Everything shares
+this machine's cores (broker, gateway, client).
 
 ``--profile DIR`` samples the gateway with py-spy (``pip install py-spy``) during every HTTP row and writes
 one collapsed-stack file per row into DIR, plus the top frames by own and inclusive samples on the terminal.
@@ -104,7 +104,8 @@ class Profiler:
     """py-spy on the gateway process for one row (no-op without a directory)."""
 
     def __init__(self, directory: Path | None, pid: int, name: str) -> None:
-        self.out = directory / (name.replace(" ", "_").replace(",", "").replace("=", "") + ".txt") if directory else None
+        self.out = (directory / (name.replace(" ", "_").replace(",", "").replace("=", "") + ".txt")
+                    if directory else None)
         self.pid = pid
         self.proc: subprocess.Popen[bytes] | None = None
 

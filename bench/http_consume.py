@@ -338,7 +338,7 @@ def report_throughput(title: str, base: Scenario, rows: list[Scenario]) -> None:
                      f" {sc.med(lambda r: r.broker_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_cpu_s) / busy * 100:>9.0f}%"
                      f" {sc.med(lambda r: r.client_steady_us):>9.2f}"
-                     f" {statistics.median(1e6 / r.client_steady_us / b.steady_rate for r, b in zip(sc.runs, base.runs, strict=True)):>6.2f}x"
+                     f" {statistics.median(1e6 / r.client_steady_us / b.steady_rate for r, b in zip(sc.runs, base.runs, strict=True)):>6.2f}x"  # noqa: E501
                      f" {sc.med(lambda r: r.others_cpu_s / r.wall_s) * 100:>6.0f}%"
                      f" {sc.med(lambda r: r.rss_before) / MB:>9.0f}/{sc.med(lambda r: r.rss_after) / MB:.0f}"
                      f"/{max(r.rss_peak for r in sc.runs) / MB:.0f}")
@@ -380,9 +380,11 @@ def throughput_scenarios(broker: EmbeddedBroker, gw: GatewayProc, a: argparse.Na
                 mode = "subscribe" if "subscribe" in sc.name else "assign"
                 sc.runs.append(http_run(gw, broker_pid, topic, fmt, insts, n, a.max_records, mode, "stream" in sc.name,
                                         2 if "in flight" in sc.name else 1))
-            print(f"  {fmt} round done: " + ", ".join(f"{s.name}: {s.runs[-1].steady_rate:,.0f}/s" for s in [base, *wanted]),
+            print(f"  {fmt} round done: "
+                  + ", ".join(f"{s.name}: {s.runs[-1].steady_rate:,.0f}/s" for s in [base, *wanted]),
                   flush=True)
-        report_throughput(f"{n:,} records, 4 partitions, {fmt} format ({'100-byte values' if fmt == 'binary' else '100-byte JSON values'}),"
+        report_throughput(f"{n:,} records, 4 partitions, {fmt} format"
+                          f" ({'100-byte values' if fmt == 'binary' else '100-byte JSON values'}),"
                           f" median of {a.rounds} rounds, max_records={a.max_records}", base, wanted)
     print("(first rec = from the client's first request (create instance) to the first records received; steady ="
           " records after the first response / time from first to last response; overall = records / time from"
@@ -391,7 +393,8 @@ def throughput_scenarios(broker: EmbeddedBroker, gw: GatewayProc, a: argparse.Na
           " request sent -> body received, the first poll of each instance excluded; CPU = CPU time / the run's"
           " transfer window (the request that got the first records -> the last records), 100% = one core; gw us/rec ="
           " gateway CPU microseconds per record delivered; cl us/rec = the client process's CPU per record after its"
-          " first response (for the direct consumer: this process, whole run); cl max = the ratio the HTTP client alone would allow (records per second"
+          " first response (for the direct consumer: this process, whole run); cl max = the ratio the HTTP client"
+          " alone would allow (records per second"
           " of its own CPU / the direct consumer's steady rate): no gateway can make that row faster; others = CPU"
           " of all other processes of the machine"
           " (e.g. other test runs) over the run's wall time)")
@@ -527,14 +530,17 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
         with httpx.Client(base_url=gw.url, timeout=60) as http:
             for phase, seconds in (("settle", a.idle_settle), ("idle", a.idle_measure)):
                 if phase == "idle":
-                    g1, b1, t1, m1 = cpu_seconds(gw.pid), cpu_seconds(broker_pid), time.perf_counter(), machine_busy_seconds()
+                    g1, b1, t1, m1 = (cpu_seconds(gw.pid), cpu_seconds(broker_pid), time.perf_counter(),
+                                      machine_busy_seconds())
                     if a.idle_profile:  # py-spy over the idle window (pip install py-spy)
                         spy = str(Path(sys.executable).parent / "py-spy")
-                        subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw", *(["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]),
+                        subprocess.Popen([spy, "record", "-p", str(gw.pid), "-r", "100", "-f", "raw",
+                                          *(["--native"] if os.environ.get("BENCH_NATIVE") else ["--nonblocking"]),
                                           "-d", str(int(seconds)), "-o", a.idle_profile],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     if a.idle_perf_stat:  # system calls and context switches of the gateway over the idle window
-                        stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches",
+                        stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e",
+                                                 "raw_syscalls:sys_enter,context-switches",
                                                  "-p", str(gw.pid), "--", "sleep", str(int(seconds))],
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                     if a.idle_perf:  # native + kernel samples of the gateway over the idle window (perf record)
@@ -575,7 +581,8 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
               f" {a.idle_session_ms} ms, heartbeat {a.idle_heartbeat_ms} ms")
         print(f"  built in {build_s:.0f} s ({a.idle_groups_in_flight} groups at a time; per group median"
               f" {statistics.median(joined['group_join_s']):.1f} s, max {max(joined['group_join_s']):.1f} s;"
-              f" {joined['polls']:,} polls; transport errors retried: {joined['retried'] or 'none'}); gateway CPU {build_gw_cpu:.0f} s, broker CPU {build_broker_cpu:.0f} s")
+              f" {joined['polls']:,} polls; transport errors retried: {joined['retried'] or 'none'});"
+              f" gateway CPU {build_gw_cpu:.0f} s, broker CPU {build_broker_cpu:.0f} s")
         shown = "absent" if instances_metric is None else f"{instances_metric:.0f}"
         print(f"  kcg_consumer_instances = {shown}; instances with an assignment after the idle"
               f" period: {verified['verified']:,} of {verified['instances']:,}; gateway file descriptors"
@@ -590,11 +597,13 @@ def idle_scenario(broker: EmbeddedBroker, a: argparse.Namespace, tmp: Path, coun
               f" {pct(hz, 50) * 1000:.1f} ms, p99 {pct(hz, 99) * 1000:.1f} ms, max {max(hz) * 1000:.1f} ms"
               f" ({len(hz)} probes); kcg_event_loop_lag_seconds max {max(lags, default=float('nan')) * 1000:.1f} ms"
               f" over {len(lags)} scrapes (one /metrics scrape took p50 {pct(scrape, 50) * 1000:.0f} ms)")
-        print(f"  of the idle CPU, answering those {len(scrape)} /metrics scrapes took {scrape_cpu / span * 100:.1f}% of a"
+        print(f"  of the idle CPU, answering those {len(scrape)} /metrics scrapes took"
+              f" {scrape_cpu / span * 100:.1f}% of a"
               f" core ({scrape_cpu / max(1, len(scrape)) * 1000:.0f} ms each); without them"
               f" {(idle_cpu - scrape_cpu / span) * 100:.1f}% (heartbeats, /healthz probes, timers)"
               + (f"; gateway {stat_line}" if stat_line else ""))
-        print(f"  first {a.idle_settle:.0f} s after joining (fetchers still active): /healthz p50 {pct(hs, 50) * 1000:.1f} ms,"
+        print(f"  first {a.idle_settle:.0f} s after joining (fetchers still active):"
+              f" /healthz p50 {pct(hs, 50) * 1000:.1f} ms,"
               f" p99 {pct(hs, 99) * 1000:.1f} ms, max {max(hs) * 1000:.1f} ms ({len(hs)} probes)", flush=True)
         return n, rss_idle - rss0
     finally:

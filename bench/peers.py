@@ -189,7 +189,8 @@ def java_consumer(home: Path, kafka_lib: Path, bootstrap: str, topic: str, n: in
     if res["records"] < n:
         raise RuntimeError(f"ConsumeN: only {res['records']} of {n} records")
     return Row("Java KafkaConsumer 4.4.0", n / res["total_s"],
-               f"first record {res['first_s'] * 1000:.0f} ms, then {res['steady_rate']:,.0f}/s; {res['polls']:,} polls; JVM process {wall:.1f} s"
+               f"first record {res['first_s'] * 1000:.0f} ms, then {res['steady_rate']:,.0f}/s; {res['polls']:,} polls;"
+               f" JVM process {wall:.1f} s"
                f" in all; {res['settings']}")
 
 

@@ -373,7 +373,8 @@ def report(rows: dict[str, list[tuple[float, str]]], split: dict[str, list[float
         print(f"{name:<26}{med:>20,.0f}{med / base:>18.2f}{targets.get(name, ''):>8}  ({each})"
               + (f"  {sum(throttled):,}" if throttled else ""))
     print(f"({HTTP_ROW!r}: per-tenant request rate and poll limits off; {DEFAULTS_ROW!r}: the gateway as shipped)")
-    gw_us, eng_us, parse_us = statistics.median(split["gateway"]), statistics.median(split["engine"]), parse_cost_us(batch)
+    gw_us, eng_us, parse_us = (statistics.median(split["gateway"]), statistics.median(split["engine"]),
+                               parse_cost_us(batch))
     print(f"\nHTTP row, gateway CPU per record (median): {gw_us:.2f} µs = JSON + base64 parse {parse_us:.2f} µs "
           f"+ engine {eng_us:.2f} µs (in-process row) + HTTP handling and the rest {gw_us - parse_us - eng_us:.2f} µs")
 

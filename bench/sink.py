@@ -67,7 +67,8 @@ def direct(bootstrap: str, topic: str, partitions: int, n: int, out: Path) -> fl
                 cols["value"].append(m.value())
                 got += 1
     c.close()
-    table = pa.table({"topic": pa.array(cols["topic"], pa.string()), "partition": pa.array(cols["partition"], pa.int32()),
+    table = pa.table({"topic": pa.array(cols["topic"], pa.string()),
+                      "partition": pa.array(cols["partition"], pa.int32()),
                       "offset": pa.array(cols["offset"], pa.int64()),
                       "timestamp": pa.array(cols["timestamp"], pa.int64()).cast(pa.timestamp("ms")),
                       "key": pa.array(cols["key"], pa.binary()), "value": pa.array(cols["value"], pa.binary())})
@@ -79,7 +80,8 @@ def direct(bootstrap: str, topic: str, partitions: int, n: int, out: Path) -> fl
 
 def start_gateway(bootstrap: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
+    env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(port),
+           "GATEWAY_LOG_LEVEL": "warning",
            "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "service.main"], cwd=REPO, env=env, stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT)
@@ -96,7 +98,8 @@ def start_gateway(bootstrap: str, log: Path) -> tuple[subprocess.Popen[bytes], s
     raise RuntimeError(f"gateway did not start; see {log}")
 
 
-def spark_run(spark: Any, url: str, topic: str, out: Path, n: int, max_per_task: int, fmt: str = "arrow") -> dict[str, Any]:
+def spark_run(spark: Any, url: str, topic: str, out: Path, n: int, max_per_task: int,
+              fmt: str = "arrow") -> dict[str, Any]:
     """One available-now run into a fresh table; wall seconds from query start to its end, and the check."""
     from sink.cli import parse_args, run
 
@@ -171,7 +174,8 @@ def main() -> None:
             "steady_direct_rows_per_s": round(median([r["direct_rows_per_s"] for r in rounds])),
             "steady_spark_rows_per_s": round(median([r["spark_rows_per_s"] for r in rounds])),
             "steady_ratio_spark_over_direct": round(median([r["ratio"] for r in rounds]), 2),
-            "cold_ratio_spark_over_direct": round(cold["rows_per_s"] / median([r["direct_rows_per_s"] for r in rounds]), 2),
+            "cold_ratio_spark_over_direct": round(
+                cold["rows_per_s"] / median([r["direct_rows_per_s"] for r in rounds]), 2),
             "json_spark_rows_per_s": js["rows_per_s"] if js else None,
             "rounds": rounds,
         }

@@ -126,7 +126,8 @@ def main() -> None:
             raise SystemExit(f"{tool} is needed (tools/install-system-deps.sh)")
     n = a.records
     env = {"GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": str(SESSION_MS),
-           "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(EMBEDDED_HEARTBEAT_INTERVAL_MS), **dict(kv.split("=", 1) for kv in a.gateway_env)}
+           "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(EMBEDDED_HEARTBEAT_INTERVAL_MS),
+           **dict(kv.split("=", 1) for kv in a.gateway_env)}
     tmp = Path(tempfile.mkdtemp(prefix="bench-user-"))
     broker = EmbeddedBroker()
     broker.start()

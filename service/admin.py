@@ -46,7 +46,8 @@ CONFIG_SOURCES = {
 }
 
 # Broker error codes that mean "the request is wrong" (Confluent: 400, 40002).
-_REFUSALS = frozenset({EC.TOPIC_ALREADY_EXISTS, 17, 37, 38, 39, 40, 42, 44})  # 17 INVALID_TOPIC_EXCEPTION, 37-40, 42, 44
+# 17 INVALID_TOPIC_EXCEPTION, 37-40, 42, 44
+_REFUSALS = frozenset({EC.TOPIC_ALREADY_EXISTS, 17, 37, 38, 39, 40, 42, 44})
 
 _Creatable = M.struct("CreateTopicsRequest", "CreatableTopic")
 _CreatableConfig = M.struct("CreateTopicsRequest", "CreatableTopicConfig")

@@ -3,8 +3,9 @@
 The jars come from Maven Central through ``tools/install-kafka.sh`` (``tools/kafka/pom.xml``), which copies them to
 ``~/.cache/kcg-kafka/<version>/lib``; nothing here downloads anything. :meth:`EmbeddedKafka.start` writes a
 ``server.properties`` into a fresh temporary directory, copies a formatted storage there (formatted once per version
-and SCRAM users by ``kafka.tools.StorageTool format``, one short JVM, and kept in the cache), starts ``kafka.Kafka`` on free loopback ports and returns once the client listener answers
-ApiVersions and a Metadata request lists the broker (our own client, service/client, does both).
+and SCRAM users by ``kafka.tools.StorageTool format``, one short JVM, and kept in the cache), starts ``kafka.Kafka`` on
+free loopback ports and returns once the client listener answers ApiVersions and a Metadata request lists the broker
+(our own client, service/client, does both).
 :meth:`EmbeddedKafka.stop` sends SIGTERM (Kafka shuts down cleanly), SIGKILL after a grace period, and deletes the
 directory. The same interface as the Tansu launcher (service/embedded.py): ``start``, ``stop``, ``kill``,
 ``bootstrap``, a context manager; the JVM also gets ``PR_SET_PDEATHSIG`` (start it from the main thread).

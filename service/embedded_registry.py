@@ -242,7 +242,8 @@ class EmbeddedRegistry:
         self._proc = None
         if code != 0 or not out.strip():
             detail = "\n".join(err[-LOG_TAIL_LINES:])
-            raise RuntimeError(f"{self.launcher} --install-only exited with {code}" + (f":\n{detail}" if detail else ""))
+            raise RuntimeError(f"{self.launcher} --install-only exited with {code}"
+                               + (f":\n{detail}" if detail else ""))
         return Path(out.strip().splitlines()[-1])
 
     # -- run ---------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 #: refusal → (status, reason phrase, error code, message)
-TOO_LARGE = (431, b"Request Header Fields Too Large", 43101, "request header section too large (over {max_bytes} bytes)")
+TOO_LARGE = (431, b"Request Header Fields Too Large", 43101,
+             "request header section too large (over {max_bytes} bytes)")
 TOO_MANY = (431, b"Request Header Fields Too Large", 43101, "too many request header fields (over {max_count})")
 HEAD_TIMEOUT = (408, b"Request Timeout", 40801, "the request head was not received within {timeout:g} s")
 OVER_LIMIT = (503, b"Service Unavailable", 50304, "too many connections (over {max_connections}): retry later")

@@ -376,7 +376,8 @@ class GatewayCollector(Collector):
                     task_failures.add_metric([tid, key[5:]], n)
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
-        self._families = [instances, fetch, session_err, session_resets, wakeups, rebalances, aborted, hb, heartbeats, hb_age,
+        self._families = [instances, fetch, session_err, session_resets, wakeups, rebalances, aborted, hb, heartbeats,
+                          hb_age,
                           prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget(),
                           *self._durable()]
 

@@ -129,7 +129,8 @@ class KafkaClient:
             try:
                 if node_id is not None:
                     return await self.connection(node_id).get()
-                if self._bootstrap_conn is None or (self._bootstrap_conn.host, self._bootstrap_conn.port) != (host, port):
+                if (self._bootstrap_conn is None
+                        or (self._bootstrap_conn.host, self._bootstrap_conn.port) != (host, port)):
                     if self._bootstrap_conn is not None:
                         await self._bootstrap_conn.close()
                     self._bootstrap_conn = ManagedConnection(host, port, self.config)
@@ -138,7 +139,8 @@ class KafkaClient:
                 if not exc.retriable:
                     raise
                 errors.append(f"{host}:{port}: {exc}")
-                if self._bootstrap_conn is not None and (self._bootstrap_conn.host, self._bootstrap_conn.port) == (host, port):
+                if (self._bootstrap_conn is not None
+                        and (self._bootstrap_conn.host, self._bootstrap_conn.port) == (host, port)):
                     await self._bootstrap_conn.close()
                     self._bootstrap_conn = None
         raise NoBrokersAvailableError("no broker reachable: " + "; ".join(errors))
@@ -224,7 +226,8 @@ class KafkaClient:
             for t in new:
                 self.metadata.mark_stale(t)
 
-    async def refresh_metadata(self, topics: Iterable[str] | None = None, *, all_topics: bool = False) -> ClusterMetadata:
+    async def refresh_metadata(self, topics: Iterable[str] | None = None, *,
+                               all_topics: bool = False) -> ClusterMetadata:
         """Fetch metadata now; concurrent callers share one request."""
         if topics is not None:
             self.add_interest(topics)

@@ -304,7 +304,8 @@ async def _out_of_range_with_bounds(client: KafkaClient, tp: TopicPartition, off
     """The 422 of an offset outside the log, naming the log's bounds. Apache Kafka answers OFFSET_OUT_OF_RANGE
     with log start offset and high watermark -1 (Tansu never says it: it answers with the bounds, see read_page),
     so they are asked for (ListOffsets and a one-byte fetch); if that fails too, the error goes without them."""
-    if getattr(part, "log_start_offset", -1) not in (None, -1) and getattr(part, "high_watermark", -1) not in (None, -1):
+    if (getattr(part, "log_start_offset", -1) not in (None, -1)
+            and getattr(part, "high_watermark", -1) not in (None, -1)):
         return _out_of_range(tp, offset, part)
     from service.topics import read_offsets  # service.topics imports the fetch package
 
@@ -357,7 +358,8 @@ async def read_page(client: KafkaClient, tp: TopicPartition, offset: int, end_of
         if rs.error is not None and not rs.batches:
             raise rs.error
         if not rs.batches:
-            if rs.first_batch_truncated and rs.oversized_first_batch and size < rs.oversized_first_batch <= MAX_MAX_BYTES:
+            if (rs.first_batch_truncated and rs.oversized_first_batch
+                    and size < rs.oversized_first_batch <= MAX_MAX_BYTES):
                 size = rs.oversized_first_batch  # a broker without KIP-74: ask for the whole first batch
                 continue
             if rs.first_batch_truncated:

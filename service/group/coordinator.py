@@ -106,7 +106,8 @@ class GroupCoordinator:
         "_hb_result", "_loop", "_lost_at", "_on_assign", "_on_fatal", "_on_lost",
         "_on_revoke", "_on_task_failure", "_partition_counts", "_stable", "_task", "_topics",
         "_unassigned_since", "_unstable_since", "_wake", "client", "coordinator_id", "fatal", "group_id",
-        "heartbeat_epoch", "heartbeat_interval", "heartbeat_latency", "heartbeat_sent_at", "heartbeats", "last_error", "last_poll",
+        "heartbeat_epoch", "heartbeat_interval", "heartbeat_latency", "heartbeat_sent_at", "heartbeats", "last_error",
+        "last_poll",
         "left_for_poll_timeout", "max_poll_interval", "member", "polls_in_progress", "retry_backoff",
         "stall_recoveries", "task_failures",
     )

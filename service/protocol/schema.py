@@ -370,8 +370,8 @@ class _Generator:
                 "P.write_nullable_string" if nullable else "P.write_string")
             return [f"{fn}({out}, {expr})"]
         if t in ("bytes", "records"):
-            fn = ("P.write_compact_nullable_bytes" if nullable or t == "records" else "P.write_compact_bytes") if flex else (
-                "P.write_nullable_bytes" if nullable or t == "records" else "P.write_bytes")
+            fn = (("P.write_compact_nullable_bytes" if nullable or t == "records" else "P.write_compact_bytes")
+                  if flex else ("P.write_nullable_bytes" if nullable or t == "records" else "P.write_bytes"))
             return [f"{fn}({out}, {expr})"]
         if t == "uuid":
             return [f"{out} += P.uuid_bytes({expr})"]

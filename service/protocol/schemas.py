@@ -7,12 +7,14 @@ JSON schemas. Field names are snake_case forms of Kafka's names.
 
 from service.protocol.schema import F, MessageSchema
 
-API_VERSIONS_REQUEST = MessageSchema('ApiVersionsRequest', api_key=18, kind='request', versions=(0, 4), flexible='3+', fields=(
+API_VERSIONS_REQUEST = MessageSchema(
+    'ApiVersionsRequest', api_key=18, kind='request', versions=(0, 4), flexible='3+', fields=(
     F('client_software_name', 'string', '3+', ignorable=True),
     F('client_software_version', 'string', '3+', ignorable=True),
 ))
 
-API_VERSIONS_RESPONSE = MessageSchema('ApiVersionsResponse', api_key=18, kind='response', versions=(0, 4), flexible='3+', fields=(
+API_VERSIONS_RESPONSE = MessageSchema(
+    'ApiVersionsResponse', api_key=18, kind='response', versions=(0, 4), flexible='3+', fields=(
     F('error_code', 'int16', '0+'),
     F('api_keys', '[]ApiVersion', '0+', fields=(
         F('api_key', 'int16', '0+'),
@@ -44,7 +46,8 @@ METADATA_REQUEST = MessageSchema('MetadataRequest', api_key=3, kind='request', v
     F('include_topic_authorized_operations', 'bool', '8+'),
 ))
 
-METADATA_RESPONSE = MessageSchema('MetadataResponse', api_key=3, kind='response', versions=(1, 12), flexible='9+', fields=(
+METADATA_RESPONSE = MessageSchema(
+    'MetadataResponse', api_key=3, kind='response', versions=(1, 12), flexible='9+', fields=(
     F('throttle_time_ms', 'int32', '3+', ignorable=True),
     F('brokers', '[]MetadataResponseBroker', '0+', fields=(
         F('node_id', 'int32', '0+'),
@@ -73,13 +76,15 @@ METADATA_RESPONSE = MessageSchema('MetadataResponse', api_key=3, kind='response'
     F('cluster_authorized_operations', 'int32', '8-10', default='-2147483648'),
 ))
 
-FIND_COORDINATOR_REQUEST = MessageSchema('FindCoordinatorRequest', api_key=10, kind='request', versions=(0, 6), flexible='3+', fields=(
+FIND_COORDINATOR_REQUEST = MessageSchema(
+    'FindCoordinatorRequest', api_key=10, kind='request', versions=(0, 6), flexible='3+', fields=(
     F('key', 'string', '0-3'),
     F('key_type', 'int8', '1+', default='0'),
     F('coordinator_keys', '[]string', '4+'),
 ))
 
-FIND_COORDINATOR_RESPONSE = MessageSchema('FindCoordinatorResponse', api_key=10, kind='response', versions=(0, 6), flexible='3+', fields=(
+FIND_COORDINATOR_RESPONSE = MessageSchema(
+    'FindCoordinatorResponse', api_key=10, kind='response', versions=(0, 6), flexible='3+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('error_code', 'int16', '0-3'),
     F('error_message', 'string', '1-3', nullable='1-3', ignorable=True),
@@ -96,7 +101,8 @@ FIND_COORDINATOR_RESPONSE = MessageSchema('FindCoordinatorResponse', api_key=10,
     )),
 ))
 
-JOIN_GROUP_REQUEST = MessageSchema('JoinGroupRequest', api_key=11, kind='request', versions=(0, 9), flexible='6+', fields=(
+JOIN_GROUP_REQUEST = MessageSchema(
+    'JoinGroupRequest', api_key=11, kind='request', versions=(0, 9), flexible='6+', fields=(
     F('group_id', 'string', '0+'),
     F('session_timeout_ms', 'int32', '0+'),
     F('rebalance_timeout_ms', 'int32', '1+', default='-1', ignorable=True),
@@ -110,7 +116,8 @@ JOIN_GROUP_REQUEST = MessageSchema('JoinGroupRequest', api_key=11, kind='request
     F('reason', 'string', '8+', nullable='8+', default='null', ignorable=True),
 ))
 
-JOIN_GROUP_RESPONSE = MessageSchema('JoinGroupResponse', api_key=11, kind='response', versions=(0, 9), flexible='6+', fields=(
+JOIN_GROUP_RESPONSE = MessageSchema(
+    'JoinGroupResponse', api_key=11, kind='response', versions=(0, 9), flexible='6+', fields=(
     F('throttle_time_ms', 'int32', '2+', ignorable=True),
     F('error_code', 'int16', '0+'),
     F('generation_id', 'int32', '0+', default='-1'),
@@ -126,7 +133,8 @@ JOIN_GROUP_RESPONSE = MessageSchema('JoinGroupResponse', api_key=11, kind='respo
     )),
 ))
 
-SYNC_GROUP_REQUEST = MessageSchema('SyncGroupRequest', api_key=14, kind='request', versions=(0, 5), flexible='4+', fields=(
+SYNC_GROUP_REQUEST = MessageSchema(
+    'SyncGroupRequest', api_key=14, kind='request', versions=(0, 5), flexible='4+', fields=(
     F('group_id', 'string', '0+'),
     F('generation_id', 'int32', '0+'),
     F('member_id', 'string', '0+'),
@@ -139,7 +147,8 @@ SYNC_GROUP_REQUEST = MessageSchema('SyncGroupRequest', api_key=14, kind='request
     )),
 ))
 
-SYNC_GROUP_RESPONSE = MessageSchema('SyncGroupResponse', api_key=14, kind='response', versions=(0, 5), flexible='4+', fields=(
+SYNC_GROUP_RESPONSE = MessageSchema(
+    'SyncGroupResponse', api_key=14, kind='response', versions=(0, 5), flexible='4+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('error_code', 'int16', '0+'),
     F('protocol_type', 'string', '5+', nullable='5+', default='null', ignorable=True),
@@ -147,19 +156,22 @@ SYNC_GROUP_RESPONSE = MessageSchema('SyncGroupResponse', api_key=14, kind='respo
     F('assignment', 'bytes', '0+'),
 ))
 
-HEARTBEAT_REQUEST = MessageSchema('HeartbeatRequest', api_key=12, kind='request', versions=(0, 4), flexible='4+', fields=(
+HEARTBEAT_REQUEST = MessageSchema(
+    'HeartbeatRequest', api_key=12, kind='request', versions=(0, 4), flexible='4+', fields=(
     F('group_id', 'string', '0+'),
     F('generation_id', 'int32', '0+'),
     F('member_id', 'string', '0+'),
     F('group_instance_id', 'string', '3+', nullable='3+', default='null'),
 ))
 
-HEARTBEAT_RESPONSE = MessageSchema('HeartbeatResponse', api_key=12, kind='response', versions=(0, 4), flexible='4+', fields=(
+HEARTBEAT_RESPONSE = MessageSchema(
+    'HeartbeatResponse', api_key=12, kind='response', versions=(0, 4), flexible='4+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('error_code', 'int16', '0+'),
 ))
 
-LEAVE_GROUP_REQUEST = MessageSchema('LeaveGroupRequest', api_key=13, kind='request', versions=(0, 5), flexible='4+', fields=(
+LEAVE_GROUP_REQUEST = MessageSchema(
+    'LeaveGroupRequest', api_key=13, kind='request', versions=(0, 5), flexible='4+', fields=(
     F('group_id', 'string', '0+'),
     F('member_id', 'string', '0-2'),
     F('members', '[]MemberIdentity', '3+', fields=(
@@ -169,7 +181,8 @@ LEAVE_GROUP_REQUEST = MessageSchema('LeaveGroupRequest', api_key=13, kind='reque
     )),
 ))
 
-LEAVE_GROUP_RESPONSE = MessageSchema('LeaveGroupResponse', api_key=13, kind='response', versions=(0, 5), flexible='4+', fields=(
+LEAVE_GROUP_RESPONSE = MessageSchema(
+    'LeaveGroupResponse', api_key=13, kind='response', versions=(0, 5), flexible='4+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('error_code', 'int16', '0+'),
     F('members', '[]MemberResponse', '3+', fields=(
@@ -179,7 +192,8 @@ LEAVE_GROUP_RESPONSE = MessageSchema('LeaveGroupResponse', api_key=13, kind='res
     )),
 ))
 
-OFFSET_COMMIT_REQUEST = MessageSchema('OffsetCommitRequest', api_key=8, kind='request', versions=(2, 9), flexible='8+', fields=(
+OFFSET_COMMIT_REQUEST = MessageSchema(
+    'OffsetCommitRequest', api_key=8, kind='request', versions=(2, 9), flexible='8+', fields=(
     F('group_id', 'string', '0+'),
     F('generation_id_or_member_epoch', 'int32', '1+', default='-1', ignorable=True),
     F('member_id', 'string', '1+', ignorable=True),
@@ -196,7 +210,8 @@ OFFSET_COMMIT_REQUEST = MessageSchema('OffsetCommitRequest', api_key=8, kind='re
     )),
 ))
 
-OFFSET_COMMIT_RESPONSE = MessageSchema('OffsetCommitResponse', api_key=8, kind='response', versions=(2, 9), flexible='8+', fields=(
+OFFSET_COMMIT_RESPONSE = MessageSchema(
+    'OffsetCommitResponse', api_key=8, kind='response', versions=(2, 9), flexible='8+', fields=(
     F('throttle_time_ms', 'int32', '3+', ignorable=True),
     F('topics', '[]OffsetCommitResponseTopic', '0+', fields=(
         F('name', 'string', '0-9', ignorable=True),
@@ -207,7 +222,8 @@ OFFSET_COMMIT_RESPONSE = MessageSchema('OffsetCommitResponse', api_key=8, kind='
     )),
 ))
 
-OFFSET_FETCH_REQUEST = MessageSchema('OffsetFetchRequest', api_key=9, kind='request', versions=(1, 9), flexible='6+', fields=(
+OFFSET_FETCH_REQUEST = MessageSchema(
+    'OffsetFetchRequest', api_key=9, kind='request', versions=(1, 9), flexible='6+', fields=(
     F('group_id', 'string', '0-7'),
     F('topics', '[]OffsetFetchRequestTopic', '0-7', nullable='2-7', fields=(
         F('name', 'string', '0-7'),
@@ -225,7 +241,8 @@ OFFSET_FETCH_REQUEST = MessageSchema('OffsetFetchRequest', api_key=9, kind='requ
     F('require_stable', 'bool', '7+', default='false'),
 ))
 
-OFFSET_FETCH_RESPONSE = MessageSchema('OffsetFetchResponse', api_key=9, kind='response', versions=(1, 9), flexible='6+', fields=(
+OFFSET_FETCH_RESPONSE = MessageSchema(
+    'OffsetFetchResponse', api_key=9, kind='response', versions=(1, 9), flexible='6+', fields=(
     F('throttle_time_ms', 'int32', '3+', ignorable=True),
     F('topics', '[]OffsetFetchResponseTopic', '0-7', fields=(
         F('name', 'string', '0-7'),
@@ -254,7 +271,8 @@ OFFSET_FETCH_RESPONSE = MessageSchema('OffsetFetchResponse', api_key=9, kind='re
     )),
 ))
 
-LIST_OFFSETS_REQUEST = MessageSchema('ListOffsetsRequest', api_key=2, kind='request', versions=(1, 9), flexible='6+', fields=(
+LIST_OFFSETS_REQUEST = MessageSchema(
+    'ListOffsetsRequest', api_key=2, kind='request', versions=(1, 9), flexible='6+', fields=(
     F('replica_id', 'int32', '0+'),
     F('isolation_level', 'int8', '2+'),
     F('topics', '[]ListOffsetsTopic', '0+', fields=(
@@ -267,7 +285,8 @@ LIST_OFFSETS_REQUEST = MessageSchema('ListOffsetsRequest', api_key=2, kind='requ
     )),
 ))
 
-LIST_OFFSETS_RESPONSE = MessageSchema('ListOffsetsResponse', api_key=2, kind='response', versions=(1, 9), flexible='6+', fields=(
+LIST_OFFSETS_RESPONSE = MessageSchema(
+    'ListOffsetsResponse', api_key=2, kind='response', versions=(1, 9), flexible='6+', fields=(
     F('throttle_time_ms', 'int32', '2+', ignorable=True),
     F('topics', '[]ListOffsetsTopicResponse', '0+', fields=(
         F('name', 'string', '0+'),
@@ -356,12 +375,14 @@ FETCH_RESPONSE = MessageSchema('FetchResponse', api_key=1, kind='response', vers
     )),
 ))
 
-DESCRIBE_GROUPS_REQUEST = MessageSchema('DescribeGroupsRequest', api_key=15, kind='request', versions=(0, 5), flexible='5+', fields=(
+DESCRIBE_GROUPS_REQUEST = MessageSchema(
+    'DescribeGroupsRequest', api_key=15, kind='request', versions=(0, 5), flexible='5+', fields=(
     F('groups', '[]string', '0+'),
     F('include_authorized_operations', 'bool', '3+'),
 ))
 
-DESCRIBE_GROUPS_RESPONSE = MessageSchema('DescribeGroupsResponse', api_key=15, kind='response', versions=(0, 5), flexible='5+', fields=(
+DESCRIBE_GROUPS_RESPONSE = MessageSchema(
+    'DescribeGroupsResponse', api_key=15, kind='response', versions=(0, 5), flexible='5+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('groups', '[]DescribedGroup', '0+', fields=(
         F('error_code', 'int16', '0+'),
@@ -381,12 +402,14 @@ DESCRIBE_GROUPS_RESPONSE = MessageSchema('DescribeGroupsResponse', api_key=15, k
     )),
 ))
 
-LIST_GROUPS_REQUEST = MessageSchema('ListGroupsRequest', api_key=16, kind='request', versions=(0, 5), flexible='3+', fields=(
+LIST_GROUPS_REQUEST = MessageSchema(
+    'ListGroupsRequest', api_key=16, kind='request', versions=(0, 5), flexible='3+', fields=(
     F('states_filter', '[]string', '4+'),
     F('types_filter', '[]string', '5+'),
 ))
 
-LIST_GROUPS_RESPONSE = MessageSchema('ListGroupsResponse', api_key=16, kind='response', versions=(0, 5), flexible='3+', fields=(
+LIST_GROUPS_RESPONSE = MessageSchema(
+    'ListGroupsResponse', api_key=16, kind='response', versions=(0, 5), flexible='3+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('error_code', 'int16', '0+'),
     F('groups', '[]ListedGroup', '0+', fields=(
@@ -397,20 +420,24 @@ LIST_GROUPS_RESPONSE = MessageSchema('ListGroupsResponse', api_key=16, kind='res
     )),
 ))
 
-SASL_HANDSHAKE_REQUEST = MessageSchema('SaslHandshakeRequest', api_key=17, kind='request', versions=(0, 1), flexible='none', fields=(
+SASL_HANDSHAKE_REQUEST = MessageSchema(
+    'SaslHandshakeRequest', api_key=17, kind='request', versions=(0, 1), flexible='none', fields=(
     F('mechanism', 'string', '0+'),
 ))
 
-SASL_HANDSHAKE_RESPONSE = MessageSchema('SaslHandshakeResponse', api_key=17, kind='response', versions=(0, 1), flexible='none', fields=(
+SASL_HANDSHAKE_RESPONSE = MessageSchema(
+    'SaslHandshakeResponse', api_key=17, kind='response', versions=(0, 1), flexible='none', fields=(
     F('error_code', 'int16', '0+'),
     F('mechanisms', '[]string', '0+'),
 ))
 
-SASL_AUTHENTICATE_REQUEST = MessageSchema('SaslAuthenticateRequest', api_key=36, kind='request', versions=(0, 2), flexible='2+', fields=(
+SASL_AUTHENTICATE_REQUEST = MessageSchema(
+    'SaslAuthenticateRequest', api_key=36, kind='request', versions=(0, 2), flexible='2+', fields=(
     F('auth_bytes', 'bytes', '0+'),
 ))
 
-SASL_AUTHENTICATE_RESPONSE = MessageSchema('SaslAuthenticateResponse', api_key=36, kind='response', versions=(0, 2), flexible='2+', fields=(
+SASL_AUTHENTICATE_RESPONSE = MessageSchema(
+    'SaslAuthenticateResponse', api_key=36, kind='response', versions=(0, 2), flexible='2+', fields=(
     F('error_code', 'int16', '0+'),
     F('error_message', 'string', '0+', nullable='0+'),
     F('auth_bytes', 'bytes', '0+'),
@@ -430,7 +457,8 @@ PRODUCE_REQUEST = MessageSchema('ProduceRequest', api_key=0, kind='request', ver
     )),
 ))
 
-PRODUCE_RESPONSE = MessageSchema('ProduceResponse', api_key=0, kind='response', versions=(3, 11), flexible='9+', fields=(
+PRODUCE_RESPONSE = MessageSchema(
+    'ProduceResponse', api_key=0, kind='response', versions=(3, 11), flexible='9+', fields=(
     F('responses', '[]TopicProduceResponse', '0+', fields=(
         F('name', 'string', '0-12', ignorable=True),
         F('partition_responses', '[]PartitionProduceResponse', '0+', fields=(
@@ -459,21 +487,24 @@ PRODUCE_RESPONSE = MessageSchema('ProduceResponse', api_key=0, kind='response', 
     )),
 ))
 
-INIT_PRODUCER_ID_REQUEST = MessageSchema('InitProducerIdRequest', api_key=22, kind='request', versions=(0, 5), flexible='2+', fields=(
+INIT_PRODUCER_ID_REQUEST = MessageSchema(
+    'InitProducerIdRequest', api_key=22, kind='request', versions=(0, 5), flexible='2+', fields=(
     F('transactional_id', 'string', '0+', nullable='0+'),
     F('transaction_timeout_ms', 'int32', '0+'),
     F('producer_id', 'int64', '3+', default='-1'),
     F('producer_epoch', 'int16', '3+', default='-1'),
 ))
 
-INIT_PRODUCER_ID_RESPONSE = MessageSchema('InitProducerIdResponse', api_key=22, kind='response', versions=(0, 5), flexible='2+', fields=(
+INIT_PRODUCER_ID_RESPONSE = MessageSchema(
+    'InitProducerIdResponse', api_key=22, kind='response', versions=(0, 5), flexible='2+', fields=(
     F('throttle_time_ms', 'int32', '0+', ignorable=True),
     F('error_code', 'int16', '0+'),
     F('producer_id', 'int64', '0+', default=-1),
     F('producer_epoch', 'int16', '0+'),
 ))
 
-CREATE_TOPICS_REQUEST = MessageSchema('CreateTopicsRequest', api_key=19, kind='request', versions=(2, 7), flexible='5+', fields=(
+CREATE_TOPICS_REQUEST = MessageSchema(
+    'CreateTopicsRequest', api_key=19, kind='request', versions=(2, 7), flexible='5+', fields=(
     F('topics', '[]CreatableTopic', '0+', fields=(
         F('name', 'string', '0+'),
         F('num_partitions', 'int32', '0+'),
@@ -491,7 +522,8 @@ CREATE_TOPICS_REQUEST = MessageSchema('CreateTopicsRequest', api_key=19, kind='r
     F('validate_only', 'bool', '1+', default='false'),
 ))
 
-CREATE_TOPICS_RESPONSE = MessageSchema('CreateTopicsResponse', api_key=19, kind='response', versions=(2, 7), flexible='5+', fields=(
+CREATE_TOPICS_RESPONSE = MessageSchema(
+    'CreateTopicsResponse', api_key=19, kind='response', versions=(2, 7), flexible='5+', fields=(
     F('throttle_time_ms', 'int32', '2+', ignorable=True),
     F('topics', '[]CreatableTopicResult', '0+', fields=(
         F('name', 'string', '0+'),
@@ -511,7 +543,8 @@ CREATE_TOPICS_RESPONSE = MessageSchema('CreateTopicsResponse', api_key=19, kind=
     )),
 ))
 
-DELETE_TOPICS_REQUEST = MessageSchema('DeleteTopicsRequest', api_key=20, kind='request', versions=(1, 6), flexible='4+', fields=(
+DELETE_TOPICS_REQUEST = MessageSchema(
+    'DeleteTopicsRequest', api_key=20, kind='request', versions=(1, 6), flexible='4+', fields=(
     F('topics', '[]DeleteTopicState', '6+', fields=(
         F('name', 'string', '6+', nullable='6+', default='null'),
         F('topic_id', 'uuid', '6+'),
@@ -520,7 +553,8 @@ DELETE_TOPICS_REQUEST = MessageSchema('DeleteTopicsRequest', api_key=20, kind='r
     F('timeout_ms', 'int32', '0+'),
 ))
 
-DELETE_TOPICS_RESPONSE = MessageSchema('DeleteTopicsResponse', api_key=20, kind='response', versions=(1, 6), flexible='4+', fields=(
+DELETE_TOPICS_RESPONSE = MessageSchema(
+    'DeleteTopicsResponse', api_key=20, kind='response', versions=(1, 6), flexible='4+', fields=(
     F('throttle_time_ms', 'int32', '1+', ignorable=True),
     F('responses', '[]DeletableTopicResult', '0+', fields=(
         F('name', 'string', '0+', nullable='6+'),
@@ -530,7 +564,8 @@ DELETE_TOPICS_RESPONSE = MessageSchema('DeleteTopicsResponse', api_key=20, kind=
     )),
 ))
 
-ADD_PARTITIONS_TO_TXN_REQUEST = MessageSchema('AddPartitionsToTxnRequest', api_key=24, kind='request', versions=(0, 3), flexible='3+', fields=(
+ADD_PARTITIONS_TO_TXN_REQUEST = MessageSchema(
+    'AddPartitionsToTxnRequest', api_key=24, kind='request', versions=(0, 3), flexible='3+', fields=(
     F('v3_and_below_transactional_id', 'string', '0-3'),
     F('v3_and_below_producer_id', 'int64', '0-3'),
     F('v3_and_below_producer_epoch', 'int16', '0-3'),
@@ -540,7 +575,8 @@ ADD_PARTITIONS_TO_TXN_REQUEST = MessageSchema('AddPartitionsToTxnRequest', api_k
     )),
 ))
 
-ADD_PARTITIONS_TO_TXN_RESPONSE = MessageSchema('AddPartitionsToTxnResponse', api_key=24, kind='response', versions=(0, 3), flexible='3+', fields=(
+ADD_PARTITIONS_TO_TXN_RESPONSE = MessageSchema(
+    'AddPartitionsToTxnResponse', api_key=24, kind='response', versions=(0, 3), flexible='3+', fields=(
     F('throttle_time_ms', 'int32', '0+'),
     F('results_by_topic_v3_and_below', '[]AddPartitionsToTxnTopicResult', '0-3', fields=(
         F('name', 'string', '0+'),
@@ -563,7 +599,8 @@ END_TXN_RESPONSE = MessageSchema('EndTxnResponse', api_key=26, kind='response', 
     F('error_code', 'int16', '0+'),
 ))
 
-TXN_OFFSET_COMMIT_REQUEST = MessageSchema('TxnOffsetCommitRequest', api_key=28, kind='request', versions=(0, 3), flexible='3+', fields=(
+TXN_OFFSET_COMMIT_REQUEST = MessageSchema(
+    'TxnOffsetCommitRequest', api_key=28, kind='request', versions=(0, 3), flexible='3+', fields=(
     F('transactional_id', 'string', '0+'),
     F('group_id', 'string', '0+'),
     F('producer_id', 'int64', '0+'),
@@ -582,7 +619,8 @@ TXN_OFFSET_COMMIT_REQUEST = MessageSchema('TxnOffsetCommitRequest', api_key=28, 
     )),
 ))
 
-TXN_OFFSET_COMMIT_RESPONSE = MessageSchema('TxnOffsetCommitResponse', api_key=28, kind='response', versions=(0, 3), flexible='3+', fields=(
+TXN_OFFSET_COMMIT_RESPONSE = MessageSchema(
+    'TxnOffsetCommitResponse', api_key=28, kind='response', versions=(0, 3), flexible='3+', fields=(
     F('throttle_time_ms', 'int32', '0+'),
     F('topics', '[]TxnOffsetCommitResponseTopic', '0+', fields=(
         F('name', 'string', '0+'),
@@ -593,7 +631,8 @@ TXN_OFFSET_COMMIT_RESPONSE = MessageSchema('TxnOffsetCommitResponse', api_key=28
     )),
 ))
 
-DESCRIBE_CONFIGS_REQUEST = MessageSchema('DescribeConfigsRequest', api_key=32, kind='request', versions=(1, 4), flexible='4+', fields=(
+DESCRIBE_CONFIGS_REQUEST = MessageSchema(
+    'DescribeConfigsRequest', api_key=32, kind='request', versions=(1, 4), flexible='4+', fields=(
     F('resources', '[]DescribeConfigsResource', '0+', fields=(
         F('resource_type', 'int8', '0+'),
         F('resource_name', 'string', '0+'),
@@ -603,7 +642,8 @@ DESCRIBE_CONFIGS_REQUEST = MessageSchema('DescribeConfigsRequest', api_key=32, k
     F('include_documentation', 'bool', '3+', default='false'),
 ))
 
-DESCRIBE_CONFIGS_RESPONSE = MessageSchema('DescribeConfigsResponse', api_key=32, kind='response', versions=(1, 4), flexible='4+', fields=(
+DESCRIBE_CONFIGS_RESPONSE = MessageSchema(
+    'DescribeConfigsResponse', api_key=32, kind='response', versions=(1, 4), flexible='4+', fields=(
     F('throttle_time_ms', 'int32', '0+'),
     F('results', '[]DescribeConfigsResult', '0+', fields=(
         F('error_code', 'int16', '0+'),
@@ -627,7 +667,8 @@ DESCRIBE_CONFIGS_RESPONSE = MessageSchema('DescribeConfigsResponse', api_key=32,
     )),
 ))
 
-CONSUMER_PROTOCOL_SUBSCRIPTION = MessageSchema('ConsumerProtocolSubscription', api_key=None, kind='data', versions=(0, 3), flexible='none', fields=(
+CONSUMER_PROTOCOL_SUBSCRIPTION = MessageSchema(
+    'ConsumerProtocolSubscription', api_key=None, kind='data', versions=(0, 3), flexible='none', fields=(
     F('topics', '[]string', '0+'),
     F('user_data', 'bytes', '0+', nullable='0+', default='null'),
     F('owned_partitions', '[]TopicPartition', '1+', ignorable=True, fields=(
@@ -638,7 +679,8 @@ CONSUMER_PROTOCOL_SUBSCRIPTION = MessageSchema('ConsumerProtocolSubscription', a
     F('rack_id', 'string', '3+', nullable='3+', default='null', ignorable=True),
 ))
 
-CONSUMER_PROTOCOL_ASSIGNMENT = MessageSchema('ConsumerProtocolAssignment', api_key=None, kind='data', versions=(0, 3), flexible='none', fields=(
+CONSUMER_PROTOCOL_ASSIGNMENT = MessageSchema(
+    'ConsumerProtocolAssignment', api_key=None, kind='data', versions=(0, 3), flexible='none', fields=(
     F('assigned_partitions', '[]TopicPartition', '0+', fields=(
         F('topic', 'string', '0+'),
         F('partitions', '[]int32', '0+'),

@@ -214,7 +214,8 @@ def _record(fields: list[tuple[str, Read]], typ: pa.DataType) -> Read:
     return read
 
 
-def _blocks(st: _State, rows: np.ndarray, item: Callable[[np.ndarray], list[pa.Array]]) -> tuple[np.ndarray, list[pa.Array]]:
+def _blocks(st: _State, rows: np.ndarray, item: Callable[[np.ndarray], list[pa.Array]]) -> tuple[np.ndarray,
+                                                                                                 list[pa.Array]]:
     """Avro's blocked arrays / maps: per row a sequence of (count, items) blocks ending with count 0 (a
     negative count is followed by the block's byte size). Items are read block by block, item j of every
     row that has one at once; returns the Arrow list offsets and the item arrays in row order."""

@@ -512,7 +512,8 @@ class SchemaService:
         if resolver is None:
             # codecs are cached per schema id, and ids are per registry: a codec cache of its own each
             lim = self.limits
-            client = RegistryClient(config, budget=CacheBudget(lim.cache_max_bytes), max_schema_bytes=lim.max_schema_bytes,
+            client = RegistryClient(config, budget=CacheBudget(lim.cache_max_bytes),
+                                    max_schema_bytes=lim.max_schema_bytes,
                                     max_concurrent_requests=lim.max_concurrent_requests)
             resolver = self._resolvers[config] = SchemaResolver(
                 client, cache_size=config.cache_size, avro_rendering=self.avro_rendering,

@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     keys = ap.add_mutually_exclusive_group()
     keys.add_argument("--api-key-file", metavar="PATH",
                       help=f"read the API key from this file (its first line); default: the {API_KEY_ENV} variable")
-    keys.add_argument("--api-key", help=f"deprecated: visible to other users in ps; use {API_KEY_ENV} or --api-key-file")
+    keys.add_argument("--api-key",
+                      help=f"deprecated: visible to other users in ps; use {API_KEY_ENV} or --api-key-file")
     ap.add_argument("--commit-group", help="also commit each batch's end offsets to this consumer group")
     ap.add_argument("--starting-offsets", default="earliest", help="earliest (default) or latest")
     ap.add_argument("--max-records-per-trigger", type=int)

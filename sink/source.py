@@ -301,7 +301,8 @@ class RangePartition(InputPartition):
         return f"RangePartition({self.topic}-{self.partition} [{self.start}, {self.end}))"
 
 
-def plan_partitions(s: Settings, start: Offsets, end: Offsets, beginnings: Offsets | None = None) -> list[RangePartition]:
+def plan_partitions(s: Settings, start: Offsets, end: Offsets,
+                    beginnings: Offsets | None = None) -> list[RangePartition]:
     out = []
     for key in sorted(end, key=lambda k: parse_key(k)):
         topic, p = parse_key(key)
@@ -348,7 +349,8 @@ def _json_page(body: bytes, target: Any) -> tuple[list[Any], int, int]:
     cols = [pa.array([d["topic"]] * len(recs), pa.string()), pa.array([d["partition"]] * len(recs), pa.int32()),
             pa.array([r["offset"] for r in recs], pa.int64()),
             pa.array([r["timestamp"] for r in recs], pa.int64()).cast(pa.timestamp("ms")),
-            pa.array([b64(r["key"]) for r in recs], pa.binary()), pa.array([b64(r["value"]) for r in recs], pa.binary()),
+            pa.array([b64(r["key"]) for r in recs], pa.binary()),
+            pa.array([b64(r["value"]) for r in recs], pa.binary()),
             pa.array([[{"key": h["key"], "value": b64(h["value"])} for h in r.get("headers") or []] for r in recs],
                      pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))]
     batch = pa.RecordBatch.from_arrays([c.cast(target.field(i).type) for i, c in enumerate(cols)], schema=target)

@@ -606,7 +606,8 @@ class GroupCoordinatorState:
         return out
 
     def fetch_offsets(self, node_id: int, *, group_id: str, topics: Sequence[tuple[str, Sequence[int]]] | None,
-                      require_stable: bool) -> tuple[int, list[tuple[str, list[tuple[int, CommittedOffset | None, int]]]]]:
+                      require_stable: bool) -> tuple[int,
+                                                     list[tuple[str, list[tuple[int, CommittedOffset | None, int]]]]]:
         """Committed offsets: the group-level error and, per topic, (partition, offset or None, error)."""
         code = self.check(node_id, group_id, allow_empty_id=True)
         if code:

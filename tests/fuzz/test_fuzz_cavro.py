@@ -3,9 +3,9 @@ recursion, enums, fixed, logical types, arrays and maps nested), values, mutated
 
 render_value: equal to ``orjson.dumps(AvroCodec(schema, rendering).decode(payload))`` whenever it renders (a
 bail, None, hands the payload to the Python path; a refusal code of service/schemas/avro_limits.py only where
-the Python path refuses too); scan and scan_many: the refusal codes of avro_limits.scan_py; render_chunk: byte for byte what render_decoded_chunk writes
-for the same records decoded in Python; compile: any node list is refused or compiles into a program that
-renders or bails, never crashes; schema_ids: SchemaResolver.schema_ids."""
+the Python path refuses too); scan and scan_many: the refusal codes of avro_limits.scan_py; render_chunk: byte for byte
+what render_decoded_chunk writes for the same records decoded in Python; compile: any node list is refused or compiles
+into a program that renders or bails, never crashes; schema_ids: SchemaResolver.schema_ids."""
 
 from __future__ import annotations
 

@@ -79,9 +79,11 @@ UNIT_TESTS: dict[str, list[str]] = {
                                 "tests/unit/test_render_framed.py::test_ndjson_with_resume_equals_python"],
     "_crecords.json_valid": ["tests/unit/test_render.py::test_json_validator_examples",
                              "tests/unit/test_render.py::test_json_validator_agrees_with_a_strict_parser"],
-    "_crecords.RecordRun": ["tests/unit/test_record_run.py::test_run_holds_the_decoded_records_and_renders_the_same_bytes",
-                            "tests/unit/test_record_run.py::test_run_path_agrees_with_decode_and_filter"],
-    "_crecords.RecordRun.add": ["tests/unit/test_record_run.py::test_run_refuses_corrupt_sections_and_growth_after_slicing"],
+    "_crecords.RecordRun": [
+        "tests/unit/test_record_run.py::test_run_holds_the_decoded_records_and_renders_the_same_bytes",
+        "tests/unit/test_record_run.py::test_run_path_agrees_with_decode_and_filter"],
+    "_crecords.RecordRun.add": [
+        "tests/unit/test_record_run.py::test_run_refuses_corrupt_sections_and_growth_after_slicing"],
     "_cavro.render_value": ["tests/unit/test_cavro.py::test_random_values_render_as_the_python_path",
                             "tests/unit/test_cavro.py::test_malformed_payloads_bail_never_crash",
                             "tests/unit/test_cavro.py::test_deep_nesting_bails"],

@@ -1,8 +1,9 @@
 """Produce to a missing topic, against Tansu: 404/40401 and nothing created by default (external brokers),
 or, with ``GATEWAY_AUTO_CREATE_TOPICS`` on (the default of ``make run``'s embedded broker), the topic is
 created with ``GATEWAY_AUTO_CREATE_PARTITIONS`` partitions and the records are written; tenant patterns
-(with a tenants file: its ``admin_topics``) and Kafka's topic-name rules still apply. Tansu creates a missing topic (4 partitions) for a Metadata
-request that allows auto-creation: the topic listings here prove the gateway's requests never do."""
+(with a tenants file: its ``admin_topics``) and Kafka's topic-name rules still apply. Tansu creates a missing topic (4
+partitions) for a Metadata request that allows auto-creation: the topic listings here prove the gateway's requests never
+do."""
 
 from __future__ import annotations
 
@@ -107,7 +108,8 @@ async def test_off_a_missing_topic_is_404_and_is_not_created(gw_off: GatewayProc
     async with httpx.AsyncClient(base_url=gw_off.url, timeout=30) as http:
         for path in (f"/topics/{topic_name}", f"/topics/{topic_name}/partitions/0"):
             r = await http.post(path, json=body, headers=HB)
-            assert r.status_code == 404 and r.json() == {"error_code": 40401, "message": f"topic {topic_name!r} not found"}
+            assert r.status_code == 404 and r.json() == {"error_code": 40401,
+                                                         "message": f"topic {topic_name!r} not found"}
         assert topic_name not in await topics_on_broker(bclient)  # not even Tansu's 4-partition auto-creation
         await bclient.create_topics({topic_name: 1})
         r = await http.post(f"/topics/{topic_name}", json=body, headers=HB)  # it exists now: written

@@ -477,7 +477,8 @@ async def test_produce_binary_to_a_topic_and_consume_it_back(bclient: KafkaClien
     assert offsets[1]["partition"] == 1
     assert all(o["partition"] in (0, 1) for o in offsets)
     got = await read_back(http, f"g-{t}", t, [0, 1], "binary", 3)
-    assert got == {(o["partition"], o["offset"]): (key, value) for o, (key, value, _) in zip(offsets, sent, strict=True)}
+    assert got == {(o["partition"], o["offset"]): (key, value)
+                   for o, (key, value, _) in zip(offsets, sent, strict=True)}
 
 
 async def test_produce_json_to_a_topic_and_consume_it_back(bclient: KafkaClient, http: httpx.AsyncClient,
@@ -498,7 +499,8 @@ async def test_produce_json_to_a_topic_and_consume_it_back(bclient: KafkaClient,
         if part is not None:
             assert o["partition"] == part
     got = await read_back(http, f"g-{t}", t, [0, 1], "json", len(sent))
-    assert got == {(o["partition"], o["offset"]): (key, value) for o, (key, value, _) in zip(offsets, sent, strict=True)}
+    assert got == {(o["partition"], o["offset"]): (key, value)
+                   for o, (key, value, _) in zip(offsets, sent, strict=True)}
 
 
 async def test_produce_to_a_partition(bclient: KafkaClient, http: httpx.AsyncClient, topic_name: str) -> None:

@@ -159,7 +159,8 @@ async def test_protobuf_with_a_reference_and_message_indexes(
 async def test_jsonschema(http: httpx.AsyncClient, broker: AnyBroker, schema_registry: str,
                           topic_name: str) -> None:
     schema = json.dumps({"title": "Event", "type": "object",
-                         "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+                         "properties": {"id": {"type": "integer"},
+                                        "tags": {"type": "array", "items": {"type": "string"}}},
                          "required": ["id"]})
     ser = JSONSerializer(schema, SchemaRegistryClient({"url": schema_registry}))
     ctx = SerializationContext(topic_name, MessageField.VALUE)

@@ -1,6 +1,7 @@
 """The consumer engine against real brokers: groups, rebalances, static membership, offsets, seeks.
 
-Every test runs on Tansu and on Apache Kafka (``broker``). Session timeouts are small (Tansu holds a JoinGroup for about half the session timeout).
+Every test runs on Tansu and on Apache Kafka (``broker``). Session timeouts are small (Tansu holds a JoinGroup for about
+half the session timeout).
 """
 
 from __future__ import annotations

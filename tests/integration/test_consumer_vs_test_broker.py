@@ -183,7 +183,8 @@ async def test_fetching_ahead_past_an_aborted_transaction_extends_the_buffered_c
     """A fetch ahead of the buffer that brings only an aborted transaction and its marker moves the end of
     the buffered chain (not the position, which still points at undelivered records), so the next fetch
     starts after the marker and the position later steps over the transaction."""
-    async with TestCluster(topics={"t": 1}) as cluster, consumer_for(cluster, isolation_level="read_committed") as consumer:
+    async with (TestCluster(topics={"t": 1}) as cluster,
+                consumer_for(cluster, isolation_level="read_committed") as consumer):
         cluster.append("t", 0, [b"a0", b"a1", b"a2"])
         await consumer.assign([TP("t", 0)])
         assert [r.value for r in await consumer.poll(max_records=1, timeout=10)] == [b"a0"]

@@ -109,7 +109,8 @@ class RawMember:
         return resp
 
     async def sync(self, assignments: dict[str, dict[str, list[int]]] | None = None, version: int = 5) -> Any:
-        given = [SyncAssignment(member_id=mid, assignment=encode_assignment(a)) for mid, a in (assignments or {}).items()]
+        given = [SyncAssignment(member_id=mid, assignment=encode_assignment(a))
+                 for mid, a in (assignments or {}).items()]
         return await self.conn.send(M.SyncGroupRequest(
             group_id=self.group, generation_id=self.generation, member_id=self.member_id,
             group_instance_id=self.instance, protocol_type="consumer", protocol_name="range", assignments=given),
@@ -283,7 +284,8 @@ async def test_every_version_of_every_group_api(level: int) -> None:
             (0, 5, 0), (1, 6, 0)]
         d = (await conn.send(M.DescribeGroupsRequest(groups=["g"]), v_describe)).groups[0]
         assert (d.group_state, [x.member_id for x in d.members]) == ("Stable", [m.member_id])
-        leave = (M.LeaveGroupRequest(group_id="g", members=[Identity(member_id=m.member_id, group_instance_id=m.instance)])
+        leave = (M.LeaveGroupRequest(group_id="g",
+                                     members=[Identity(member_id=m.member_id, group_instance_id=m.instance)])
                  if v_leave >= 3 else M.LeaveGroupRequest(group_id="g", member_id=m.member_id))
         resp = await conn.send(leave, v_leave)
         assert resp.error_code == 0 and [x.error_code for x in resp.members] == ([0] if v_leave >= 3 else [])
@@ -536,7 +538,8 @@ async def test_injected_errors_have_no_side_effects() -> None:
         assert [(g.group_id, g.error_code) for g in resp.groups] == [("g", EC.NOT_COORDINATOR)]
         cluster.error(ApiKey.FIND_COORDINATOR, EC.COORDINATOR_NOT_AVAILABLE)
         resp = await conn.send(M.FindCoordinatorRequest(key_type=0, coordinator_keys=["g"]), 4)
-        assert [(c.key, c.node_id, c.error_code) for c in resp.coordinators] == [("g", -1, EC.COORDINATOR_NOT_AVAILABLE)]
+        assert [(c.key, c.node_id, c.error_code) for c in resp.coordinators] == [
+            ("g", -1, EC.COORDINATOR_NOT_AVAILABLE)]
 
 
 async def test_describe_groups() -> None:
@@ -704,7 +707,8 @@ async def test_revocation_commits_so_the_next_owner_continues() -> None:
         await gc.wait_until(stable_in(gc, 2))
         # c1 committed what it had consumed when it gave the partitions up (eager: all of them)
         assert {tp: o.offset for tp, o in gc.committed("g").items()} == {("t", p): 3 for p in range(4)}
-        revoke_commits = [e for e in cluster.requests(ApiKey.OFFSET_COMMIT) if e.request.generation_id_or_member_epoch == 1]
+        revoke_commits = [e for e in cluster.requests(ApiKey.OFFSET_COMMIT)
+                          if e.request.generation_id_or_member_epoch == 1]
         assert revoke_commits and all(commit_codes(e) == [0] * len(commit_codes(e)) for e in revoke_commits)
         assert await c1.wait_for_assignment(5) and await c2.wait_for_assignment(5)
         fill(cluster, "t", 4, 1)

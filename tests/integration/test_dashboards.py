@@ -494,7 +494,8 @@ def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: Prometheus, 
     pending = wait_for("the commit-failure alert to go pending", commit_alert)
     assert [(a["labels"]["tenant"], a["state"]) for a in pending] == [("team-a", "pending")]
     alerts = [a for a in prometheus.api("alerts")["alerts"]
-              if not a["labels"]["alertname"].startswith("KcgEventLoop") and a["labels"]["alertname"] != "KcgCommitFailures"]
+              if not a["labels"]["alertname"].startswith("KcgEventLoop")
+              and a["labels"]["alertname"] != "KcgCommitFailures"]
     assert alerts == [], [(a["labels"]["alertname"], a["state"], a.get("value")) for a in alerts]
 
 

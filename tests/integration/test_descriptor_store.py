@@ -41,7 +41,8 @@ async def test_descriptors_are_shared_through_the_topic(tansu: EmbeddedBroker) -
         await a.put(d2)
         # garbage on the topic (another writer, a future format) is skipped, not fatal
         p = Producer(a_client)
-        await p.send_many(topic, [(b"junk", b"{}", (), 0, None), (encode_key("t1", "g", "zz"), b"not json", (), 0, None)])
+        await p.send_many(topic,
+                          [(b"junk", b"{}", (), 0, None), (encode_key("t1", "g", "zz"), b"not json", (), 0, None)])
         await p.close()
         d1.subscription = {"partitions": [["x", 0]]}
         await a.put(d1)

@@ -27,7 +27,8 @@ JSON = {"Accept": "application/vnd.kafka.json.v2+json"}
 
 @pytest.fixture
 def durable_env(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    yield {"env": {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true", "GATEWAY_LOG_LEVEL": "info"},
+    yield {"env": {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true",
+                   "GATEWAY_LOG_LEVEL": "info"},
            "log": tmp_path / "gw.log"}
 
 

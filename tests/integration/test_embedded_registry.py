@@ -1,9 +1,9 @@
 """`make run`'s embedded Schema Registry (service/embedded_registry.py): the gateway process, started as `make
 run` starts it (no GATEWAY_KAFKA_BOOTSTRAP: embedded Tansu, or Apache Kafka), also starts Karapace from
-../shared/registry in the background. It serves at once: schema'd requests answer 503/50307 + Retry-After while the registry starts, then
-Avro records produced by confluent-kafka's AvroSerializer against the logged registry URL come back decoded.
-SIGTERM stops the registry with the gateway. GATEWAY_EMBEDDED_REGISTRY=false (or a launcher that fails) leaves
-the gateway serving with schema'd formats answering 422/42211; =true without a launcher refuses to start."""
+../shared/registry in the background. It serves at once: schema'd requests answer 503/50307 + Retry-After while the
+registry starts, then Avro records produced by confluent-kafka's AvroSerializer against the logged registry URL come
+back decoded. SIGTERM stops the registry with the gateway. GATEWAY_EMBEDDED_REGISTRY=false (or a launcher that fails)
+leaves the gateway serving with schema'd formats answering 422/42211; =true without a launcher refuses to start."""
 
 from __future__ import annotations
 

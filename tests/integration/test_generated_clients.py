@@ -5,12 +5,13 @@ Six generated clients: openapi-generator's ``typescript-fetch`` and ``typescript
 Maven Central into ``~/.m2``) and ``go`` (built by the Go toolchain), and openapi-python-client. Each generated
 client runs the consumer flow of ``tests/integration/clients/`` against a real gateway process (with API-key
 authentication) over Tansu: produce binary and json records (openapi-generator's clients with their one body
-type, JsonProduceRequest, and the ``Content-Type`` parameter; openapi-python-client by the body's class), then for a binary and a json instance create → subscribe → poll → commit →
-committed offsets (``GET .../offsets`` with a body, query parameters or neither, as each client can) → delete.
-Generated and compiled sources are cached under ``.cache/generated-clients/<hash of the contract, the flows and
-the tool versions>`` (git-ignored), so only a changed contract pays the generating and compiling (about 50 s
-on 2 cores; about 75 s when Maven fills an empty ``~/.m2`` first); with the cache the module takes about 20 s.
-A missing toolchain (node and npm, a JDK and Maven, Go) fails the test: it is never skipped.
+type, JsonProduceRequest, and the ``Content-Type`` parameter; openapi-python-client by the body's class), then for a
+binary and a json instance create → subscribe → poll → commit → committed offsets (``GET .../offsets`` with a body,
+query parameters or neither, as each client can) → delete. Generated and compiled sources are cached under
+``.cache/generated-clients/<hash of the contract, the flows and the tool versions>`` (git-ignored), so only a changed
+contract pays the generating and compiling (about 50 s on 2 cores; about 75 s when Maven fills an empty ``~/.m2``
+first); with the cache the module takes about 20 s. A missing toolchain (node and npm, a JDK and Maven, Go) fails the
+test: it is never skipped.
 """
 
 from __future__ import annotations

@@ -162,11 +162,13 @@ async def test_on_kafka_semantics_a_killed_static_leader_is_replaced_without_sta
         members = Members(cluster.bootstrap_servers, "g")
         cfg = {**CFG, "session_timeout_ms": 1500, "heartbeat_interval_ms": 100}
         try:
-            a = Consumer(KafkaClient(members.bootstrap), ConsumerConfig(group_id="g", group_instance_id="inst-a", **cfg))
+            a = Consumer(KafkaClient(members.bootstrap),
+                         ConsumerConfig(group_id="g", group_instance_id="inst-a", **cfg))
             members.live.append(a)
             await a.subscribe(["t"])
             await members.converge(10)
-            b = Consumer(KafkaClient(members.bootstrap), ConsumerConfig(group_id="g", group_instance_id="inst-b", **cfg))
+            b = Consumer(KafkaClient(members.bootstrap),
+                         ConsumerConfig(group_id="g", group_instance_id="inst-b", **cfg))
             members.live.append(b)
             await b.subscribe(["t"])
             await members.converge(10)

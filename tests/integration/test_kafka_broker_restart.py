@@ -294,7 +294,8 @@ async def test_broker_down_mid_stream_loses_nothing_and_no_group_sticks(how: str
         print(f"\nbroker {how}: down {back_at - down_at:.1f} s (restart {broker.startup_s:.1f} s); first records "
               f"after it: " + ", ".join(f"{n} {s:.2f} s" for n, s in resumed.items())
               + f"; {producer.sent} records acknowledged, {len(ledger.deliveries)} deliveries, {dups} again "
-              f"(committed before: {dict(sorted(window_from.items()))}); members {kept}; {len(ledger.commits)} commits, {len(refused)} refused")
+              f"(committed before: {dict(sorted(window_from.items()))}); members {kept};"
+              f" {len(ledger.commits)} commits, {len(refused)} refused")
     finally:
         done.set()
         for t in tasks:

@@ -90,7 +90,8 @@ def write_interleaved(bootstrap: str, topic: str, partitions: int = 3, rounds: i
     """Two transactional producers, open at the same time on every partition, one committing and the other aborting
     (alternating by round), with plain records written while both are open; then a plain tail record on each
     partition, after every data record (the broker writes markers after answering EndTxn: the last ones may come
-    after it, but read_committed shows the tail only once they are written). Aborted transactions are flushed before they end: their batches are in the log."""
+    after it, but read_committed shows the tail only once they are written). Aborted transactions are flushed before
+    they end: their batches are in the log."""
     w = Written()
     a = txn_producer(bootstrap, f"{topic}-A")
     b = txn_producer(bootstrap, f"{topic}-B")

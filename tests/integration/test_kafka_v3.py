@@ -142,12 +142,14 @@ async def test_internal_topics_exist_on_the_broker_and_are_refused_to_tenants(
                               headers={"Content-Type": "application/vnd.kafka.binary.v2+json"}), 403, 40301)
         error(await http.post(f"{v3}/{name}/records", json={"value": {"type": "BINARY", "data": "eA=="}}), 403, 40301)
     group = f"sub-{topic_name}"
-    r = await http.post(f"/consumers/{group}", json={"name": "c"}, headers={"Content-Type": "application/vnd.kafka.v2+json"})
+    r = await http.post(f"/consumers/{group}", json={"name": "c"},
+                        headers={"Content-Type": "application/vnd.kafka.v2+json"})
     assert r.status_code == 200, r.text
     base = f"/consumers/{group}/instances/c"
     error(await http.post(f"{base}/subscription", json={"topics": ["__consumer_offsets"]},
                           headers={"Content-Type": "application/vnd.kafka.v2+json"}), 403, 40301)
-    error(await http.post(f"{base}/assignments", json={"partitions": [{"topic": "__transaction_state", "partition": 0}]},
+    error(await http.post(f"{base}/assignments",
+                          json={"partitions": [{"topic": "__transaction_state", "partition": 0}]},
                           headers={"Content-Type": "application/vnd.kafka.v2+json"}), 403, 40301)
     assert (await http.delete(base, headers={"Content-Type": "application/vnd.kafka.v2+json"})).status_code == 204
 
@@ -165,7 +167,8 @@ async def test_every_config_of_a_topic_with_sources_and_synonyms(http: httpx.Asy
     by_name = {c["name"]: c for c in body["data"]}
     # Kafka describes every topic config, defaults included (Tansu: only the ones set)
     assert len(by_name) >= 30 and {"segment.bytes", "min.insync.replicas", "max.message.bytes",
-                                   "message.timestamp.after.max.ms", "compression.type"} <= set(by_name), sorted(by_name)
+                                   "message.timestamp.after.max.ms",
+                                   "compression.type"} <= set(by_name), sorted(by_name)
     assert [c["name"] for c in body["data"]] == sorted(by_name)
     for name, value in (("cleanup.policy", "compact"), ("retention.ms", "1234567")):
         c = by_name[name]
@@ -272,7 +275,8 @@ async def test_a_group_as_kafka_describes_it_with_exact_lags(http: httpx.AsyncCl
         summary = (await http.get(f"{v3}/lag-summary")).json()
         check(summary, "KafkaConsumerGroupLagSummary")
         assert (summary["max_lag"], summary["total_lag"], summary["max_lag_partition_id"],
-                summary["max_lag_client_id"], summary["max_lag_instance_id"]) == (3, 12, 0, owner[0], instance[owner[0]])
+                summary["max_lag_client_id"], summary["max_lag_instance_id"]) == (3, 12, 0, owner[0],
+                                                                                  instance[owner[0]])
 
         # an open transaction on partition 3: its records are past the last stable offset, not lag
         tx = transaction(kafka, topic_name, [b"t1", b"t2", b"t3", b"t4", b"t5"], partition=3)

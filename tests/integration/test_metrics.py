@@ -269,7 +269,8 @@ async def test_instances_gauge_follows_idle_expiry(http: httpx.AsyncClient) -> N
     before = value(await scrape(http), "kcg_consumer_instances", tenant=TENANT)
     base = await create(http, "g-expiry")
     after_create = await scrape(http)
-    assert value(after_create, "kcg_consumer_instances", tenant=TENANT) == before + 1, matching(after_create, "kcg_consumer_instances")
+    assert value(after_create, "kcg_consumer_instances", tenant=TENANT) == before + 1, (
+        matching(after_create, "kcg_consumer_instances"))
     await asyncio.sleep(IDLE_TIMEOUT_S + 2)  # idle (no request to the instance) past the idle timeout
     r = await http.get(f"{base}/subscription")
     assert r.status_code == 410, r.text

@@ -222,8 +222,10 @@ async def test_concurrent_requests_are_all_acknowledged_in_order(http: httpx.Asy
 ERROR_CASES: list[tuple[str, str | None, bytes, int, int, str]] = [
     # (path suffix, content type, body, status, error code, message fragment)
     ("", "application/vnd.kafka.avro.v2+json", b'{"records":[{"value":1}]}', 422, 42211, "GATEWAY_SCHEMA_REGISTRY_URL"),
-    ("", "application/vnd.kafka.protobuf.v2+json", b'{"records":[{"value":1}]}', 422, 42211, "GATEWAY_SCHEMA_REGISTRY_URL"),
-    ("", "application/vnd.kafka.jsonschema.v2+json", b'{"records":[{"value":1}]}', 422, 42211, "GATEWAY_SCHEMA_REGISTRY_URL"),
+    ("", "application/vnd.kafka.protobuf.v2+json", b'{"records":[{"value":1}]}', 422, 42211,
+     "GATEWAY_SCHEMA_REGISTRY_URL"),
+    ("", "application/vnd.kafka.jsonschema.v2+json", b'{"records":[{"value":1}]}', 422, 42211,
+     "GATEWAY_SCHEMA_REGISTRY_URL"),
     ("", V2, b'{"records":[{"value":"eA=="}]}', 415, 41501, "unsupported content type"),
     ("", "application/json", b'{"records":[{"value":"eA=="}]}', 415, 41501, "unsupported content type"),
     ("", "text/plain", b"x", 415, 41501, "unsupported content type"),

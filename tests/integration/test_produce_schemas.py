@@ -1,8 +1,8 @@
 """Produce formats avro, protobuf and jsonschema against a real registry.
 
 Gateways run in-process (``create_app`` over httpx's ASGI transport, a few ms each) on the module's broker
-(Tansu, then Kafka), pointed at the real Karapace registry (``schema_registry``; its own broker holds only the schemas). Records are
-read back from Kafka raw and decoded with confluent-kafka's own AvroDeserializer / ProtobufDeserializer /
+(Tansu, then Kafka), pointed at the real Karapace registry (``schema_registry``; its own broker holds only the schemas).
+Records are read back from Kafka raw and decoded with confluent-kafka's own AvroDeserializer / ProtobufDeserializer /
 JSONDeserializer against the same registry. Bodies marked "verbatim" are Confluent's v2 documentation examples.
 """
 
@@ -245,7 +245,8 @@ async def test_protobuf_schema_id_with_a_reference(http: httpx.AsyncClient, bcli
     await bclient.create_topics({topic_name: 1})
     p = f"p{uuid.uuid4().hex[:8]}"
     registry = SchemaRegistryClient({"url": schema_registry})
-    dep_text = f'syntax = "proto3";\npackage {p}.money;\n\nmessage Money {{\n  int64 units = 1;\n  string currency = 2;\n}}\n'
+    dep_text = (f'syntax = "proto3";\npackage {p}.money;\n\n'
+                f'message Money {{\n  int64 units = 1;\n  string currency = 2;\n}}\n')
     main_text = (f'syntax = "proto3";\npackage {p};\n\nimport "{p}/money.proto";\n\n'
                  f'message Order {{\n  string order_id = 1;\n  {p}.money.Money total = 2;\n}}\n')
     registry.register_schema(f"{p}/money.proto", CSchema(dep_text, "PROTOBUF"))

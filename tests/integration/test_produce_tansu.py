@@ -160,7 +160,8 @@ async def test_large_send_is_split_into_batches_under_the_cap(broker: AnyBroker,
 
 async def _raw_produce(client: KafkaClient, topic: str, payload: bytes) -> tuple[int, int]:
     req = M.ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000,
-                           topic_data=[_TopicData(name=topic, partition_data=[_PartitionData(index=0, records=payload)])])
+                           topic_data=[_TopicData(name=topic,
+                                                  partition_data=[_PartitionData(index=0, records=payload)])])
     leader = client.metadata.leader(topic, 0)
     assert leader is not None
     resp = await client.send(leader, req)

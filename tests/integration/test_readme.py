@@ -172,7 +172,8 @@ def test_readme_blocks_run_verbatim_and_print_the_produced_records(make_run: Gat
     for step in [("GET", "/v3/clusters"), ("POST", "/topics/orders"), ("POST", "/consumers/my-group"),
                  ("POST", "/consumers/my-group/instances/c1/subscription"),
                  ("GET", "/consumers/my-group/instances/c1/records?timeout=10000"),
-                 ("POST", "/consumers/my-group/instances/c1/offsets"), ("GET", "/consumers/my-group/instances/c1/offsets"),
+                 ("POST", "/consumers/my-group/instances/c1/offsets"),
+                 ("GET", "/consumers/my-group/instances/c1/offsets"),
                  ("DELETE", "/consumers/my-group/instances/c1")]:
         assert step in steps, (step, report)
     assert any(m == "POST" and u.startswith("/v3/clusters/") and u.endswith("/topics") for m, u in steps), report

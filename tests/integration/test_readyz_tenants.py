@@ -50,7 +50,8 @@ tenants:
 """)
     env = {"GATEWAY_TENANTS_FILE": str(f), "GATEWAY_ADMIN_TOKEN": ADMIN, "GATEWAY_READYZ_CACHE_S": "0"}
     with GatewayProcess(tansu.bootstrap, log_file=d / "all.log", env=env) as every, \
-            GatewayProcess(tansu.bootstrap, log_file=d / "any.log", env={**env, "GATEWAY_READYZ_TENANTS": "any"}) as one:
+            GatewayProcess(tansu.bootstrap, log_file=d / "any.log",
+                           env={**env, "GATEWAY_READYZ_TENANTS": "any"}) as one:
         yield {"all": every, "any": one}
 
 

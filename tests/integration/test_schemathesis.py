@@ -263,7 +263,8 @@ async def test_real_records_conform_to_the_contract(gw: GatewayProcess, tansu: E
             else:  # embedded JSON; not-JSON bytes as null with an error and the raw bytes
                 assert [r["key"] for r in by_offset] == [None, "k", None] and by_offset[2]["key_error"]
                 assert [r["value"] for r in by_offset] == [{"n": 1}, None, None]
-                assert by_offset[1]["value_error"] == "not valid JSON" and by_offset[1]["value_base64"] == "bm90IGpzb24="
+                assert (by_offset[1]["value_error"] == "not valid JSON"
+                        and by_offset[1]["value_base64"] == "bm90IGpzb24=")
             r = await http.post(f"{base}/positions/beginning", json={"partitions": [
                 {"topic": topic_name, "partition": 0}]})
             assert r.status_code == 204

@@ -1,5 +1,5 @@
-"""Produce → Fetch against real brokers (Tansu and Apache Kafka): batches written by librdkafka (confluent-kafka) in every
-compression codec are fetched with Fetch v12 (topic names) and v13+ (topic ids) and decoded by us;
+"""Produce → Fetch against real brokers (Tansu and Apache Kafka): batches written by librdkafka (confluent-kafka) in
+every compression codec are fetched with Fetch v12 (topic names) and v13+ (topic ids) and decoded by us;
 batches we encode with our Produce codec are read back by librdkafka."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def produce_with_librdkafka(bootstrap: str, topic: str, n: int, codec: str, part
                     "enable.idempotence": False, "acks": "all"})
     for i in range(n):
         p.produce(topic, key=f"k{i}".encode(), value=(f"v{i}-" + "x" * 100).encode(), partition=partition,
-                  headers=[("h", f"{i}".encode()), ("null", None)] if i % 2 == 0 else None, timestamp=1_700_000_000_000 + i)
+                  headers=[("h", f"{i}".encode()), ("null", None)] if i % 2 == 0 else None,
+                  timestamp=1_700_000_000_000 + i)
     assert p.flush(30) == 0
 
 

@@ -71,7 +71,8 @@ def gw(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def gw_small(broker: AnyBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """No tenants file (metrics readable), a 64 KiB body limit, topics created on first produce."""
     d = tmp_path_factory.mktemp("v3small")
-    env = {"GATEWAY_MAX_BODY_BYTES": "65536", "GATEWAY_AUTO_CREATE_TOPICS": "true", "GATEWAY_AUTO_CREATE_PARTITIONS": "2"}
+    env = {"GATEWAY_MAX_BODY_BYTES": "65536", "GATEWAY_AUTO_CREATE_TOPICS": "true",
+           "GATEWAY_AUTO_CREATE_PARTITIONS": "2"}
     with GatewayProcess(broker.bootstrap, env=env, log_file=d / "gw.log") as g:
         yield g
 

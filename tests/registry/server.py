@@ -1,15 +1,15 @@
 """A small real HTTP Schema Registry on a free loopback port, for the fault cases a real registry cannot show.
 
 It implements the subset of the Confluent Schema Registry REST API that ``service.schemas.registry`` uses, in
-memory: ``GET /schemas/ids/{id}``, ``GET /schemas/ids/{id}/versions``, ``GET /subjects``, ``GET /subjects/{s}/versions``,
-``GET /subjects/{s}/versions/{v|latest}``, ``POST /subjects/{s}/versions`` (register: one global id per
-distinct schema, as Confluent's) and ``POST /subjects/{s}`` (lookup), with Confluent's error bodies
+memory: ``GET /schemas/ids/{id}``, ``GET /schemas/ids/{id}/versions``, ``GET /subjects``,
+``GET /subjects/{s}/versions``, ``GET /subjects/{s}/versions/{v|latest}``, ``POST /subjects/{s}/versions`` (register:
+one global id per distinct schema, as Confluent's) and ``POST /subjects/{s}`` (lookup), with Confluent's error bodies
 (40401 subject, 40402 version, 40403 schema not found, 42201 invalid schema).
 
-Faults: :meth:`TestRegistry.down` (connection refused until :meth:`up`), ``ssl_context`` (https), ``delay_s`` (every answer waits),
-:meth:`fail_next` (the next n requests answer a 5xx, optionally with Retry-After), ``required_auth`` (401
-without that Authorization header). Every request is recorded (method, path, headers) in ``requests``.
-It runs in a thread, so it serves asyncio tests and gateway subprocesses alike.
+Faults: :meth:`TestRegistry.down` (connection refused until :meth:`up`), ``ssl_context`` (https), ``delay_s``
+(every answer waits), :meth:`fail_next` (the next n requests answer a 5xx, optionally with Retry-After),
+``required_auth`` (401 without that Authorization header). Every request is recorded (method, path, headers)
+in ``requests``. It runs in a thread, so it serves asyncio tests and gateway subprocesses alike.
 """
 
 from __future__ import annotations
@@ -160,7 +160,8 @@ class TestRegistry:
 
     # -- request handling (the handler's thread)
 
-    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, dict[str, str]]:
+    def handle(self, method: str, raw_path: str, headers: dict[str, str],
+               body: bytes) -> tuple[int, Any, dict[str, str]]:
         self.requests.append(Recorded(method, raw_path, headers, body))
         self.received.set()
         if self.delay_s and self._stopping.wait(self.delay_s):

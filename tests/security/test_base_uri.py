@@ -64,11 +64,13 @@ def test_forged_base_uri_is_refused(gw: GatewayProcess, headers: dict[str, str])
 
 def test_valid_forwarded_headers_still_shape_base_uri(gw: GatewayProcess) -> None:
     with httpx.Client(base_url=gw.url, timeout=10) as c:
-        h = {"X-Forwarded-Proto": "HTTPS", "X-Forwarded-Host": "kafka-gw.example.com:8443", "X-Forwarded-Prefix": "/kafka"}
+        h = {"X-Forwarded-Proto": "HTTPS", "X-Forwarded-Host": "kafka-gw.example.com:8443",
+             "X-Forwarded-Prefix": "/kafka"}
         r = c.post("/consumers/baseuri-ok", headers={**V2, **h}, json={"name": "fine"})
         assert r.status_code == 200, r.text
         assert r.json()["base_uri"] == "https://kafka-gw.example.com:8443/kafka/consumers/baseuri-ok/instances/fine"
-        r = c.post("/consumers/baseuri-ok", headers={**V2, "Forwarded": 'for=1.2.3.4;proto=http;host="[2001:db8::1]:80"'},
+        r = c.post("/consumers/baseuri-ok",
+                   headers={**V2, "Forwarded": 'for=1.2.3.4;proto=http;host="[2001:db8::1]:80"'},
                    json={"name": "v6"})
         assert r.status_code == 200 and r.json()["base_uri"].startswith("http://[2001:db8::1]:80/consumers/"), r.text
         for name in ("fine", "v6"):

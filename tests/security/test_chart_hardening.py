@@ -68,7 +68,8 @@ def test_network_policy_is_overridable_and_can_be_turned_off(chart: Any) -> None
     sources = [rule["from"] for rule in r.one("NetworkPolicy")["spec"]["ingress"]]
     selector = r.workload["spec"]["selector"]["matchLabels"]
     assert sources == [[{"podSelector": {"matchLabels": selector}}],
-                       [{"namespaceSelector": {"matchLabels": {"team": "edge"}}}, {"ipBlock": {"cidr": "10.20.0.0/16"}}]]
+                       [{"namespaceSelector": {"matchLabels": {"team": "edge"}}},
+                        {"ipBlock": {"cidr": "10.20.0.0/16"}}]]
     assert not render(chart, values(networkPolicy={"enabled": False})).of("NetworkPolicy")
     extra = {"from": [{"podSelector": {"matchLabels": {"app": "sidecar-scraper"}}}], "ports": [{"port": 9102}]}
     r = render(chart, values(networkPolicy={"extraIngress": [extra]}))

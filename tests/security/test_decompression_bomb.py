@@ -39,7 +39,8 @@ MiB = 1024 * 1024
 LIMIT = 16 * MiB  # the gateway's bound in this test (default 64 MiB)
 BOMB = 100 * MiB  # zeros per bomb
 MARGIN = 48 * MiB  # allocator slack, response buffers, the healthy reads running meanwhile
-TOPIC = f"bombs-{uuid.uuid4().hex[:8]}"  # partition 0: gzip bomb @0, zstd bomb @1, healthy records @2..; partition 1: healthy
+# partition 0: gzip bomb @0, zstd bomb @1, healthy records @2..; partition 1: healthy
+TOPIC = f"bombs-{uuid.uuid4().hex[:8]}"
 OTHER = f"healthy-neighbour-{uuid.uuid4().hex[:8]}"
 HEALTHY = 20
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}

@@ -140,7 +140,8 @@ async def test_catastrophic_patterns_do_not_stall_the_gateway(http: httpx.AsyncC
     schema = json.dumps({"type": "object", "properties": {"name": {"type": "string", "pattern": REDOS}},
                          "patternProperties": {"^(b+)+$": {"type": "integer"}}})
     bodies = [{"value_schema": schema, "records": [{"value": {"name": EVIL}}]},
-              {"value_schema": schema, "records": [{"value": {"name": "aaa", "b" * 30 + "!": 1}}, {"value": {"b" * 30: "x"}}]}]
+              {"value_schema": schema,
+               "records": [{"value": {"name": "aaa", "b" * 30 + "!": 1}}, {"value": {"b" * 30: "x"}}]}]
     topic = _topic()
 
     async def attack() -> list[httpx.Response]:

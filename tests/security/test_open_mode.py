@@ -103,17 +103,21 @@ def test_explicit_bind_and_allowed_hosts(tansu: EmbeddedBroker, tmp_path: Path) 
 
 def test_tenants_mode_checks_host_only_when_configured(tansu: EmbeddedBroker, tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(f'version: 1\ntenants:\n  - id: t\n    api_keys: ["sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"]\n')
+    tenants.write_text(f'version: 1\ntenants:\n  - id: t\n'
+                       f'    api_keys: ["sha256:{hashlib.sha256(KEY.encode()).hexdigest()}"]\n')
     auth = {"X-API-Key": KEY}
     g = start(tansu, tmp_path / "gw.log", GATEWAY_TENANTS_FILE=str(tenants))
     try:  # authenticated: no Host check by default (behind an ingress the Host is the public name)
-        assert httpx.get(f"{g.url}/topics", headers={**auth, "Host": "kafka-gw.example.com"}, timeout=10).status_code == 200
+        assert httpx.get(f"{g.url}/topics", headers={**auth, "Host": "kafka-gw.example.com"},
+                         timeout=10).status_code == 200
     finally:
         g.stop()
-    g = start(tansu, tmp_path / "gw2.log", GATEWAY_TENANTS_FILE=str(tenants), GATEWAY_ALLOWED_HOSTS="kafka-gw.example.com")
+    g = start(tansu, tmp_path / "gw2.log", GATEWAY_TENANTS_FILE=str(tenants),
+              GATEWAY_ALLOWED_HOSTS="kafka-gw.example.com")
     try:
         r = httpx.get(f"{g.url}/topics", headers={**auth, "Host": "attacker.example"}, timeout=10)
         assert r.status_code == 421 and r.json()["error_code"] == 42101
-        assert httpx.get(f"{g.url}/topics", headers={**auth, "Host": "kafka-gw.example.com"}, timeout=10).status_code == 200
+        assert httpx.get(f"{g.url}/topics", headers={**auth, "Host": "kafka-gw.example.com"},
+                         timeout=10).status_code == 200
     finally:
         g.stop()

@@ -82,5 +82,6 @@ def test_readyz_burst_costs_one_broker_check_per_cache_window(
     # once the window has passed, the next probe checks the brokers again
     time.sleep(CACHE_S + 0.2)  # waiting is the behaviour under test: the cache expiry
     before = broker.metadata_requests()
-    assert httpx.get(f"{gw.url}/readyz").json() == {"status": "ready", "tenants": ["default"], "brokers": {"default": 1}}
+    assert httpx.get(f"{gw.url}/readyz").json() == {"status": "ready", "tenants": ["default"],
+                                                    "brokers": {"default": 1}}
     assert broker.metadata_requests() - before == 1

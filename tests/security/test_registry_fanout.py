@@ -84,7 +84,8 @@ async def _create_topic(bootstrap: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, registry: FakeRegistry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(tansu: EmbeddedBroker, registry: FakeRegistry,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     asyncio.run(_create_topic(tansu.bootstrap))
     log = Path(tmp_path_factory.mktemp("fanout")) / "gateway.log"
     g = GatewayProcess(tansu.bootstrap, log_file=log, env={

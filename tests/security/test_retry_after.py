@@ -2,8 +2,8 @@
 
 Against real gateway processes over real sockets: each place that answers 429 is provoked in turn — the
 request-rate bucket on the full app, the lean produce path (topic and partition), the lean records path, v3
-produce and a range read; the tenant's instance cap and the replica's; the concurrent stream, poll and range-read slots; the
-failed-authentication limiter (API keys and the admin token); a 429 a replica relays from the replica it
+produce and a range read; the tenant's instance cap and the replica's; the concurrent stream, poll and range-read slots;
+the failed-authentication limiter (API keys and the admin token); a 429 a replica relays from the replica it
 forwarded to — and every one must be 429/42901 with ``Retry-After`` in whole seconds, at least 1. Then
 producers whose tenant has a small rate get 429s, wait ``Retry-After``, retry, and every record they sent is
 in the topic exactly once.

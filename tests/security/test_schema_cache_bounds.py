@@ -84,7 +84,8 @@ def registry() -> Iterator[FakeRegistry]:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, registry: FakeRegistry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(tansu: EmbeddedBroker, registry: FakeRegistry,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     asyncio.run(_create_topic(tansu.bootstrap))
     d = Path(tmp_path_factory.mktemp("schema-cache-bounds"))
     (d / "tenants.yaml").write_text(TENANTS)

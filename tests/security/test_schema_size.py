@@ -81,7 +81,8 @@ def registry() -> Iterator[FakeRegistry]:
 
 
 @pytest.fixture(scope="module")
-def gw(tansu: EmbeddedBroker, registry: FakeRegistry, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gw(tansu: EmbeddedBroker, registry: FakeRegistry,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     asyncio.run(_create_topic(tansu.bootstrap))
     log = Path(tmp_path_factory.mktemp("schema-size")) / "gateway.log"
     with GatewayProcess(tansu.bootstrap, log_file=log, env={"GATEWAY_SCHEMA_REGISTRY_URL": registry.url}) as g:

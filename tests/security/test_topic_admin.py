@@ -158,7 +158,8 @@ async def test_topic_configs_outside_the_allow_list_are_refused(http: httpx.Asyn
     r = await http.post(base, json=body, headers=auth(KEY_NARROW))
     assert r.status_code == 201, r.text
     r = await http.post(base, json={**body, "topic_name": f"{name}-2",
-                                    "configs": [{"name": "cleanup.policy", "value": "compact"}]}, headers=auth(KEY_OWNER))
+                                    "configs": [{"name": "cleanup.policy", "value": "compact"}]},
+                                    headers=auth(KEY_OWNER))
     assert r.status_code == 201, r.text
     assert {name, f"{name}-2"} <= set(await topics_on_broker(kclient))
 

@@ -76,7 +76,8 @@ async def test_illegal_names_are_refused_everywhere(http: httpx.AsyncClient, kcl
                             headers={"Content-Type": V2})
         refused_in_body(r)
         r = await http.post(f"/v3/clusters/{cid}/topics/{in_path}/records",
-                            content=b'{"value":{"type":"STRING","data":"x"}}', headers={"Content-Type": "application/json"})
+                            content=b'{"value":{"type":"STRING","data":"x"}}',
+                            headers={"Content-Type": "application/json"})
         assert r.status_code == 200 and r.json()["error_code"] == 40401, r.text
         not_found(await http.get(f"/v3/clusters/{cid}/topics/{in_path}"), 404)
         not_found(await http.get(f"/v3/clusters/{cid}/topics/{in_path}/partitions"), 404)

@@ -338,7 +338,8 @@ def test_scan_many_is_scan_of_each() -> None:
 def test_schemas_bounded_by_themselves_skip_the_scan(limits: Any) -> None:
     flat = AvroCodec({"type": "record", "name": "F", "fields": [
         {"name": "a", "type": "long"}, {"name": "b", "type": ["null", "string", {"type": "record", "name": "G",
-                                                                                "fields": [{"name": "c", "type": "boolean"}]}]},
+                                                                                "fields": [{"name": "c",
+                                                                                            "type": "boolean"}]}]},
         {"name": "e", "type": {"type": "enum", "name": "En", "symbols": ["X", "LONGER"]}}]})
     assert flat._static == (2, 5, 2 + len(b'"a":,"b":,"e":') + 2 + 2 + len(b'"c":') + 4 + len(b'"LONGER"'))
     assert flat._always_within() and flat.refusals([b"\xff"]) == {}  # not Avro: fastavro names it

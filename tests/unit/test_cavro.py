@@ -103,7 +103,8 @@ SCHEMAS: list[Any] = [
     # karapace-safe union of a record and a map (no bytes inside)
     ["null", rec("KV", ("k", "string")), {"type": "map", "values": "string"}],
     {"type": "record", "name": "Err", "fields": [{"name": "x", "type": {"type": "error", "name": "E2",
-                                                                            "fields": [{"name": "m", "type": "string"}]}}]},
+                                                                            "fields": [{"name": "m",
+                                                                                        "type": "string"}]}}]},
 ]
 
 STRINGS = ["", "a", "plain ascii", "\"quoted\" \\ back\\slash /", "\x00\x01\x07\x08\t\n\x0b\x0c\r\x0e\x1f\x7f",

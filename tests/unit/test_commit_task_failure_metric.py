@@ -15,7 +15,8 @@ from service.metrics import GatewayCollector
 def fake_instance(failures: dict[str, int]) -> Any:
     stats = ConsumerStats()
     stats.task_failures.update(failures)
-    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, session_resets=0, aborted_after_delivery=0)
+    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, session_resets=0,
+                                  aborted_after_delivery=0)
     consumer = SimpleNamespace(stats=stats, fetcher=SimpleNamespace(stats=fetch_stats, buffered_bytes=0),
                                coordinator=None, lag=dict)
     return SimpleNamespace(consumer=consumer, group="g")

@@ -3,9 +3,9 @@
 For every message in ``ALL_SCHEMAS`` and every version in its range, the fields present in that version
 (name, type, nullability, tag, default, nested structs; in order) must equal what Kafka's JSON schema says
 for the same version; so must the message's flexible versions, kind and API key, and Kafka's validVersions
-must cover our range. The ``ignorable`` flag is compared where it has an effect (see ``diff_ignorable``). Comparing *per version* (instead of comparing the raw version
-strings) means a schema change in a version we implement makes the test fail, while changes in versions
-we don't implement (newer Kafka releases) don't.
+must cover our range. The ``ignorable`` flag is compared where it has an effect (see ``diff_ignorable``). Comparing *per
+version* (instead of comparing the raw version strings) means a schema change in a version we implement makes the test
+fail, while changes in versions we don't implement (newer Kafka releases) don't.
 
 Sources: the Kafka 4.3 schemas bundled in the kafka-python wheel (required) and, if present, the
 Kafka 4.0-dev schemas in the ``shared/kafka-protocol/message`` directory next to the repository.

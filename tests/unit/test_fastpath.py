@@ -64,7 +64,8 @@ async def test_unusual_requests_go_to_the_full_app(app: Any) -> None:
     fast = RecordsFastPath(rest)
     records = "/consumers/g/instances/i/records"
     for kwargs in ({"path": records, "method": "POST"}, {"path": "/consumers/g/instances/i/offsets"},
-                   {"path": records, "query": b"timeout=-5"}, {"path": records, "query": b"max_records=1&max_records=2"},
+                   {"path": records, "query": b"timeout=-5"},
+                   {"path": records, "query": b"max_records=1&max_records=2"},
                    {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
                    {"path": records, "headers": [(b"accept", b"text/event-stream")]},
                    {"path": records, "headers": [(b"content-length", b"3")]},

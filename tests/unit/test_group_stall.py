@@ -84,7 +84,8 @@ def test_unassigned_time_counts_while_subscribed_without_partitions() -> None:
 
 
 def fake_instance(coord: Any) -> Any:
-    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, session_resets=0, aborted_after_delivery=0)
+    fetch_stats = SimpleNamespace(full_fetches=0, incremental_fetches=0, session_errors=0, session_resets=0,
+                                  aborted_after_delivery=0)
     consumer = SimpleNamespace(stats=ConsumerStats(), fetcher=SimpleNamespace(stats=fetch_stats, buffered_bytes=0),
                                coordinator=coord, lag=dict)
     return SimpleNamespace(consumer=consumer, group="g")

@@ -109,7 +109,8 @@ async def test_one_poll_returns_every_partition_of_one_fetch_response() -> None:
 
 async def test_the_linger_is_bounded_when_a_broker_never_answers() -> None:
     linger = 0.2
-    async with TestCluster(3, topics={"t": 6}) as cluster, consumer_for(cluster, poll_linger_ms=linger * 1000) as consumer:
+    async with (TestCluster(3, topics={"t": 6}) as cluster,
+                consumer_for(cluster, poll_linger_ms=linger * 1000) as consumer):
         leaders = cluster.leaders("t")
         for p in range(6):
             fill(cluster, "t", p, 2)

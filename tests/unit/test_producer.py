@@ -352,7 +352,8 @@ def test_queued_records_expire_with_a_retriable_timeout() -> None:
     reset, nxt = acc.expire(T0 + 1.0)
     assert not reset and nxt == T0 + 1.5
     for r in d_old.results:
-        assert isinstance(r, ProduceFailure) and r.code == 7 and r.retriable and "Expiring 2 record(s) for t-0" in r.message
+        assert (isinstance(r, ProduceFailure) and r.code == 7 and r.retriable
+                and "Expiring 2 record(s) for t-0" in r.message)
     assert not d_new.done and acc.queued_records == 1
     b = acc.next_batch(TP0, T0 + 1.0)
     assert b is not None and b.count == 1 and b.base_sequence == 0

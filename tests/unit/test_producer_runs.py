@@ -24,7 +24,8 @@ def encoder(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     if request.param == "c":
         if encoding._cproduce is None:
             if REQUIRE_CEXT:
-                pytest.fail(f"service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1): {encoding.C_IMPORT_ERROR}")
+                pytest.fail(f"service.producer._cproduce not importable (KCG_REQUIRE_CEXT=1):"
+                            f" {encoding.C_IMPORT_ERROR}")
             pytest.skip("C encoder not built")
         yield encoding._cproduce.encode_runs
     else:

@@ -30,7 +30,8 @@ def _need_c() -> None:
 _bytes = st.one_of(st.none(), st.binary(max_size=40))
 # header keys without control characters: there the C and the Python renderers write the same bytes
 _records = st.lists(st.builds(Record, st.integers(0, 2**63 - 1), st.integers(-(2**63), 2**63 - 1), _bytes, _bytes,
-                              st.lists(st.tuples(st.text(st.characters(min_codepoint=32, blacklist_categories=("Cs",)), max_size=8),
+                              st.lists(st.tuples(st.text(st.characters(min_codepoint=32, blacklist_categories=("Cs",)),
+                                                         max_size=8),
                                                  _bytes), max_size=3).map(tuple)), max_size=6)
 _chunks = st.lists(st.tuples(st.sampled_from([TopicPartition("a", 0), TopicPartition('q"t', 7)]), _records),
                    max_size=4)

@@ -95,7 +95,8 @@ def test_every_altered_character_is_refused() -> None:
             c.decode(p.token(k, off).decode(), B)
 
 
-@pytest.mark.parametrize("garbage", ["", ".", "abc", "a.b", "a.b.c", "é.é", "AAAA." + "A" * 32, "!!!!.????.????", "a.b.c.d",
+@pytest.mark.parametrize("garbage",
+                         ["", ".", "abc", "a.b", "a.b.c", "é.é", "AAAA." + "A" * 32, "!!!!.????.????", "a.b.c.d",
                                      "x" * (MAX_TOKEN_CHARS + 1)])
 def test_garbage_is_refused_cleanly(garbage: str) -> None:
     with pytest.raises(ResumeTokenError):

@@ -431,7 +431,8 @@ def test_columnar_reader_refuses_what_arrow_would_hold_invalid() -> None:
 def test_columnar_strings_larger_than_a_gather_step() -> None:
     from service.schemas.avro_columns import compile_schema
 
-    schema = {"type": "record", "name": "S", "fields": [{"name": "s", "type": "string"}, {"name": "b", "type": "bytes"}]}
+    schema = {"type": "record", "name": "S",
+              "fields": [{"name": "s", "type": "string"}, {"name": "b", "type": "bytes"}]}
     reader = compile_schema(schema)
     assert reader is not None
     values = [{"s": "x" * (3 << 20) if i == 4 else f"s{i}" * (i * 1000), "b": bytes([i]) * (i * 50_000)}

@@ -85,7 +85,8 @@ async def test_decode_puts_each_records_outcome_in_its_place() -> None:
     reg.add(3, "{not a schema")
     avro = AvroCodec(USER)
     payloads = [frame(1, avro.encode({"name": "a", "n": 1})), None, b"plain", frame(99, b"\x00"),
-                frame(2, b'{"sku":"x"}'), frame(3, b"\x00"), frame(1, b"\xff\xff\xff"), frame(1, avro.encode({"name": "b"}))]
+                frame(2, b'{"sku":"x"}'), frame(3, b"\x00"), frame(1, b"\xff\xff\xff"),
+                frame(1, avro.encode({"name": "b"}))]
     resolver = reg.resolver()
     out = await resolver.decode_all("avro", payloads)
     assert out[0] == {"name": "a", "n": {"int": 1}} and out[1] is None and out[7] == {"name": "b", "n": None}
@@ -192,7 +193,8 @@ def test_tenants_file_schema_registry(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "u:p" not in repr(acme)
     assert reg.tenants["plain"].schema_registry is None
     for bad, why in (("      url: ftp://x", "url"),
-                     ("      url: http://x\n      basic_auth_env: ACME_SR\n      bearer_token_env: ACME_SR", "at most one"),
+                     ("      url: http://x\n      basic_auth_env: ACME_SR\n      bearer_token_env: ACME_SR",
+                      "at most one"),
                      ("      url: http://x\n      bearer_token_env: NOT_SET_ANYWHERE", "NOT_SET_ANYWHERE")):
         with pytest.raises(TenantConfigError, match=why):
             TenantRegistry.from_file(str(_tenants(tmp_path, bad)), default_bootstrap="b:9092",

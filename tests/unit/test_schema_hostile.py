@@ -69,7 +69,8 @@ def test_ecma_patterns_run_on_re2(pattern: str, matches: list[str], misses: list
     ("\\a", "\\a is not an ECMA-262 escape"), ("\\z", "\\z is not"), ("\\Qx\\E", "\\Q is not"), ("\\A", "\\A is not"),
     ("[a", "not closed"), ("a\\", "end with a backslash"), ("\\u12", "four hex digits"),
     ("\\uD800", "lone surrogate"), ("\\p{Greek}", "\\p{Greek}"), ("\\p{Nope=X}", "\\p{Nope=X}"),
-    ("(?i)a", "'(?'"), ("[^\\S]", "negated character class"), ("a{1001}", "repetition"), ("a**", "repetition operator"), ("(", "missing"),
+    ("(?i)a", "'(?'"), ("[^\\S]", "negated character class"), ("a{1001}", "repetition"), ("a**", "repetition operator"),
+    ("(", "missing"),
     ("x" * 10_001, "longer than"),
 ])
 def test_patterns_re2_cannot_run_are_refused(pattern: str, named: str) -> None:
@@ -265,7 +266,8 @@ def test_resolvable_refs_still_work() -> None:
 
 
 def test_ref_cycle_is_the_values_error_not_a_crash() -> None:
-    codec = JsonSchemaCodec(json.dumps({"definitions": {"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}},
+    codec = JsonSchemaCodec(json.dumps({"definitions": {"a": {"$ref": "#/definitions/b"},
+                                                        "b": {"$ref": "#/definitions/a"}},
                                         "$ref": "#/definitions/a"}))
     error = codec.errors(1)
     assert error is not None and "recurses" in error.reason

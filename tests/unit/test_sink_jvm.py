@@ -68,7 +68,8 @@ def test_first_start_records_then_a_stored_archive_is_mapped(cache: Path) -> Non
     assert jvm._recording is None
 
 
-def test_paths_with_spaces_are_quoted_for_sparks_option_splitting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_paths_with_spaces_are_quoted_for_sparks_option_splitting(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "with space"
     monkeypatch.setenv("SINK_CLASS_CACHE", str(d))
     monkeypatch.setattr(jvm, "_recording", None)

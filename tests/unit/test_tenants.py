@@ -223,7 +223,8 @@ def test_tls_missing_cafile(tmp_path: Path) -> None:
      "one of password_env, password_file is required"),
     ("tenants:\n  - id: a\n    kafka: {sasl: {mechanism: GSSAPI, username: u, password_env: X}}\n",
      "tenants[0] (id 'a').kafka.sasl.mechanism"),
-    ("tenants:\n  - id: a\n    kafka: {security_protocol: SSL, sasl: {mechanism: PLAIN, username: u, password_env: X}}\n",
+    ("tenants:\n  - id: a\n"
+     "    kafka: {security_protocol: SSL, sasl: {mechanism: PLAIN, username: u, password_env: X}}\n",
      "needs security_protocol SASL_PLAINTEXT or SASL_SSL"),
     ("tenants:\n  - id: a\n    kafka: {security_protocol: SASL_SSL}\n", "needs a sasl section"),
     ("tenants:\n  - id: a\n    kafka: {security_protocol: PLAINTEXT, tls: {}}\n", "a tls section needs"),
@@ -242,7 +243,8 @@ def test_tls_missing_cafile(tmp_path: Path) -> None:
     ("tenants: [\n", "is not valid YAML at line"),
     ("- just a list\n", "must be a YAML mapping"),
     ("version: 2\ntenants:\n  - id: a\n", "version"),
-    ("jwt:\n  issuers:\n    - {issuer: i, audience: a, algorithms: [HS256, RS256], secret_env: S}\ntenants:\n  - id: a\n",
+    ("jwt:\n  issuers:\n    - {issuer: i, audience: a, algorithms: [HS256, RS256], secret_env: S}\n"
+     "tenants:\n  - id: a\n",
      "do not mix HMAC"),
     ("jwt:\n  issuers:\n    - {issuer: i, audience: a, algorithms: [HS256], public_key: x}\ntenants:\n  - id: a\n",
      "one of secret_env, secret_file is required"),

@@ -138,7 +138,8 @@ async def test_api_versions_overrides_cluster_and_broker() -> None:
     async with TestCluster(2, api_versions={ApiKey.METADATA: (0, 5), ApiKey.SASL_AUTHENTICATE: None}) as cluster:
         cluster.set_api_versions({ApiKey.API_VERSIONS: (0, 2)}, node_id=1)
         c0, c1 = await client_for(cluster, 0), await client_for(cluster, 1)
-        got0 = {k.api_key: (k.min_version, k.max_version) for k in (await c0.request(M.ApiVersionsRequest(), 2)).api_keys}
+        got0 = {k.api_key: (k.min_version, k.max_version)
+                for k in (await c0.request(M.ApiVersionsRequest(), 2)).api_keys}
         assert got0[ApiKey.METADATA] == (0, 5)  # advertised as overridden
         assert ApiKey.SASL_AUTHENTICATE not in got0
         # a version above the advertised range closes the connection
@@ -149,7 +150,8 @@ async def test_api_versions_overrides_cluster_and_broker() -> None:
         resp = frames.decode_response(ApiKey.API_VERSIONS, 0, await c1.recv_payload())
         assert resp.error_code == EC.UNSUPPORTED_VERSION
         assert [(k.min_version, k.max_version) for k in resp.api_keys] == [(0, 2)]
-        got1 = {k.api_key: (k.min_version, k.max_version) for k in (await c1.request(M.ApiVersionsRequest(), 2)).api_keys}
+        got1 = {k.api_key: (k.min_version, k.max_version)
+                for k in (await c1.request(M.ApiVersionsRequest(), 2)).api_keys}
         assert got1[ApiKey.METADATA] == (0, 5)
         assert got1[ApiKey.API_VERSIONS] == (0, 2)
         await c1.close()
@@ -214,7 +216,8 @@ async def test_metadata_versions(version: int) -> None:
         assert all(p.leader_epoch == (0 if version >= 7 else -1) for p in alpha.partitions)
 
         resp = await c.request(metadata_request(version, ["beta", "missing", "beta"]), version)
-        assert [(t.name, t.error_code) for t in resp.topics] == [("beta", 0), ("missing", EC.UNKNOWN_TOPIC_OR_PARTITION)]
+        assert [(t.name, t.error_code) for t in resp.topics] == [("beta", 0),
+                                                                 ("missing", EC.UNKNOWN_TOPIC_OR_PARTITION)]
         assert resp.topics[1].partitions == []
 
         resp = await c.request(metadata_request(version, []), version)
@@ -241,7 +244,8 @@ async def test_metadata_invalid_name_and_auto_create() -> None:
         req = M.MetadataRequest(topics=[ReqTopic(name="bad/name"), ReqTopic(name="fresh")],
                                 allow_auto_topic_creation=True)
         resp = await c.request(req, 9)
-        assert [(t.name, t.error_code, len(t.partitions)) for t in resp.topics] == [("bad/name", 17, 0), ("fresh", 0, 3)]
+        assert [(t.name, t.error_code, len(t.partitions)) for t in resp.topics] == [("bad/name", 17, 0),
+                                                                                    ("fresh", 0, 3)]
         assert "fresh" in cluster.state.topics
         resp = await c.request(metadata_request(9, ["other"]), 9)  # allow_auto_topic_creation=False
         assert resp.topics[0].error_code == EC.UNKNOWN_TOPIC_OR_PARTITION
@@ -538,7 +542,8 @@ async def test_error_fault_metadata_all_levels_and_depth() -> None:
         resp = await c.request(metadata_request(12, ["t"]), 12)
         assert resp.topics[0].error_code == 0
         assert [p.error_code for p in resp.topics[0].partitions] == [EC.NOT_LEADER_OR_FOLLOWER] * 2
-        assert [e.outcome for e in cluster.requests(ApiKey.METADATA)] == ["error-injected", "answered", "error-injected"]
+        assert [e.outcome for e in cluster.requests(ApiKey.METADATA)] == ["error-injected", "answered",
+                                                                          "error-injected"]
         await c.close()
 
 
@@ -599,7 +604,8 @@ async def test_custom_handler_and_handler_crash() -> None:
     with pytest.raises(BrokerHandlerError):
         async with cluster:
             c = await client_for(cluster)
-            got = {k.api_key: (k.min_version, k.max_version) for k in (await c.request(M.ApiVersionsRequest(), 0)).api_keys}
+            got = {k.api_key: (k.min_version, k.max_version)
+                   for k in (await c.request(M.ApiVersionsRequest(), 0)).api_keys}
             assert got[ApiKey.HEARTBEAT] == (0, 3)
             hb = M.HeartbeatRequest(group_id="g", generation_id=1, member_id="m")
             assert (await c.request(hb, 3)).error_code == EC.REBALANCE_IN_PROGRESS

@@ -136,7 +136,8 @@ class FakeAdminClient:
             r = req.resources[0]
             assert req.include_synonyms
             return M.DescribeConfigsResponse(results=[Result(
-                error_code=0, resource_type=2, resource_name=r.resource_name, configs=self.configs.get(r.resource_name, []))])
+                error_code=0, resource_type=2, resource_name=r.resource_name,
+                configs=self.configs.get(r.resource_name, []))])
         raise AssertionError(name)
 
     def sent(self, name: str) -> list[Any]:

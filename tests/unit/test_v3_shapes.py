@@ -141,8 +141,10 @@ WRONG: list[tuple[str, dict[str, Any], list[str]]] = [
      ["KafkaConsumer: kind 'KafkaConsumers', expected 'KafkaConsumer'",
       "KafkaConsumer.consumer_id: null where the spec does not allow it"]),
     ("KafkaConsumerAssignment", _wrong("KafkaConsumerAssignment", {"metadata": {"resource_name": 3}}),
-     ["KafkaConsumerAssignment.metadata: missing self", "KafkaConsumerAssignment.metadata.resource_name: 3 is not string"]),
-    ("KafkaConsumerLag", _wrong("KafkaConsumerLag", {"lag": "2", "extra": 1, "partition_id": True}, drop=("client_id",)),
+     ["KafkaConsumerAssignment.metadata: missing self",
+      "KafkaConsumerAssignment.metadata.resource_name: 3 is not string"]),
+    ("KafkaConsumerLag",
+     _wrong("KafkaConsumerLag", {"lag": "2", "extra": 1, "partition_id": True}, drop=("client_id",)),
      ["KafkaConsumerLag.partition_id: True is not integer", "KafkaConsumerLag.lag: '2' is not integer",
       "KafkaConsumerLag: missing client_id", "KafkaConsumerLag: fields the spec does not name: ['extra']"]),
     ("KafkaConsumerGroupLagSummary", _wrong("KafkaConsumerGroupLagSummary", {"max_lag": 2.5, "metadata": None}),
@@ -213,7 +215,8 @@ def test_route_bodies_conform(request_stub: Any) -> None:
 
     cluster = v3.cluster_body(request_stub, "c1", 7)
     check(cluster, "KafkaCluster")
-    assert cluster["metadata"] == {"self": "https://gw.example/kafka/v3/clusters/c1", "resource_name": "crn:///kafka=c1"}
+    assert cluster["metadata"] == {"self": "https://gw.example/kafka/v3/clusters/c1",
+                                   "resource_name": "crn:///kafka=c1"}
     assert cluster["controller"] == {"related": "https://gw.example/kafka/v3/clusters/c1/brokers/7"}
     assert "controller" not in v3.cluster_body(request_stub, "c1", -1)
     check(v3.broker_body(request_stub, "c1", BrokerInfo(7, "h", 9092)), "KafkaBroker")

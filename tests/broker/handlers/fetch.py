@@ -162,7 +162,8 @@ def build_response(ctx: RequestContext, error_code: int, session_id: int,
             partition_index=pf.partition, error_code=r.error_code, high_watermark=r.high_watermark,
             last_stable_offset=r.last_stable_offset, log_start_offset=r.log_start_offset,
             aborted_transactions=(None if r.aborted is None else
-                                  [AbortedTransaction(producer_id=pid, first_offset=first) for pid, first in r.aborted]),
+                                  [AbortedTransaction(producer_id=pid, first_offset=first)
+                                   for pid, first in r.aborted]),
             preferred_read_replica=-1, records=r.records)
         if r.current_leader is not None and v >= 16:
             pd.current_leader = LeaderIdAndEpoch(leader_id=r.current_leader[0], leader_epoch=r.current_leader[1])

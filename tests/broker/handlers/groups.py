@@ -221,7 +221,8 @@ async def offset_fetch(ctx: RequestContext, req: Any) -> Any:
     if v >= 8:
         groups = []
         for g in req.groups:
-            code, found = gc.fetch_offsets(node, group_id=g.group_id, topics=_requested(g.topics), require_stable=stable)
+            code, found = gc.fetch_offsets(node, group_id=g.group_id, topics=_requested(g.topics),
+                                           require_stable=stable)
             groups.append(FetchGroup(group_id=g.group_id, error_code=code, topics=[
                 FetchTopics(name=t, partitions=[FetchPartitions(partition_index=p, error_code=c, **_offset_fields(s))
                                                 for p, s, c in parts]) for t, parts in found]))
@@ -244,7 +245,8 @@ async def offset_fetch_error(ctx: RequestContext, req: Any, code: int, depth: in
 
     if ctx.version >= 8:
         resp = M.OffsetFetchResponse(groups=[FetchGroup(group_id=g.group_id, error_code=0, topics=[
-            FetchTopics(name=t.name, partitions=[FetchPartitions(partition_index=p, error_code=0, **_offset_fields(None))
+            FetchTopics(name=t.name,
+                        partitions=[FetchPartitions(partition_index=p, error_code=0, **_offset_fields(None))
                                                  for p in t.partition_indexes]) for t in g.topics or []])
             for g in req.groups])
     else:

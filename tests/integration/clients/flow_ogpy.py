@@ -1,7 +1,7 @@
 """The consumer flow through the client that openapi-generator's ``python`` generator makes from openapi.yaml
 (unmodified; run by tests/integration/test_generated_clients.py with the generated package on PYTHONPATH):
-produce (binary and json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit -> committed offsets
-(query parameters, none) -> delete. Prints one JSON object; exits non-zero on error.
+produce (binary and json records) -> for a binary and a json instance: create -> subscribe -> poll -> commit ->
+committed offsets (query parameters, none) -> delete. Prints one JSON object; exits non-zero on error.
 
 Usage: python flow_ogpy.py <gateway URL> <API key> <topic> <group prefix> <records>
 """

@@ -92,7 +92,8 @@ async def run(a: argparse.Namespace, bootstrap: str) -> None:
     snap1 = tracemalloc.take_snapshot()
     types1 = type_counts()
     tasks1 = len(asyncio.all_tasks())
-    filters = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
+    filters = [tracemalloc.Filter(False, tracemalloc.__file__),
+               tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
     snap0, snap1 = snap0.filter_traces(filters), snap1.filter_traces(filters)
     total = sum(s.size_diff for s in snap1.compare_to(snap0, "filename"))
     print(f"{assigned} of {n} still assigned; traced growth {total / n:,.0f} B per instance;"
@@ -100,7 +101,8 @@ async def run(a: argparse.Namespace, bootstrap: str) -> None:
     print("\n== top lines (bytes per instance, objects per instance) ==")
     for s in snap1.compare_to(snap0, "lineno")[:a.top]:
         fr = s.traceback[0]
-        print(f"{s.size_diff / n:8.0f} B {s.count_diff / n:6.2f}  {fr.filename.replace(os.getcwd() + '/', '')}:{fr.lineno}")
+        print(f"{s.size_diff / n:8.0f} B {s.count_diff / n:6.2f}"
+              f"  {fr.filename.replace(os.getcwd() + '/', '')}:{fr.lineno}")
     print(f"\n== top tracebacks ({a.frames} frames) ==")
     stats = snap1.compare_to(snap0, "traceback")
     for s in stats[:a.top]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -364,17 +365,33 @@ async def test_tenant_topic_patterns_and_auth(tenant_gw: GatewayProcess, bclient
 
 
 # -- broker failures, over the protocol-level test broker -------------------------------------------------------
-@pytest.fixture
-async def gate_gw(tmp_path: Path) -> AsyncIterator[tuple[TestCluster, ProduceGate, GatewayProcess]]:
+@contextlib.asynccontextmanager
+async def gated_gateway(tmp_path: Path, delivery_timeout_ms: int
+                        ) -> AsyncIterator[tuple[TestCluster, ProduceGate, GatewayProcess]]:
     gate = ProduceGate()
     async with TestCluster(topics={"t": 2}, registry=gate.registry) as cluster:
         g = GatewayProcess(cluster.bootstrap_servers, log_file=tmp_path / "gw.log",
-                           env={"GATEWAY_PRODUCER_DELIVERY_TIMEOUT_MS": "1500", "GATEWAY_REQUEST_TIMEOUT_MS": "500"})
+                           env={"GATEWAY_PRODUCER_DELIVERY_TIMEOUT_MS": str(delivery_timeout_ms),
+                                "GATEWAY_REQUEST_TIMEOUT_MS": "500"})
         await asyncio.to_thread(g.start)
         try:
             yield cluster, gate, g
         finally:
             await asyncio.to_thread(g.stop)
+
+
+@pytest.fixture
+async def gate_gw(tmp_path: Path) -> AsyncIterator[tuple[TestCluster, ProduceGate, GatewayProcess]]:
+    async with gated_gateway(tmp_path, 1500) as parts:
+        yield parts
+
+
+@pytest.fixture
+async def patient_gate_gw(tmp_path: Path) -> AsyncIterator[tuple[TestCluster, ProduceGate, GatewayProcess]]:
+    """A produce held by the broker stays in flight for seconds (retried every request timeout, 0.5 s), not only
+    until a 1.5 s delivery timeout that a loaded machine can spend before the test even sends SIGTERM."""
+    async with gated_gateway(tmp_path, 30000) as parts:
+        yield parts
 
 
 async def test_per_record_kafka_errors(gate_gw: tuple[TestCluster, ProduceGate, GatewayProcess]) -> None:
@@ -408,9 +425,9 @@ async def test_per_record_kafka_errors(gate_gw: tuple[TestCluster, ProduceGate, 
         assert [r.value for r in cluster.partition_log("t", 0).records()] == [b"a", b"y"]
 
 
-async def test_sigterm_lets_an_in_flight_produce_finish(gate_gw: tuple[TestCluster, ProduceGate, GatewayProcess],
-                                                        tmp_path: Path) -> None:
-    cluster, _, g = gate_gw
+async def test_sigterm_lets_an_in_flight_produce_finish(
+        patient_gate_gw: tuple[TestCluster, ProduceGate, GatewayProcess], tmp_path: Path) -> None:
+    cluster, _, g = patient_gate_gw
     async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
         offsets_ok(await http.post("/topics/t/partitions/0", json={"records": [{"value": b64(b"warm")}]},
                                    headers=HB), 1)

@@ -97,7 +97,7 @@ def test_embedded_broker_defaults_give_a_fast_first_join(monkeypatch: pytest.Mon
               "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS"):
         monkeypatch.delenv(k, raising=False)
     embedded = Settings()
-    assert (embedded.session_timeout_ms(), embedded.heartbeat_interval_ms()) == (4000, 1000)
+    assert (embedded.session_timeout_ms(), embedded.heartbeat_interval_ms()) == (2000, 500)
     # static members: above Tansu's ~3 s holds of their JoinGroup and SyncGroup (docs/groups.md)
     assert Settings(static_membership=True).session_timeout_ms() == 10000
     external = Settings(kafka_bootstrap="broker:9092")

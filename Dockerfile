@@ -39,6 +39,7 @@ COPY pyproject.toml hatch_build.py README.md ./
 COPY service/ service/
 COPY api/ api/
 COPY sink/ sink/
+COPY gateway/ gateway/
 
 # The wheel of the project alone (its dependencies come as published wheels): the hatch build hook
 # compiles the C extension into it and tags the wheel for this platform.
@@ -64,7 +65,7 @@ COPY --from=build /opt/venv /opt/venv
 
 # Fail the build, not the first start, when the accelerator or the production server stack is missing
 # or cannot load on the slim base (-P: import the installed packages, not a source tree in the cwd).
-RUN python -P -c "import api.app, service.main, service.protocol._crecords, service.schemas._cavro, service.producer._cproduce, uvloop, httptools"
+RUN python -P -c "import api.app, gateway.main, service.protocol._crecords, service.schemas._cavro, service.producer._cproduce, uvloop, httptools"
 
 USER 10001:10001
 WORKDIR /tmp

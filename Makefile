@@ -28,7 +28,7 @@ $(TEST_STAMP): $(RUN_STAMP) pyproject.toml tools/install-extras.sh
 system-deps:
 	sh tools/install-system-deps.sh
 
-# The gateway starts the Schema Registry itself, in the background (service/embedded_registry.py): its first
+# The gateway starts the Schema Registry itself, in the background (service/embedded/registry.py): its first
 # start installs Karapace's venv (../shared/registry/start, about 35 s) while the gateway already serves.
 # With GATEWAY_EMBEDDED_BROKER=kafka (and no GATEWAY_KAFKA_BOOTSTRAP) the broker is Apache Kafka: its jars are resolved
 # from Maven Central first (tools/install-kafka.sh: once, then cached in ~/.cache/kcg-kafka; needs a JDK and Maven).

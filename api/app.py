@@ -15,28 +15,28 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from api.auth import AuthFailureLimiter, TrustedProxies, count_wrong_secret, tenant_error_handler
-from api.consumers import V2, acceptable_content_type
-from api.consumers import router as consumers_router
 from api.docs_ui import install_docs
 from api.errors import error_response, install_error_handlers, v3_aware
-from api.fastpath import LeanProduce, RecordsFastPath
 from api.hosts import AllowedHosts, HostCheckMiddleware, HostGuard
 from api.kafka_texts import client_text
 from api.openapi import install_openapi
-from api.produce import router as produce_router
 from api.replicas import install_routing
 from api.responses import OrjsonResponse
-from api.topics import router as topics_router
+from api.server.fastpath import LeanProduce, RecordsFastPath
+from api.server.gcpolicy import GcPolicy
+from api.server.http import held_send
+from api.v2.consumers import V2, acceptable_content_type
+from api.v2.consumers import router as consumers_router
+from api.v2.produce import router as produce_router
+from api.v2.topics import router as topics_router
 from api.v3 import router as v3_router
-from service.budget import BudgetExhausted, MemoryBudget
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
-from service.gateway import Gateway
-from service.gcpolicy import GcPolicy
-from service.httpserver import held_send
+from service.instances.budget import BudgetExhausted, MemoryBudget
+from service.instances.registry import Gateway
 from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, brokers_ready, labelled
 from service.protocol.records import set_max_inflated_bytes
-from service.routing import TOKEN_HEADER
+from service.ring import TOKEN_HEADER
 from service.schemas.formats import SchemaService
 from service.settings import Settings
 from service.tenants import TenantError, TenantRegistry, TopicDenyList
@@ -119,7 +119,7 @@ class ObserveMiddleware:
         received = 0
         too_large = False
         started_response = False
-        # Request bodies are charged to the process memory budget (service/budget.py) at twice their size
+        # Request bodies are charged to the process memory budget (service/instances/budget.py) at twice their size
         # (the bytes and what they decode to) until the request ends: a declared length before the route
         # runs (waiting GATEWAY_MEMORY_WAIT_S for room, else 503/50305), a chunked body as it arrives; a
         # stream of records (v3 produce) only for the chunk in hand.
@@ -190,12 +190,12 @@ _NO_FRAMEWORK_TELEMETRY: dict[str, Any] = (
 
 
 class GatewayApp(FastAPI):
-    """The FastAPI app with the lean produce path (api/fastpath.py ``LeanProduce``) ahead of the framework
+    """The FastAPI app with the lean produce path (api/server/fastpath.py ``LeanProduce``) ahead of the framework
     and the middleware stack: a plain ``POST /topics/...`` is served there, anything else as usual."""
 
     lean_produce: LeanProduce | None = None
     #: answers are written in pieces of at most this (GATEWAY_HTTP_MAX_UNSENT_BYTES) and held in the memory
-    #: budget until they left the process (service/httpserver.py ``held_send``)
+    #: budget until they left the process (api/server/http.py ``held_send``)
     output_chunk_bytes: int = 1024 * 1024
 
     async def __call__(self, scope: MutableMapping[str, Any],
@@ -210,7 +210,7 @@ class GatewayApp(FastAPI):
         await super().__call__(scope, receive, send)
 
     def lean_begin(self, scope: MutableMapping[str, Any]) -> Any:
-        """The protocol-level produce path's hook (service/httpserver.py ``LeanCycle``): a plain produce
+        """The protocol-level produce path's hook (api/server/http.py ``LeanCycle``): a plain produce
         request's call once its head is parsed, or None (the request then goes through ``__call__``)."""
         lean = self.lean_produce
         return lean.begin(self, scope) if lean is not None else None
@@ -315,7 +315,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         count_wrong_secret(request)  # a wrong admin token counts like a wrong API key (429 when blocked)
         return False
 
-    # The lean GET .../records (api/fastpath.py): innermost, so routing and ObserveMiddleware still apply
+    # The lean GET .../records (api/server/fastpath.py): innermost, so routing and ObserveMiddleware still apply
     app.add_middleware(RecordsFastPath)
     # Forwarding to the replica holding an instance (api/replicas/); inside ObserveMiddleware (added after
     # it, so outer: slashes stripped, bodies capped before routing)

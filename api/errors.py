@@ -17,7 +17,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.kafka_texts import client_text
 from api.responses import OrjsonResponse
-from service.budget import BudgetExhausted
 from service.client.errors import (
     AuthenticationError,
     BrokerResponseError,
@@ -25,13 +24,14 @@ from service.client.errors import (
     KafkaError,
     NoBrokersAvailableError,
 )
+from service.consumer.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 from service.errors import GatewayError
 from service.group.coordinator import CommitFailedError
+from service.instances.budget import BudgetExhausted
 from service.protocol import error_codes as EC
 from service.protocol.records import InflatedSizeError
 from service.schemas.formats import RegistryNotConfigured
 from service.schemas.registry import RegistryRequestError, RegistryUnavailable, SchemaNotFound, SchemaTooLarge
-from service.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 
 log = logging.getLogger(__name__)
 

@@ -134,7 +134,7 @@ def default_allowed_hosts(bind_host: str, urls: Iterable[str] = ()) -> str:
 class HostGuard:
     """The Host check of one gateway: whether a request's Host header is allowed, or it carries the peer
     token (replica-to-replica calls address a peer by its pod address). Used by
-    :class:`HostCheckMiddleware` and by the lean produce path (api/fastpath.py), which must agree."""
+    :class:`HostCheckMiddleware` and by the lean produce path (api/server/fastpath.py), which must agree."""
 
     def __init__(self, allowed: AllowedHosts, peer_token: str | None = None, peer_token_header: str = "") -> None:
         self.allowed = allowed

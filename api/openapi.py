@@ -34,7 +34,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from api.errors import ERROR_CODES, codes_for
-from api.produce import PRODUCE_SCHEMAS
+from api.v2.produce import PRODUCE_SCHEMAS
 
 V2 = "application/vnd.kafka.v2+json"
 JSON = "application/json"
@@ -454,7 +454,7 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             authenticated = consumer or path.startswith("/v3/")
             op["security"] = copy.deepcopy(_SECURITY) if authenticated else []
             media_type = JSON if path.startswith("/v3/") else V2  # v3 answers and takes plain JSON
-            # answered by the server before any route (service/httpserver.py), and by the Host check
+            # answered by the server before any route (api/server/http.py), and by the Host check
             # (api/hosts.py; the probes are exempt), on every path
             for extra in (408, 431) if path in ("/healthz", "/readyz") else (408, 421, 431):
                 op["responses"].setdefault(str(extra), {"description": ""})

@@ -28,7 +28,7 @@ _AUTHN_CODES = frozenset({58})  # SASL_AUTHENTICATION_FAILED
 
 
 #: the deepest nesting of arrays and objects in a json-format key or value: what the consume side renders as
-#: JSON (service/protocol/_crecords.c JSON_MAX_DEPTH, api/render.py); request bodies themselves stop at
+#: JSON (service/protocol/_crecords.c JSON_MAX_DEPTH, api/v2/render.py); request bodies themselves stop at
 #: orjson's 1024 levels
 JSON_MAX_DEPTH = 512
 
@@ -98,7 +98,7 @@ async def partitions_or_create(settings: Any, producer: Producer, topic: str, ca
     (never a name starting with ``__``: internal topics; only one of the ``tenant``'s ``admin_topics``).
     Raises UnknownTopicError otherwise.
 
-    ``catalog``: the tenant's :class:`~service.topics.TopicCatalog` (or None), which forgets what it
+    ``catalog``: the tenant's :class:`~service.cluster.topics.TopicCatalog` (or None), which forgets what it
     cached about the topic once it was created, so ``GET /topics`` lists it at once."""
     try:
         return set(await producer.partitions(topic))

@@ -18,7 +18,7 @@ class OrjsonResponse(JSONResponse):
 
 class SlotResponse(Response):
     """A response that gives back a slot (an entered async context manager: a tenant's range-read slot) once
-    its body left the process (service/httpserver.py ``held_send``), however it ends."""
+    its body left the process (api/server/http.py ``held_send``), however it ends."""
 
     def __init__(self, content: Any, release: contextlib.AbstractAsyncContextManager[None], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)

@@ -28,8 +28,8 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.embedded import EmbeddedBroker
-from service.subscription import TopicPartition
+from service.consumer.subscription import TopicPartition
+from service.embedded.tansu import EmbeddedBroker
 
 
 @dataclass

@@ -51,8 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from service.client.client import KafkaClient  # noqa: E402
-from service.embedded import EmbeddedBroker, free_port  # noqa: E402
-from service.routing import SERVED_BY_HEADER  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker, free_port  # noqa: E402
+from service.ring import SERVED_BY_HEADER  # noqa: E402
 
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BIN = {"Accept": "application/vnd.kafka.binary.v2+json"}
@@ -81,7 +81,7 @@ class Replicas:
 
     def launch(self, rid: str) -> None:
         with open(self.logs[rid], "ab") as out:
-            self.procs[rid] = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env[rid], cwd=REPO,
+            self.procs[rid] = subprocess.Popen([sys.executable, "-m", "gateway"], env=self.env[rid], cwd=REPO,
                                                stdout=out, stderr=subprocess.STDOUT)
 
     def converged(self) -> bool:

@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from service.embedded import free_port  # noqa: E402
+from service.embedded.tansu import free_port  # noqa: E402
 
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 
@@ -35,7 +35,7 @@ def start_gateway(env: dict[str, str]) -> tuple[subprocess.Popen[str], str, str]
     full = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     full.update(env, GATEWAY_PORT=str(port), GATEWAY_LOG_LEVEL="warning",
                 GATEWAY_DEFAULT_REQUESTS_PER_SECOND="0")  # a benchmark is one tenant at full speed
-    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=full, cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=full, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     bootstrap = None
     assert proc.stdout is not None

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from service.client.client import KafkaClient  # noqa: E402
-from service.embedded import EmbeddedBroker, free_port  # noqa: E402
-from service.routing import owner, routing_key  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker, free_port  # noqa: E402
+from service.ring import owner, routing_key  # noqa: E402
 
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BIN = {"Accept": "application/vnd.kafka.binary.v2+json"}
@@ -57,7 +57,7 @@ def start_replicas(bootstrap: str, ids: list[str],
                # one tenant at full speed: the shipped per-tenant rate and poll limits off
                "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
         out = open(logdir / f"gw-{rid}.log", "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "service.main"], env=env, cwd=REPO, stdout=out,
+        procs.append(subprocess.Popen([sys.executable, "-m", "gateway"], env=env, cwd=REPO, stdout=out,
                                       stderr=subprocess.STDOUT))
     for rid, url in urls.items():
         deadline = time.monotonic() + 30

@@ -1,6 +1,6 @@
 """HTTP capacity of one consumer instance, measured with C clients, next to the tuned direct consumer.
 
-One embedded Tansu broker (memory://), one real gateway process (``python -m service.main``, production
+One embedded Tansu broker (memory://), one real gateway process (``python -m gateway``, production
 settings: uvloop + httptools), 4 partitions of N x 100-byte records (and 100-byte JSON values for the json
 rows). Every row uses a fresh instance with all 4 partitions assigned and positioned at the beginning, and
 reads until N records arrived:
@@ -55,7 +55,7 @@ import httpx  # noqa: E402
 
 from bench.consume import produce as produce_binary  # noqa: E402
 from bench.http_consume import GatewayProc, cpu_seconds, create_topics, direct, produce_json  # noqa: E402
-from service.embedded import EmbeddedBroker  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker  # noqa: E402
 
 PARTITIONS = 4
 V2 = "application/vnd.kafka.v2+json"

@@ -1,6 +1,6 @@
 """Consume over HTTP through the gateway vs a tuned direct confluent-kafka consumer, in the same run.
 
-One embedded Tansu broker and one real gateway process (``python -m service.main``); the HTTP client is
+One embedded Tansu broker and one real gateway process (``python -m gateway``); the HTTP client is
 ``bench/_http_client.py`` in another process (httpx, HTTP/1.1 keep-alive, bodies parsed with orjson and
 every record counted and checked). Scenarios:
 
@@ -63,7 +63,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from bench.consume import produce as produce_binary
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.settings import EMBEDDED_LONG_POLL_FETCH_WAIT_MS
 from tests.integration.gateway_proc import GatewayProcess
 
@@ -121,7 +121,7 @@ MB = 1024 * 1024
 
 # -- processes -----------------------------------------------------------------------------------------------
 class GatewayProc(GatewayProcess):
-    """The real gateway process (``python -m service.main``) against an external broker: the bench's
+    """The real gateway process (``python -m gateway``) against an external broker: the bench's
     Tansu, configured as the gateway configures its embedded Tansu (short broker-side fetch wait while a
     client long-polls; see GATEWAY_CONSUMER_LONG_POLL_FETCH_MAX_WAIT_MS in the README), with the
     gateway's default timeouts (not the tests' fast ones)."""

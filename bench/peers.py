@@ -1,6 +1,6 @@
 """Peers side by side on one Apache Kafka 4.4 broker: direct clients, our gateway and the Strimzi Kafka Bridge.
 
-One embedded Apache Kafka broker (service/embedded_kafka.py; jars from tools/install-kafka.sh; 1 GB heap, full
+One embedded Apache Kafka broker (service/embedded/kafka.py; jars from tools/install-kafka.sh; 1 GB heap, full
 JIT), one 4-partition topic filled with N x 100-byte records (8-byte keys) by a confluent-kafka producer. In one run:
 
 Consume, time to read the N records from the beginning (all 4 partitions assigned, no group), records/s = N / time
@@ -11,7 +11,7 @@ from the client's start to the N-th record, ratio to the librdkafka consumer:
   compiled with javac into ~/.cache/kcg-peers/<hash>/ (outside the repository), run in its own JVM with
   fetch.max.bytes=50 MiB, max.partition.fetch.bytes=4 MiB, max.poll.records=10000, receive.buffer.bytes=1 MiB.
   Its time starts in ``main`` (JVM start-up not counted; the whole process time is printed beside it).
-- **gateway**: one real gateway process (``python -m service.main``, per-tenant rate and poll limits off), one
+- **gateway**: one real gateway process (``python -m gateway``, per-tenant rate and poll limits off), one
   binary consumer instance, partitions assigned and positioned at the beginning, then ``wrk`` (one connection,
   one request at a time) GETs records: the default request and ``max_records=5000`` (bench/http_capacity.py).
 - **Strimzi Kafka Bridge** (tools/install-strimzi.sh; Java 21+, the Temurin JDK in /usr/lib/jvm): started on free
@@ -76,7 +76,7 @@ from bench.http_capacity import V2, make_instance, via_wrk  # noqa: E402
 from bench.http_consume import TUNED_DIRECT, GatewayProc, cpu_seconds, create_topics, direct  # noqa: E402
 from bench.produce import body as produce_body  # noqa: E402
 from bench.produce import direct as direct_produce  # noqa: E402
-from service.embedded_kafka import EmbeddedKafka, find_kafka_lib  # noqa: E402
+from service.embedded.kafka import EmbeddedKafka, find_kafka_lib  # noqa: E402
 
 PARTITIONS = 4
 CONSUME_JAVA = ROOT / "tools" / "peers" / "ConsumeN.java"

@@ -60,11 +60,11 @@ from confluent_kafka import KafkaError  # noqa: E402
 from confluent_kafka import Producer as CKProducer  # noqa: E402
 from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
 
-from api.produce import parse_body_records  # noqa: E402
+from api.v2.produce import parse_body_records  # noqa: E402
 from bench.http_capacity import Profiler  # noqa: E402
 from bench.http_consume import cpu_seconds, machine_busy_seconds  # noqa: E402
 from service.client.client import KafkaClient  # noqa: E402
-from service.embedded import EmbeddedBroker  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker  # noqa: E402
 from service.producer import ProduceFailure, Producer  # noqa: E402
 from tests.integration.gateway_proc import GatewayProcess  # noqa: E402
 

@@ -43,7 +43,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext  # 
 import bench.http_capacity as cap  # noqa: E402
 from bench.consume import produce as produce_binary  # noqa: E402
 from bench.http_consume import GatewayProc, create_topics  # noqa: E402
-from service.embedded import EmbeddedBroker, free_port  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker, free_port  # noqa: E402
 
 PARTITIONS = 4
 REGISTRY_START = ROOT.parent / "shared" / "registry" / "start"

@@ -44,7 +44,7 @@ import pyarrow as pa  # noqa: E402
 from bench.consume import produce as produce_binary  # noqa: E402
 from bench.http_consume import GatewayProc, create_topics  # noqa: E402
 from bench.schema_consume import PARTITIONS, produce_avro, start_registry, stop_pid  # noqa: E402
-from service.embedded import EmbeddedBroker  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker  # noqa: E402
 
 ARROW = "application/vnd.apache.arrow.stream"
 PAGE_BYTES = 8 * 1024 * 1024

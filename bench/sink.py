@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.consume import produce  # noqa: E402
-from service.embedded import EmbeddedBroker, free_port  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker, free_port  # noqa: E402
 
 
 def direct(bootstrap: str, topic: str, partitions: int, n: int, out: Path) -> float:
@@ -83,7 +83,7 @@ def start_gateway(bootstrap: str, log: Path) -> tuple[subprocess.Popen[bytes], s
     env = {**os.environ, "GATEWAY_KAFKA_BOOTSTRAP": bootstrap, "GATEWAY_PORT": str(port),
            "GATEWAY_LOG_LEVEL": "warning",
            "GATEWAY_DEFAULT_REQUESTS_PER_SECOND": "0", "GATEWAY_DEFAULT_MAX_CONCURRENT_POLLS": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.main"], cwd=REPO, env=env, stdout=open(log, "ab"),
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=REPO, env=env, stdout=open(log, "ab"),
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

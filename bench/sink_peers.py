@@ -251,7 +251,7 @@ def main() -> None:
 
     import pyspark
 
-    from service.embedded_kafka import EmbeddedKafka
+    from service.embedded.kafka import EmbeddedKafka
     from sink.cli import stop_session
 
     version = a.spark_kafka_version or pom_version()

@@ -54,7 +54,7 @@ from bench import http_capacity as cap  # noqa: E402
 from bench import produce as prod  # noqa: E402
 from bench.consume import produce as produce_binary  # noqa: E402
 from bench.http_consume import TUNED_DIRECT, GatewayProc, create_topics, direct, produce_json  # noqa: E402
-from service.embedded import EmbeddedBroker  # noqa: E402
+from service.embedded.tansu import EmbeddedBroker  # noqa: E402
 from service.settings import EMBEDDED_HEARTBEAT_INTERVAL_MS, EMBEDDED_SESSION_TIMEOUT_MS  # noqa: E402
 
 PARTITIONS = cap.PARTITIONS

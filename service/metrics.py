@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from service.gateway import Gateway
+    from service.instances.registry import Gateway
 
 #: background tasks of a consumer (service/consumer/consumer.py); each gets a 0 series per tenant so that
 #: the failure panel and alert have data before the first failure
@@ -212,7 +212,7 @@ class GatewayCollector(Collector):
         return [ready, reachable]
 
     def _budget(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
-        """The process memory budget (service/budget.py): bytes in use by kind, the total, refusals."""
+        """The process memory budget (service/instances/budget.py): bytes in use by kind, the total, refusals."""
         budget = getattr(self.gateway, "budget", None)
         if budget is None or not hasattr(budget, "by_kind"):
             return []

@@ -8,8 +8,8 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
+from service.lib.tls import build_ssl_context
 from service.tenants.quotas import Quotas
-from service.tls import build_ssl_context
 
 if TYPE_CHECKING:
     from service.schemas.formats import SchemaLimits
@@ -354,7 +354,7 @@ class Settings(BaseSettings):
         "confluent", description="How avro records are rendered as JSON: confluent (Confluent REST Proxy v2: "
         "unions tagged by branch, {\"int\": 5}; bytes as one character per byte) or karapace (unions "
         "untagged; bytes base64). A consumer may choose its own with \"avro.json.rendering\" at creation")
-    # the embedded registry of `make run` (service/embedded_registry.py)
+    # the embedded registry of `make run` (service/embedded/registry.py)
     embedded_registry: Literal["auto"] | bool = Field(
         "auto", description="Start a Schema Registry (Karapace, from GATEWAY_REGISTRY_LAUNCHER) next to the "
         "embedded broker when GATEWAY_SCHEMA_REGISTRY_URL is unset: 'auto' when the launcher is found, true: "

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def start_gateway(port: int) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.update(GATEWAY_PORT=str(port), GATEWAY_LOG_LEVEL="warning")
-    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, cwd=REPO, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     bootstrap = None
@@ -69,7 +69,7 @@ def produce(bootstrap: str, topic: str) -> int:
 
 
 def main() -> int:
-    from service.embedded import free_port
+    from service.embedded.tansu import free_port
 
     port = free_port()
     gw, bootstrap = start_gateway(port)
@@ -85,7 +85,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="sink-demo-") as tmp:
             table, checkpoint = Path(tmp, "table"), Path(tmp, "checkpoint")
             started = time.monotonic()
-            rc = subprocess.call([sys.executable, "-m", "service.main", "sink", "--gateway", url, "--topics", topic,
+            rc = subprocess.call([sys.executable, "-m", "gateway", "sink", "--gateway", url, "--topics", topic,
                                   "--table", str(table), "--checkpoint", str(checkpoint), "--format", "delta"],
                                  cwd=REPO)
             if rc != 0:

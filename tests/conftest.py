@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
-from service.embedded_kafka import EmbeddedKafka
+from service.embedded.kafka import EmbeddedKafka
+from service.embedded.tansu import EmbeddedBroker
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -37,7 +37,7 @@ def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    """One Apache Kafka broker (single-node KRaft, service/embedded_kafka.py) for the whole session, started by the
+    """One Apache Kafka broker (single-node KRaft, service/embedded/kafka.py) for the whole session, started by the
     first test that needs it (its start, 2-6 s, is paid once). Tests share it: unique topic and group names. The jars
     come from tools/install-kafka.sh (make test runs it); without them this fails with that instruction."""
     log = tmp_path_factory.mktemp("kafka") / "kafka.log"

@@ -1,6 +1,6 @@
 """Where the memory of idle subscribed consumer instances goes (the idle row of the bench), in-process.
 
-Starts an embedded Tansu broker and a :class:`service.gateway.Gateway` in this process, creates
+Starts an embedded Tansu broker and a :class:`service.instances.registry.Gateway` in this process, creates
 ``--instances`` instances in groups of ``--per-group`` (one ``--per-group``-partition topic, so every member
 owns one partition), subscribes them and polls each until it owns a partition, waits until the fetchers
 paused (``--idle-pause-ms``), and then compares a tracemalloc snapshot with one taken after a warm-up
@@ -30,9 +30,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
-from service.gateway import ConsumerInstance, Gateway, InstanceOptions, TenantRuntime
-from service.subscription import TopicPartition
+from service.consumer.subscription import TopicPartition
+from service.embedded.tansu import EmbeddedBroker
+from service.instances.registry import ConsumerInstance, Gateway, InstanceOptions, TenantRuntime
 
 
 def allows_topic(topic: str) -> bool:  # the open tenant's filter (api sets tenant.allows_topic per instance)

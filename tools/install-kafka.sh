@@ -4,7 +4,7 @@
 #   ${KCG_KAFKA_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kcg-kafka}/<version>/lib
 # The directory is stamped with the SHA-256 of the pom: a later run with the same pom does nothing (~10 ms), a
 # changed pom (another version, another binding) resolves again. The embedded Kafka launcher
-# (service/embedded_kafka.py) looks in the same place. Prints the lib directory on stdout.
+# (service/embedded/kafka.py) looks in the same place. Prints the lib directory on stdout.
 # If Maven or Java is missing, or Maven cannot resolve the artifacts, it fails (exit 1) with a message saying so:
 # the Kafka tests must never be skipped silently.
 # Usage: tools/install-kafka.sh

@@ -1,5 +1,5 @@
 """Any replica serves any instance: the HTTP side of routing between gateway replicas (see docs/routing.md;
-the pure core, ring and peer table, is :mod:`service.routing`).
+the pure core, ring and peer table, is :mod:`service.ring`).
 
 The way of one request through the replicas, module by module:
 
@@ -15,7 +15,7 @@ The way of one request through the replicas, module by module:
    chunk by chunk (streams, long polls), or a 307 with ``GATEWAY_ROUTING=redirect``; over
    :mod:`~api.replicas.upstream` (:class:`UpstreamPool`, keep-alive HTTP/1.1 parsed with httptools).
 5. On the target, the same middleware serves it (step 1) and marks a "not here" answer with
-   :data:`~service.routing.ABSENT_HEADER`, so the forwarding replica tries the next candidate.
+   :data:`~service.ring.ABSENT_HEADER`, so the forwarding replica tries the next candidate.
 
 Around it: :mod:`~api.replicas.peers` (the peer set: discovery, probes, lookups, ring owner),
 :mod:`~api.replicas.internal` (the ``/internal/*`` endpoints), :mod:`~api.replicas.moves` (durable instances
@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from api.replicas.middleware import RoutingMiddleware
 from api.replicas.peer_auth import peer_token_problem
 from api.replicas.router import Router
-from service.gateway import Gateway
+from service.instances.registry import Gateway
 from service.settings import Settings
 
 __all__ = ["Router", "RoutingMiddleware", "install_routing"]

@@ -22,7 +22,7 @@ from api.replicas.asgi import (
 from api.replicas.metrics import RoutingMetrics
 from api.replicas.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
 from api.responses import OrjsonResponse
-from service.routing import (
+from service.ring import (
     ABSENT_HEADER,
     CLIENT_HEADER,
     HOP_HEADER,

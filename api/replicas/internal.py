@@ -16,8 +16,8 @@ from api.replicas.asgi import (
 )
 from api.replicas.quota import QUOTA_PATHS
 from api.responses import OrjsonResponse
-from service.gateway import Gateway
-from service.routing import (
+from service.instances.registry import Gateway
+from service.ring import (
     TOKEN_HEADER,
     Identity,
     PeerTable,

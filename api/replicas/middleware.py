@@ -1,5 +1,5 @@
 """The entry point: :class:`RoutingMiddleware` sorts each request. ``/internal/*`` → :mod:`api.replicas.internal`;
-a request a peer forwarded (:data:`~service.routing.HOP_HEADER`, peer token checked) → served here, never
+a request a peer forwarded (:data:`~service.ring.HOP_HEADER`, peer token checked) → served here, never
 forwarded again; an instance request or a create → :mod:`api.replicas.route`; anything else → the app."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from api.replicas.asgi import (
     header,
 )
 from api.replicas.route import NOT_HERE_CODES
-from service.routing import (
+from service.ring import (
     ABSENT_HEADER,
     HOP_HEADER,
     RECREATE_HEADER,

@@ -1,6 +1,6 @@
 """Scale-out and scale-in with durable instances: after every refresh of the peer set, the instances this
 replica holds whose ring owner is now another live, settled replica are handed off to it, one at a time
-(:meth:`~service.gateway.Gateway.move_instance`); their next request reaches the new owner, which re-creates
+(:meth:`~service.instances.registry.Gateway.move_instance`); their next request reaches the new owner, which re-creates
 them. Which ones move is decided by :mod:`service.durable.moves` (sans-io); instances whose owner did not
 change stay. ``GATEWAY_INSTANCE_MOVE_AFTER_S``: how long a peer must have been up before instances move to it
 (a flapping peer moves nothing); ``GATEWAY_MOVE_INSTANCES=false``: instances stay where they are."""
@@ -13,8 +13,8 @@ import logging
 import time
 
 from service.durable.moves import AliveSince, Move, PeerState, instances_to_move
-from service.gateway import Gateway
-from service.routing import PeerTable
+from service.instances.registry import Gateway
+from service.ring import PeerTable
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

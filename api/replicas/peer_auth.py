@@ -19,7 +19,7 @@ from api.replicas.asgi import (
     no_receive,
 )
 from api.replicas.metrics import RoutingMetrics
-from service.routing import (
+from service.ring import (
     CLIENT_HEADER,
     SCHEME_HEADER,
     TOKEN_HEADER,

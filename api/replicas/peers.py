@@ -1,7 +1,7 @@
 """The peer set and the ring view of one replica: discovery (static ``GATEWAY_PEERS`` and/or
 ``GATEWAY_PEER_DNS`` re-resolved every ``GATEWAY_PEER_REFRESH_S``), probes of ``/internal/peer`` by a
 supervised background task (so the ring is made of stable replica ids, not addresses), ``/internal/lookup``
-of who holds an instance, and the owner of a key on the ring (:mod:`service.routing`)."""
+of who holds an instance, and the owner of a key on the ring (:mod:`service.ring`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from api.replicas.peer_auth import tls_failure
-from service.gateway import Gateway
-from service.routing import (
+from service.instances.registry import Gateway
+from service.ring import (
     TOKEN_HEADER,
     Identity,
     PeerTable,

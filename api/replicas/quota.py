@@ -18,8 +18,8 @@ from api.replicas.asgi import (
 )
 from api.replicas.peers import LOOKUP_TIMEOUT_S
 from api.responses import OrjsonResponse
-from service.gateway import Gateway
-from service.routing import (
+from service.instances.registry import Gateway
+from service.ring import (
     PeerTable,
 )
 from service.tenants.quotas import InstanceQuotaCoordinator, PeerFailed, PeerUnreachable, QuotaUnavailable

@@ -24,8 +24,8 @@ from api.replicas.asgi import (
 )
 from api.replicas.metrics import RoutingMetrics
 from api.responses import OrjsonResponse
-from service.gateway import Gateway
-from service.routing import (
+from service.instances.registry import Gateway
+from service.ring import (
     HintCache,
     PeerTable,
     name_of_create_body,

@@ -27,8 +27,8 @@ from api.replicas.quota import QuotaTransport
 from api.replicas.route import Routing
 from api.replicas.upstream import UpstreamPool
 from service.durable.moves import AliveSince
-from service.gateway import Gateway
-from service.routing import (
+from service.instances.registry import Gateway
+from service.ring import (
     HintCache,
     PeerTable,
     parse_peer_dns,

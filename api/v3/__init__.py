@@ -1,7 +1,7 @@
-"""Confluent REST Proxy v3 subset (paths under ``/v3``), beside the v2 routes in ``api/``.
+"""Confluent REST Proxy v3 subset (paths under ``/v3``), beside the v2 routes in ``api/v2/``.
 
-Same service layer as v2 (:mod:`service.topics`, :mod:`service.gateway`, the tenant's producer); the v3
-envelopes (``kind`` / ``metadata`` / ``data``, ``related`` links) are built in :mod:`api.v3.common`.
+Same service layer as v2 (:mod:`service.cluster.topics`, :mod:`service.instances.registry`, the tenant's
+producer); the v3 envelopes (``kind`` / ``metadata`` / ``data``, ``related`` links) are built in :mod:`api.v3.common`.
 
 - :mod:`api.v3.clusters`: clusters, topics (list/get/create/delete), partitions, topic configs
 - :mod:`api.v3.groups`: consumer groups, their consumers, lags and lag summary

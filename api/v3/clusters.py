@@ -2,8 +2,8 @@
 configs.
 
 Thin routes: the tenant's cluster id and the envelopes come from :mod:`api.v3.common`, topic metadata from
-the tenant's :class:`~service.topics.TopicCatalog` (as v2's ``/topics``), administration from
-:class:`~service.admin.TopicAdmin`. Tenant rules are v2's: a tenant's one cluster is its own, it sees and
+the tenant's :class:`~service.cluster.topics.TopicCatalog` (as v2's ``/topics``), administration from
+:class:`~service.cluster.topic_admin.TopicAdmin`. Tenant rules are v2's: a tenant's one cluster is its own, it sees and
 touches only topics its patterns allow (403, 40301), internal topics are left out of lists. Creating and
 deleting a topic also needs one of the tenant's ``admin_topics`` patterns (403, 40303), and a create is held to
 ``GATEWAY_MAX_PARTITIONS_PER_TOPIC`` (422, 42213) and the topic-config allow-list (422, 42214). An unknown cluster,
@@ -18,9 +18,9 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_tenant
-from api.consumers import ErrorBody, runtime
 from api.errors import documented_errors
-from api.topics import catalog
+from api.v2.consumers import ErrorBody, runtime
+from api.v2.topics import catalog
 from api.v3.common import (
     Relationship,
     Resource,
@@ -35,10 +35,10 @@ from api.v3.common import (
     v3_url,
 )
 from api.v3.common import cluster_id as tenant_cluster_id
-from service.admin import ConfigEntry, TopicAdmin, check_configs_allowed, check_partitions_cap
 from service.client.metadata import BrokerInfo
+from service.cluster.topic_admin import ConfigEntry, TopicAdmin, check_configs_allowed, check_partitions_cap
+from service.cluster.topics import PartitionView, TopicView
 from service.tenants import Tenant
-from service.topics import PartitionView, TopicView
 
 router = APIRouter(tags=["v3"])
 

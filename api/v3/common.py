@@ -16,7 +16,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.responses import OrjsonResponse
-from service.admin import ResourceNotFound
+from service.cluster.topic_admin import ResourceNotFound
 
 V3_JSON = "application/json"
 
@@ -27,7 +27,7 @@ __all__ = ["V3_JSON", "ResourceNotFound", "base_url", "cluster_id", "crn", "rela
 def base_url(request: Request) -> str:
     """The public base URL of this gateway (no trailing slash), as v2's ``base_uri`` is built
     (``GATEWAY_PUBLIC_URL``, else the request, believing forwarded headers only from trusted proxies)."""
-    from api.consumers import base_url as public_base_url  # imported here: api.consumers imports much
+    from api.v2.consumers import base_url as public_base_url  # imported here: api.v2.consumers imports much
 
     return public_base_url(request)
 
@@ -63,7 +63,7 @@ async def cluster_id(request: Request, tenant: Any) -> str:
     """The id of the tenant's Kafka cluster (Metadata's ``cluster_id``; refreshed once when not known yet).
 
     A broker that reports none (Metadata below v2) is named by the tenant id, so URLs stay stable."""
-    from api.consumers import runtime  # imported here: api.consumers imports the app's routers' helpers
+    from api.v2.consumers import runtime  # imported here: api.v2.consumers imports the app's routers' helpers
 
     client = runtime(request, tenant).client
     if client.metadata.cluster_id is None:

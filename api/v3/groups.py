@@ -2,7 +2,7 @@
 
 Shapes are Confluent's v3 ``KafkaConsumerGroup``, ``KafkaConsumer``, ``KafkaConsumerAssignment``,
 ``KafkaConsumerLag`` and ``KafkaConsumerGroupLagSummary`` (and their ``…List`` collections). The logic lives
-in :mod:`service.groups`; these routes check the cluster id and the tenant's patterns and build envelopes.
+in :mod:`service.cluster.group_admin`; these routes check the cluster id and the tenant's patterns and build envelopes.
 
 Tenants: a group outside the tenant's group patterns is 403 (40301) and left out of the list; partitions of
 topics outside its topic patterns are left out of assignments, lags and the summary (403 when named).
@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from api.auth import current_tenant
-from api.consumers import ErrorBody, runtime
 from api.errors import documented_errors
+from api.v2.consumers import ErrorBody, runtime
 from api.v3.common import (
     Relationship,
     Resource,
@@ -29,7 +29,7 @@ from api.v3.common import (
     v3_json,
     v3_url,
 )
-from service.groups import (
+from service.cluster.group_admin import (
     ConsumerNotFound,
     GroupAdmin,
     GroupView,
@@ -41,7 +41,7 @@ from service.groups import (
     lag_summary,
     local_view,
 )
-from service.subscription import TopicPartition
+from service.consumer.subscription import TopicPartition
 from service.tenants import Tenant
 
 router = APIRouter(tags=["v3"])

@@ -65,10 +65,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from api.auth import current_tenant
-from api.consumers import acceptable_content_type
 from api.errors import kafka_error_response
 from api.kafka_texts import failure_text, failure_texts
-from api.produce import producer_for
 from api.produce_common import (
     LONG_DIGITS,
     JsonTooDeep,
@@ -78,14 +76,16 @@ from api.produce_common import (
     missing_topic,
     partitions_or_create,
 )
-from api.topics import catalog
+from api.v2.consumers import acceptable_content_type
+from api.v2.produce import producer_for
+from api.v2.topics import catalog
 from api.v3.common import require_cluster
 from service.client.errors import KafkaError
+from service.cluster.topics import is_legal_topic_name
 from service.errors import GatewayError
-from service.gateway import ShuttingDown
+from service.instances.registry import ShuttingDown
 from service.producer import Producer, RecordMetadata, UnknownTopicError
 from service.tenants import Tenant
-from service.topics import is_legal_topic_name
 
 log = logging.getLogger(__name__)
 

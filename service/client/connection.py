@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.aio import LightEvent
 from service.client.errors import (
     AuthenticationError,
     BrokerResponseError,
@@ -35,7 +34,8 @@ from service.client.errors import (
     RequestTimeoutError,
 )
 from service.client.versions import NegotiatedVersions, VersionRange
-from service.native import load
+from service.lib.aio import LightEvent
+from service.lib.native import load
 from service.protocol import error_codes as EC
 from service.protocol import frames
 from service.protocol import messages as M

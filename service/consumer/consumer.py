@@ -19,10 +19,18 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import wait_event
 from service.client.errors import BrokerResponseError, KafkaError
+from service.consumer.subscription import (
+    FetchState,
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionError,
+    SubscriptionState,
+    SubscriptionType,
+    TopicPartition,
+)
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
@@ -36,18 +44,10 @@ from service.group.coordinator import (
     rebalancing_error,
 )
 from service.group.member import GroupMember
+from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.records import Record
-from service.subscription import (
-    FetchState,
-    NoOffsetForPartitionError,
-    OffsetResetStrategy,
-    SubscriptionError,
-    SubscriptionState,
-    SubscriptionType,
-    TopicPartition,
-)
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ class InstanceDescriptor:
     tenant: str
     group: str
     name: str
-    #: the instance's options as api/consumers created it (service.gateway.InstanceOptions fields)
+    #: the instance's options as api/consumers created it (service.instances.registry.InstanceOptions fields)
     options: dict[str, Any] = field(default_factory=dict)
     #: the static member id the instance joins with (re-created instances join with the same one)
     group_instance_id: str | None = None

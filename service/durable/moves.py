@@ -1,6 +1,6 @@
 """Which held instances move when the replica set changes (durable instances; scale-out and scale-in): the
 sans-io core. The I/O (watching the peer table, handing instances off one at a time between requests) is
-:mod:`api.replicas.moves` and :meth:`service.gateway.Gateway.move_instance`.
+:mod:`api.replicas.moves` and :meth:`service.instances.registry.Gateway.move_instance`.
 
 An instance is held by the replica that created (or last re-created) it. When the ring changes so that a live,
 settled replica other than the holder becomes the rendezvous owner of its name, the holder hands it off (closes
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from service.routing import owner, routing_key
+from service.ring import owner, routing_key
 
 
 @dataclass(frozen=True, order=True)

@@ -22,12 +22,12 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
+from service.consumer.subscription import TopicPartition
 from service.durable.descriptors import DEFAULT_TOPIC, DescriptorTable, InstanceDescriptor, encode_key
 from service.fetch.ranges import OffsetOutOfRange, read_page
 from service.fetch.read_committed import READ_UNCOMMITTED
 from service.producer import Producer, ProducerConfig
 from service.producer.errors import ProduceFailure
-from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
+from service.consumer.subscription import (
+    NoOffsetForPartitionError,
+    OffsetResetStrategy,
+    SubscriptionState,
+    TopicPartition,
+)
 from service.fetch.read_committed import READ_COMMITTED, TxnTracker, filter_batches
 from service.fetch.session import FetchPartitionData, FetchSessionHandler, choose_version, to_fetch_request
+from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol import records as _records_module
@@ -48,12 +54,6 @@ from service.protocol.records import (
     decode_records,
     iter_batches,
     max_inflated_bytes,
-)
-from service.subscription import (
-    NoOffsetForPartitionError,
-    OffsetResetStrategy,
-    SubscriptionState,
-    TopicPartition,
 )
 
 log = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ class Fetcher:
         self.buffer: dict[TopicPartition, deque[CompletedFetch]] = {}
         self.buffered_bytes = 0
         self.buffered_records = 0  # records in the buffer not yet handed out (paused partitions included)
-        self.budget: Any = None  # optional process-wide memory budget (service.budget.MemoryBudget)
+        self.budget: Any = None  # optional process-wide memory budget (service.instances.budget.MemoryBudget)
         self._budget_waiting = False
         self._budget_registered = False
         self._shed_at: float | None = None  # when shed() dropped the buffer; no prefetch until the next demand
@@ -622,7 +622,7 @@ class Fetcher:
         for node, tps in self._fetchable_by_leader().items():
             if node in self._in_flight:
                 continue
-            # The fetch's max_bytes is granted by the process memory budget (service/budget.py) and
+            # The fetch's max_bytes is granted by the process memory budget (service/instances/budget.py) and
             # charged to it until the response has been handled; no grant: wait for memory to be freed.
             grant = cfg.max_bytes
             if budget is not None:

@@ -2,7 +2,7 @@
 
 End offsets are read from a Fetch response, whose high watermark and last stable offset are right on
 every broker (Tansu's ListOffsets(latest) is not): the consumer engine's end offsets and timestamp
-searches (:mod:`service.consumer.consumer`), the topic offsets of :mod:`service.topics`, and the
+searches (:mod:`service.consumer.consumer`), the topic offsets of :mod:`service.cluster.topics`, and the
 offset-range reads of :mod:`service.fetch.ranges` (which fetch records with it) all use
 :func:`probe_fetch`. It builds and resolves its request through the same session-handler pairing as the
 main fetcher (:meth:`service.fetch.session.FetchSessionHandler.request`), so a failure between building
@@ -16,9 +16,9 @@ import weakref
 from typing import Any
 
 from service.client.client import KafkaClient
+from service.consumer.subscription import TopicPartition
 from service.fetch.session import ZERO_UUID, FetchPartitionData, FetchSessionHandler
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 __all__ = ["probe_fetch"]
 

@@ -59,13 +59,13 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
+from service.consumer.subscription import TopicPartition
 from service.errors import GatewayError
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
 from service.fetch.session import FetchSessionHandler
 from service.protocol import error_codes as EC
 from service.protocol.records import Record, decode_records
-from service.subscription import TopicPartition
 
 __all__ = [
     "ARROW_STREAM",
@@ -307,7 +307,7 @@ async def _out_of_range_with_bounds(client: KafkaClient, tp: TopicPartition, off
     if (getattr(part, "log_start_offset", -1) not in (None, -1)
             and getattr(part, "high_watermark", -1) not in (None, -1)):
         return _out_of_range(tp, offset, part)
-    from service.topics import read_offsets  # service.topics imports the fetch package
+    from service.cluster.topics import read_offsets  # service.cluster.topics imports the fetch package
 
     try:
         bounds = await read_offsets(client, tp)

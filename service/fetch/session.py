@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from service.consumer.subscription import TopicPartition  # one definition for the whole engine
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.subscription import TopicPartition  # one definition for the whole engine
 
 __all__ = [
     "FINAL_EPOCH",

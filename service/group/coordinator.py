@@ -20,15 +20,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.aio import LightEvent
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, wait_event
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.consumer.subscription import TopicPartition
 from service.group.heartbeats import heartbeat_wheel
 from service.group.member import Action, GroupMember, MemberState, Step
+from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import struct
 import weakref
 from typing import Any, Protocol
 
-from service.aio import TickGrid
 from service.client.connection import BrokerConnection, pause_reading, resume_reading, send_frames_nowait
 from service.group.member import GroupMember
+from service.lib.aio import TickGrid
 from service.protocol import frames
 from service.protocol import messages as M
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError

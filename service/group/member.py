@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.client.errors import BrokerResponseError
+from service.consumer.subscription import TopicPartition
 from service.group import protocol as cp
 from service.group.assignors import Assignor, MemberSubscription
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.errors import ProtocolDecodeError
-from service.subscription import TopicPartition
 
 JoinProtocol = M.struct("JoinGroupRequest", "JoinGroupRequestProtocol")
 SyncAssignment = M.struct("SyncGroupRequest", "SyncGroupRequestAssignment")

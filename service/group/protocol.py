@@ -45,7 +45,7 @@ SUBSCRIPTION_VERSIONS: tuple[int, int] = _SUB.schema.versions
 ASSIGNMENT_VERSIONS: tuple[int, int] = _ASN.schema.versions
 
 #: Partitions grouped by topic (``{"orders": [0, 3]}``) or flat ``(topic, partition)`` pairs;
-#: ``service.subscription.TopicPartition`` named tuples are pairs too.
+#: ``service.consumer.subscription.TopicPartition`` named tuples are pairs too.
 OwnedPartitions = Mapping[str, Iterable[int]] | Iterable[tuple[str, int]]
 
 

@@ -268,7 +268,7 @@ fail:
 }
 
 
-/* ---- HTTP produce helpers (api/produce.py): the body's records and the answer, without Python per record ---- */
+/* ---- HTTP produce helpers (api/v2/produce.py): the body's records and the answer, without Python per record ---- */
 
 /* Decodes canonical-length base64 (length a multiple of 4, only the alphabet, one or two '=' at the very end).
  * Anything else returns NULL without an exception: the caller falls back to binascii's strict mode, which

@@ -15,7 +15,7 @@ from typing import Any
 
 import crc32c as _crc32c
 
-from service.native import load
+from service.lib.native import load
 from service.protocol.primitives import write_varint
 from service.protocol.records import Compression, compress
 
@@ -128,7 +128,7 @@ _cproduce, C_IMPORT_ERROR = load("service.producer._cproduce")
 encode_runs = _cproduce.encode_runs if _cproduce is not None else _encode_runs_py
 plain_sizes = _cproduce.plain_sizes if _cproduce is not None else _plain_sizes_py
 metas = _cproduce.metas if _cproduce is not None else _metas_py
-# The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/produce.py), which
+# The C module or None: its parse_binary / render_offsets serve the HTTP produce route (api/v2/produce.py), which
 # falls back to Python (and names errors) whenever they answer None.
 native: Any = _cproduce
 

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import cramjam
 import crc32c as _crc32c
 
-from service.native import load
+from service.lib.native import load
 from service.protocol.errors import (
     CorruptRecordError,
     ProtocolDecodeError,

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from service.native import load
+from service.lib.native import load
 from service.schemas.avro import RENDER_CONFLUENT, AvroCodec, _Node, _type_tag
 
 _cavro, C_IMPORT_ERROR = load("service.schemas._cavro")

@@ -20,7 +20,7 @@ Compiled programs are cached (:class:`PatternCache`, one per process: patterns a
 registry) by count and by bytes: a program costs :func:`program_cost` (RE2 allows each one up to about 1 MiB,
 so 256 of them could hold 256 MiB), the least recently used goes first. A validator does not hold its
 programs: one dropped from the cache is compiled again when next needed. Programs are built past google-re2's
-own ``re2.compile`` cache (:func:`~service.java_regex.re2_compile`), which would keep 128 more.
+own ``re2.compile`` cache (:func:`~service.lib.java_regex.re2_compile`), which would keep 128 more.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import re2
 
-from service.java_regex import re2_compile, re2_refusal
+from service.lib.java_regex import re2_compile, re2_refusal
 from service.schemas.registry import CacheBudget, LRUCache
 
 _WS = r"\t\n\x0B\f\r \x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}"

@@ -105,7 +105,7 @@ async def compile_off_loop(fn: Callable[..., T], *args: Any, keep: bool = False)
     built; when it succeeded, the young generation (what the build left) is collected once and the rest
     frozen (``gc.freeze``): a codec is hundreds of thousands of container objects, and automatic collections
     walking them again and again -- in whichever thread allocates -- held the GIL for long (a gen-1 pass
-    over four ~200 KB codecs being built: 0.45 s). The gateway's GC policy (:mod:`service.gcpolicy`)
+    over four ~200 KB codecs being built: 0.45 s). The gateway's GC policy (:mod:`api.server.gcpolicy`)
     freezes every survivor periodically anyway; this does it at once. A codec holds no reference cycle
     (but for recursive types), so one dropped from the caches later is freed by refcounting, frozen or not."""
     call = functools.partial(_kept, fn, args) if keep else functools.partial(fn, *args)

@@ -1,7 +1,7 @@
 """Schema'd produce: JSON keys and values -> Confluent-framed Avro / Protobuf / JSON Schema
 bytes, for ``POST /topics/{topic}`` with ``application/vnd.kafka.{avro,protobuf,jsonschema}.v2+json``.
 
-The HTTP layer (:mod:`api.produce`) calls, per request:
+The HTTP layer (:mod:`api.v2.produce`) calls, per request:
 
 1. :func:`schema_specs` -- the body's ``key_schema`` / ``key_schema_id`` / ``value_schema`` /
    ``value_schema_id`` as two :class:`SchemaSpec` (or ``None``), and :func:`require_schemas` (a non-null

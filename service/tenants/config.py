@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service.client.connection import ConnectionConfig, SaslConfig
+from service.lib.tls import build_ssl_context
 from service.schemas.registry import RegistryConfig
-from service.tls import build_ssl_context
 
 from .errors import TenantConfigError
 from .patterns import DEFAULT_DENY_LIST, PatternError, TopicDenyList, compile_pattern

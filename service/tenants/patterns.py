@@ -11,7 +11,7 @@ from typing import Any
 
 import re2
 
-from service.java_regex import re2_refusal
+from service.lib.java_regex import re2_refusal
 
 from .errors import ADMIN_FORBIDDEN, FORBIDDEN, SUBJECT_FORBIDDEN, TenantError
 

@@ -250,7 +250,7 @@ def test_the_build_context_has_what_the_wheel_needs() -> None:
               *PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
     assert needed <= copied, f"not copied: {needed - copied}"
     assert in_build_context("service/protocol/_crecords.c") and in_build_context("service/schemas/_cavro.c")
-    assert in_build_context("service/main.py")
+    assert in_build_context("gateway/main.py")
 
 
 def test_dockerignore_keeps_local_state_out() -> None:
@@ -269,7 +269,7 @@ def test_entrypoint_is_the_console_script_in_exec_form() -> None:
     argv = exec_form(entrypoints[0])
     scripts = PYPROJECT["project"]["scripts"]
     assert argv[0] in scripts, f"{argv[0]} is not a console script of pyproject.toml ({sorted(scripts)})"
-    assert scripts[argv[0]] == "service.main:main"
+    assert scripts[argv[0]] == "gateway.main:main"
     for cmd in FINAL.all("CMD"):  # arguments only, and in exec form (no shell between PID 1 and signals)
         exec_form(cmd)
     stop = FINAL.all("STOPSIGNAL")

@@ -11,8 +11,8 @@ A case::
      "expect": "record_error" | "schema_refused" | "ok" | [several of them]}
 
 consume: the schema is registered as id 1 in an in-memory registry and the framed payload is rendered by
-api.render.render_schema_chunks (avro: the C renderer and its Python fallback) or, for ``json``, by
-api.render.render_array; outcome ``schema_refused`` when the resolver holds a SchemaError for the id,
+api.v2.render.render_schema_chunks (avro: the C renderer and its Python fallback) or, for ``json``, by
+api.v2.render.render_array; outcome ``schema_refused`` when the resolver holds a SchemaError for the id,
 ``record_error`` when the record carries ``value_error``, ``ok`` when its value decoded, ``invalid_output`` when
 the answer is not strict JSON. produce: ``Codecs().encode(format, schema, value)``, as the produce route does
 with ``value_schema``: SchemaError -> ``schema_refused`` (422), EncodeError -> ``record_error`` (422), else ``ok``.
@@ -189,13 +189,13 @@ def _classify(body: bytes) -> tuple[str, str]:
 
 
 async def consume(case: dict[str, Any]) -> tuple[str, str]:
-    from api import render as Rd
+    from api.v2 import render as Rd
+    from service.consumer.subscription import TopicPartition
     from service.protocol.records import Record
     from service.schemas.codecs import SchemaError
     from service.schemas.formats import SchemaResolver
     from service.schemas.registry import RegistryClient, RegistryConfig
     from service.schemas.wire import frame
-    from service.subscription import TopicPartition
 
     fmt = case["format"]
     raw = payload(case)
@@ -237,7 +237,7 @@ def _rss_mb() -> float:
 def run(case: dict[str, Any]) -> dict[str, Any]:
     import importlib
 
-    for name in ("api.render", "service.schemas.codecs", "service.schemas.formats", "service.schemas.protobuf"):
+    for name in ("api.v2.render", "service.schemas.codecs", "service.schemas.formats", "service.schemas.protobuf"):
         importlib.import_module(name)  # before the baseline: only the case's own growth is measured
 
     if "schema" in case:  # generated before the clock starts

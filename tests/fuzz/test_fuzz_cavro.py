@@ -17,7 +17,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api import render as Rd
+from api.v2 import render as Rd
+from service.consumer.subscription import TopicPartition
 from service.protocol.records import Record
 from service.schemas import avro_fast, avro_limits
 from service.schemas.avro import AvroCodec, _Node
@@ -25,7 +26,6 @@ from service.schemas.avro_limits import R_BYTES, R_DEPTH, R_ITEMS, R_MALFORMED, 
 from service.schemas.codecs import DecodeError
 from service.schemas.formats import SchemaResolver
 from service.schemas.wire import frame
-from service.subscription import TopicPartition
 from tests.fuzz import strategies as S
 from tests.fuzz.twins import covers, fuzz
 

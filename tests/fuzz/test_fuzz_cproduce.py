@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api import produce as route
+from api.v2 import produce as route
 from service.producer import encoding
 from service.producer.errors import ProduceFailure, RecordMetadata
 from tests.fuzz import strategies as S
@@ -41,7 +41,7 @@ run_headers = st.one_of(st.sampled_from([(), [], None]),
                         st.lists(st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=10)), max_size=3),
                         st.lists(st.tuples(st.text(max_size=6), st.none() | st.binary(max_size=10)),
                                  max_size=3).map(tuple))
-# HTTP produce takes timestamps 0..2**63-1 (api/produce.py _int_field): every delta fits an int64
+# HTTP produce takes timestamps 0..2**63-1 (api/v2/produce.py _int_field): every delta fits an int64
 timestamps = st.one_of(st.none(), st.integers(0, 2**41), st.integers(0, 2**63 - 1))
 runs = st.lists(st.tuples(st.lists(st.tuples(bytes_like, bytes_like, run_headers, st.none(), timestamps),
                                    min_size=1, max_size=8), st.integers(0, 2**41)), min_size=1, max_size=3)

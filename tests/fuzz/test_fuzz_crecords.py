@@ -11,11 +11,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api import render as Rd
+from api.v2 import render as Rd
+from service.consumer.subscription import TopicPartition
 from service.fetch import fetcher as F
 from service.protocol import records as R
 from service.protocol.records import Record, build_batch, decode_records
-from service.subscription import TopicPartition
 from tests.fuzz import strategies as S
 from tests.fuzz.twins import covers, fuzz
 

@@ -41,9 +41,9 @@ TWINS: dict[str, str] = {
     # service/protocol/_crecords.c
     "_crecords.decode_records": "service.protocol.records._decode_section_py",
     "_crecords.take_budget": "service.fetch.fetcher._take_budget_py",
-    "_crecords.render": "api.render.render_binary_chunk_py / render_json_chunk_py",
-    "_crecords.render_framed": "api.render.render_array_py / render_ndjson_py",
-    "_crecords.json_valid": "orjson.loads (the json format's Python path, api.render._embedded)",
+    "_crecords.render": "api.v2.render.render_binary_chunk_py / render_json_chunk_py",
+    "_crecords.render_framed": "api.v2.render.render_array_py / render_ndjson_py",
+    "_crecords.json_valid": "orjson.loads (the json format's Python path, api.v2.render._embedded)",
     "_crecords.frame_buffer": "bytearray(n)",
     "_crecords.RecordRun": "a list of the Records decode_records makes of the same batches",
     "_crecords.RecordRun.add": "service.protocol.records.decode_records (batch by batch)",
@@ -52,17 +52,17 @@ TWINS: dict[str, str] = {
     # service/schemas/_cavro.c
     "_cavro.compile": "service.schemas.avro_fast.program_nodes (what it compiles; garbage node lists refused)",
     "_cavro.render_value": "orjson.dumps(AvroCodec(schema, rendering).decode(payload))",
-    "_cavro.render_chunk": "api.render.render_decoded_chunk over SchemaResolver.decode",
+    "_cavro.render_chunk": "api.v2.render.render_decoded_chunk over SchemaResolver.decode",
     "_cavro.schema_ids": "service.schemas.formats.SchemaResolver.schema_ids",
     "_cavro.scan": "service.schemas.avro_limits.scan_py",
     "_cavro.scan_many": "service.schemas.avro_limits.scan_py of each payload (AvroCodec.refusals without C)",
     # service/producer/_cproduce.c
     "_cproduce.encode_runs": "service.producer.encoding._encode_runs_py",
-    "_cproduce.parse_binary": "api.produce.parse_records without the C helpers",
-    "_cproduce.parse_body_binary": "orjson.loads + api.produce.parse_records without the C helpers",
+    "_cproduce.parse_binary": "api.v2.produce.parse_records without the C helpers",
+    "_cproduce.parse_body_binary": "orjson.loads + api.v2.produce.parse_records without the C helpers",
     "_cproduce.metas": "service.producer.encoding._metas_py",
     "_cproduce.plain_sizes": "service.producer.encoding._plain_sizes_py",
-    "_cproduce.render_offsets": "api.produce.render without the C helpers",
+    "_cproduce.render_offsets": "api.v2.produce.render without the C helpers",
     "_cproduce.render_offset_runs": "_cproduce.render_offsets of one RecordMetadata per record",
 }
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded.tansu import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import GatewayProcess
 
 S3_BUCKET = "tansu"

@@ -1,4 +1,4 @@
-"""Start the real gateway process (``python -m service.main``) for black-box HTTP tests."""
+"""Start the real gateway process (``python -m gateway``) for black-box HTTP tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from service.embedded import free_port
+from service.embedded.tansu import free_port
 
 FAST_ENV = {
     "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "2000",
@@ -38,7 +38,7 @@ class GatewayProcess:
         """Start the process without waiting for it (several replicas boot in parallel; then
         :meth:`wait_healthy` each)."""
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=self.env, stdout=out,
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=self.env, stdout=out,
                                      stderr=subprocess.STDOUT, cwd=self.cwd)
 
     def wait_healthy(self) -> None:

@@ -16,9 +16,9 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.embedded import EmbeddedBroker
-from service.embedded_kafka import EmbeddedKafka
-from service.subscription import TopicPartition
+from service.consumer.subscription import TopicPartition
+from service.embedded.kafka import EmbeddedKafka
+from service.embedded.tansu import EmbeddedBroker
 from tests.conftest import BROKERS, AnyBroker
 
 pytestmark = pytest.mark.integration

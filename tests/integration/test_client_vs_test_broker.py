@@ -25,10 +25,10 @@ from service.client.errors import (
     NoCommonVersionError,
     RequestTimeoutError,
 )
-from service.embedded import free_port
+from service.embedded.tansu import free_port
+from service.lib.tls import build_ssl_context
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.tls import build_ssl_context
 from tests.broker import TestCluster
 
 MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")

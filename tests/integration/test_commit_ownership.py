@@ -14,6 +14,7 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
+from service.consumer.subscription import TopicPartition
 from service.fetch.fetcher import Fetcher
 from service.group.coordinator import (
     COMMIT_BEING_REVOKED,
@@ -25,7 +26,6 @@ from service.group.coordinator import (
 from service.group.member import GroupMember
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
-from service.subscription import TopicPartition
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import GroupPhase, group_coordinator
 

@@ -16,8 +16,8 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
+from service.consumer.subscription import NoOffsetForPartitionError, TopicPartition
 from service.group.coordinator import OffsetAndMetadata
-from service.subscription import NoOffsetForPartitionError, TopicPartition
 from tests.conftest import AnyBroker
 
 pytestmark = pytest.mark.integration

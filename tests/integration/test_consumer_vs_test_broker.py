@@ -20,10 +20,10 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
+from service.consumer.subscription import NoOffsetForPartitionError, TopicPartition
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
 from service.protocol.records import Compression, decode_records
-from service.subscription import NoOffsetForPartitionError, TopicPartition
 from tests.broker import RequestLogEntry, TestCluster
 
 TP = TopicPartition
@@ -435,7 +435,7 @@ import asyncio, sys
 from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.subscription import NoOffsetForPartitionError, TopicPartition
+from service.consumer.subscription import NoOffsetForPartitionError, TopicPartition
 from tests.broker import TestCluster
 
 async def main():

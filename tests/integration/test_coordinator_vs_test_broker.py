@@ -21,6 +21,7 @@ from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, ConnectionConfig
 from service.client.errors import KafkaError, RequestTimeoutError
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
+from service.consumer.subscription import TopicPartition
 from service.group.coordinator import (
     HEARTBEAT_TICK_S,
     CommitFailedError,
@@ -38,7 +39,6 @@ from service.group.protocol import (
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.messages import ApiKey
-from service.subscription import TopicPartition
 from tests.broker import RequestLogEntry, TestCluster, default_registry
 from tests.broker.group_coordinator import GroupCoordinatorState, GroupPhase, group_coordinator
 

@@ -38,7 +38,7 @@ import yaml
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded.tansu import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

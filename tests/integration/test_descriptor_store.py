@@ -11,7 +11,7 @@ import pytest
 from service.client.client import KafkaClient
 from service.durable.descriptors import InstanceDescriptor, encode_key
 from service.durable.store import DescriptorStore
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.producer import Producer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from service.client.client import KafkaClient
-from service.routing import owner, routing_key
+from service.ring import owner, routing_key
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_replicas import (

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.routing import owner, routing_key
+from service.ring import owner, routing_key
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_durable_replicas import DURABLE

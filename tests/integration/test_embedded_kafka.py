@@ -1,4 +1,4 @@
-"""The embedded Apache Kafka launcher (service/embedded_kafka.py) and its installer (tools/install-kafka.sh), for
+"""The embedded Apache Kafka launcher (service/embedded/kafka.py) and its installer (tools/install-kafka.sh), for
 real: a broker of its own is formatted, started, answers ApiVersions and Metadata with our own client, is stopped
 by SIGTERM (and by SIGKILL when it does not stop) and leaves no directory behind; the installer reuses its cache
 and fails loudly when Maven cannot resolve the broker."""
@@ -18,7 +18,7 @@ from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.connection import BrokerConnection, ConnectionConfig
-from service.embedded_kafka import KAFKA_VERSION, EmbeddedKafka, cache_dir, probe
+from service.embedded.kafka import KAFKA_VERSION, EmbeddedKafka, cache_dir, probe
 from service.protocol import messages as M
 from tests.conftest import REPO
 

@@ -1,4 +1,4 @@
-"""`make run`'s embedded Schema Registry (service/embedded_registry.py): the gateway process, started as `make
+"""`make run`'s embedded Schema Registry (service/embedded/registry.py): the gateway process, started as `make
 run` starts it (no GATEWAY_KAFKA_BOOTSTRAP: embedded Tansu, or Apache Kafka), also starts Karapace from
 ../shared/registry in the background. It serves at once: schema'd requests answer 503/50307 + Retry-After while the
 registry starts, then Avro records produced by confluent-kafka's AvroSerializer against the logged registry URL come
@@ -25,8 +25,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from service.embedded import free_port
-from service.embedded_registry import DEFAULT_LAUNCHER
+from service.embedded.registry import DEFAULT_LAUNCHER
+from service.embedded.tansu import free_port
 from tests.integration.gateway_proc import children, cmdline
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def _alive(pid: int) -> bool:
 
 
 class MakeRun:
-    """``python -m service.main`` with no GATEWAY_* setting but these (so: the embedded broker and, unless
+    """``python -m gateway`` with no GATEWAY_* setting but these (so: the embedded broker and, unless
     told otherwise, the embedded registry), its output in a file."""
 
     def __init__(self, log: Path, **settings: str) -> None:
@@ -60,7 +60,7 @@ class MakeRun:
                     "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "2000", "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": "300",
                     **settings})
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=out,
+            self.proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -208,7 +208,7 @@ def test_required_registry_without_launcher_refuses_to_start(tmp_path: Path) -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env.update({"GATEWAY_EMBEDDED_REGISTRY": "true", "GATEWAY_REGISTRY_LAUNCHER": str(tmp_path / "missing"),
                 "GATEWAY_PORT": str(free_port())})
-    run = subprocess.run([sys.executable, "-m", "service.main"], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "gateway"], env=env, capture_output=True, text=True,
                          timeout=30)
     assert run.returncode == 2, run.stdout + run.stderr
     assert "GATEWAY_EMBEDDED_REGISTRY=true" in run.stderr and str(tmp_path / "missing") in run.stderr

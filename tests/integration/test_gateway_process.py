@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker, free_port
-from service.embedded_kafka import sweep_stale_dirs
-from service.gateway import HARD_CLOSE_GRACE_S
+from service.embedded.kafka import sweep_stale_dirs
+from service.embedded.tansu import EmbeddedBroker, free_port
+from service.instances.registry import HARD_CLOSE_GRACE_S
 from tests.integration.gateway_proc import GatewayProcess, children
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def test_gateway_process_with_embedded_broker(sig: signal.Signals) -> None:
     env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_EMBEDDED_BROKER_PORT": str(broker_port),
            "GATEWAY_LOG_LEVEL": "warning", "GATEWAY_EMBEDDED_REGISTRY": "false"}  # (its own test covers it)
     env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
-    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -84,7 +84,7 @@ def test_embedded_broker_dies_with_a_killed_gateway() -> None:
     env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
            "GATEWAY_EMBEDDED_REGISTRY": "false"}
     env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
-    proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
@@ -112,7 +112,7 @@ def test_gateway_on_embedded_kafka_stops_it_and_deletes_its_data() -> None:
         env = {**os.environ, "GATEWAY_PORT": str(port), "GATEWAY_LOG_LEVEL": "warning",
                "GATEWAY_EMBEDDED_BROKER": "kafka", "GATEWAY_EMBEDDED_REGISTRY": "false"}
         env.pop("GATEWAY_KAFKA_BOOTSTRAP", None)
-        proc = subprocess.Popen([sys.executable, "-m", "service.main"], env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(2)]  # "starting...", then "ready in ... log ..."

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.gateway import HARD_CLOSE_GRACE_S, ConsumerInstance, Gateway, InstanceOptions
+from service.instances.registry import HARD_CLOSE_GRACE_S, ConsumerInstance, Gateway, InstanceOptions
 from service.protocol.messages import ApiKey
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import group_coordinator
@@ -75,9 +75,9 @@ async def test_clean_close_commits_and_leaves_every_group(caplog: pytest.LogCapt
         async with gateway_with_instances(cluster, shutdown_timeout=10.0) as (gw, insts):
             assert members(cluster) == GROUPS * PER_GROUP
             mark = cluster.log.mark()
-            with caplog.at_level(logging.WARNING, logger="service.gateway"):
+            with caplog.at_level(logging.WARNING, logger="service.instances.registry"):
                 assert await gw.close() == 0
-            assert not [r for r in caplog.records if r.name == "service.gateway"]
+            assert not [r for r in caplog.records if r.name == "service.instances.registry"]
             assert gw.instance_count == 0 and all(i.closed for i in insts)
             assert len(cluster.requests(ApiKey.LEAVE_GROUP, since=mark)) == GROUPS * PER_GROUP
             assert members(cluster) == 0  # every group is empty: nobody waits for a session to expire
@@ -95,13 +95,13 @@ async def test_close_returns_within_the_deadline_when_the_broker_stops_answering
             # the instances' own traffic (heartbeats, fetches) is already hanging before shutdown starts
             await cluster.wait_for_requests(ApiKey.HEARTBEAT, since=mark)
             started = time.monotonic()
-            with caplog.at_level(logging.WARNING, logger="service.gateway"):
+            with caplog.at_level(logging.WARNING, logger="service.instances.registry"):
                 unclean = await asyncio.wait_for(gw.close(), timeout + 15)
             elapsed = time.monotonic() - started
             assert elapsed < timeout + HARD_CLOSE_GRACE_S, elapsed
             assert elapsed >= timeout * 0.9  # it did try to close cleanly until the deadline
             assert unclean == n
-            warnings = [r.getMessage() for r in caplog.records if r.name == "service.gateway"]
+            warnings = [r.getMessage() for r in caplog.records if r.name == "service.instances.registry"]
             # one warning with the count; none about shutdown tasks surviving the hard close
             assert len(warnings) == 1, warnings
             assert warnings[0].startswith(f"{n} of {n} consumer instances did not close cleanly within the "

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.node_tools import NODE_ENV, REPO, node_tool
 

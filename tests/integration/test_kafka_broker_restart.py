@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError as CKError
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.embedded_kafka import EmbeddedKafka
+from service.embedded.kafka import EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

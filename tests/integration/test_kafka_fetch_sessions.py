@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.embedded_kafka import EmbeddedKafka
+from service.consumer.subscription import TopicPartition
+from service.embedded.kafka import EmbeddedKafka
 from service.fetch.oneshot import probe_fetch
 from service.fetch.session import FetchSessionHandler
 from service.protocol import error_codes as EC
-from service.subscription import TopicPartition
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import trustme
 import yaml
 
 from service.client.client import KafkaClient
-from service.embedded_kafka import BrokerTls, EmbeddedKafka
+from service.embedded.kafka import BrokerTls, EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import trustme
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, ConnectionConfig, SaslConfig
 from service.client.errors import AuthenticationError
-from service.embedded_kafka import BrokerTls, EmbeddedKafka
-from service.tls import build_ssl_context
+from service.embedded.kafka import BrokerTls, EmbeddedKafka
+from service.lib.tls import build_ssl_context
 
 pytestmark = pytest.mark.integration
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded_kafka import EmbeddedKafka
+from service.embedded.kafka import EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_replicas import BIN, V2, Ledger, commit, metric, produce, start
 

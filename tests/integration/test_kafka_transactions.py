@@ -29,7 +29,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from service.embedded_kafka import EmbeddedKafka
+from service.embedded.kafka import EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

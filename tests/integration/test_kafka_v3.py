@@ -23,7 +23,7 @@ from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
-from service.embedded_kafka import EmbeddedKafka
+from service.embedded.kafka import EmbeddedKafka
 from service.protocol import messages as M
 from tests.integration.gateway_proc import GatewayProcess
 from tests.v3_shapes import check

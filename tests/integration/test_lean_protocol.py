@@ -1,4 +1,4 @@
-"""The protocol-level produce path (service/httpserver.py ``LeanCycle`` + api/fastpath.py ``LeanProduceCall``)
+"""The protocol-level produce path (api/server/http.py ``LeanCycle`` + api/server/fastpath.py ``LeanProduceCall``)
 seen from a raw HTTP/1.1 client of a real gateway process: the same answers as the full app (status, headers,
 body), keep-alive, pipelining in order, ``Connection: close``, a client that goes away mid-body, and HTTP/1.0."""
 

@@ -4,7 +4,7 @@ Reproduces Karapace's ``test_subscription`` (tests/integration/test_rest_consume
 pattern to three topics, GET records once (the assignment arrives; nothing to read), produce 3 records to
 each topic (flushing after each topic), then expect all nine from a single ``GET records?timeout=5000``;
 the same with an explicit topic list, through the full route (the first variant takes the lean GET path of
-api/fastpath.py). Also Confluent's instance configs ``consumer.request.timeout.ms`` (default and cap of a
+api/server/fastpath.py). Also Confluent's instance configs ``consumer.request.timeout.ms`` (default and cap of a
 request's timeout) and ``fetch.min.bytes`` (a request returns once more than that many bytes are there).
 
 The gateway runs with the embedded broker's long-poll fetch wait (10 ms, as ``make run`` sets it): Tansu
@@ -93,7 +93,7 @@ async def test_topic_list_one_get_returns_all_nine_through_the_full_route(broker
     ok(await http.post(f"{inst}/subscription", json={"topics": topics}, headers=H), 204)
     assert ok(await http.get(f"{inst}/records", params={"timeout": 5000}, headers={"Accept": BIN})) == []
     await asyncio.to_thread(produce_per_topic, broker.bootstrap, topics, 3, b"bar")
-    # a GET with a body is served by the full route (api/fastpath.py hands it over): same answer
+    # a GET with a body is served by the full route (api/server/fastpath.py hands it over): same answer
     r = await http.request("GET", f"{inst}/records?timeout=5000", content=b"{}",
                            headers={"Accept": BIN, "Content-Type": V2})
     assert per_topic(ok(r)) == dict.fromkeys(topics, 3)

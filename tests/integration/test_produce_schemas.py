@@ -31,7 +31,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 
 from api.app import create_app
 from service.client.client import KafkaClient
-from service.embedded import free_port
+from service.embedded.tansu import free_port
 from service.schemas.wire import unframe
 from service.settings import Settings
 from tests.conftest import AnyBroker

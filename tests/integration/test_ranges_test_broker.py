@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 
 from service.client.client import KafkaClient
+from service.consumer.subscription import TopicPartition
 from service.fetch.oneshot import probe_fetch
 from service.fetch.ranges import OffsetOutOfRange, RangeSessions, range_sessions, read_page
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.fetch.session import ZERO_UUID
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
-from service.subscription import TopicPartition
 from tests.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_consumer_vs_test_broker import (
@@ -254,7 +254,7 @@ async def test_a_partition_whose_leader_does_not_know_its_epoch_yet_is_asked_aga
     """Apache Kafka answers a fetch of a partition it created a moment ago with UNKNOWN_LEADER_EPOCH (75) for a
     while (seen right after CreateTopics): read_page and read_offsets ask again with fresh metadata, after short
     pauses, instead of failing the range read with a 503."""
-    from service.topics import read_offsets
+    from service.cluster.topics import read_offsets
 
     async with TestCluster(topics={"t": 1}) as cluster:
         for v in (b"a", b"b", b"c"):

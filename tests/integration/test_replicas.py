@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.routing import owner, routing_key
+from service.ring import owner, routing_key
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 

@@ -40,7 +40,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance, unsupported_method
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.registry.server import TestRegistry
 
@@ -69,7 +69,7 @@ schema = schemathesis.openapi.from_dict(_without_ignored_headers(yaml.safe_load(
                                         config=SchemathesisConfig.from_dict(
     {"auth": {"openapi": {"BearerAuth": {"bearer": API_KEY}}}, "request-timeout": 10,
      # invalid data may also be refused by the server before any route: a request head over the header cap
-     # (e.g. hundreds of generated query parameters) is 431 / 43101 (service/httpserver.py)
+     # (e.g. hundreds of generated query parameters) is 431 / 43101 (api/server/http.py)
      "checks": {"negative_data_rejection": {"expected-statuses": [
          "400", "401", "403", "404", "405", "406", "409", "415", "422", "428", "429", "431", "5xx"]}}}))
 

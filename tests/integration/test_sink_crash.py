@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_sink_tansu import create_topic, produce, table_rows
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def start_cli(url: str, topic: str, tmp: Path, fmt: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "service.main", "sink", "--gateway", url, "--topics", topic,
+    argv = [sys.executable, "-m", "gateway", "sink", "--gateway", url, "--topics", topic,
             "--table", str(tmp / "table"), "--checkpoint", str(tmp / "cp"), "--format", fmt, *extra]
     return subprocess.Popen(argv, cwd=REPO, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})

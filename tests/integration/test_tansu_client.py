@@ -6,7 +6,7 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.client.errors import KafkaConnectionError
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.protocol import messages as M
 from service.protocol.primitives import ZERO_UUID
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import free_port
+from service.embedded.tansu import free_port
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_topics_tansu import open_transaction, produce_batch

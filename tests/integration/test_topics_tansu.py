@@ -1,4 +1,4 @@
-"""service/topics.py against a real Tansu broker: topic metadata, configs (DescribeConfigs) and partition
+"""service/cluster/topics.py against a real Tansu broker: topic metadata, configs (DescribeConfigs) and partition
 offsets (beginning, high watermark, last stable offset) with multi-record batches and an open transaction."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
+from service.cluster.topics import PartitionNotFound, TopicCatalog, TopicNotFound, read_offsets, visible_topic_names
+from service.consumer.subscription import TopicPartition
 from service.protocol import messages as M
-from service.subscription import TopicPartition
-from service.topics import PartitionNotFound, TopicCatalog, TopicNotFound, read_offsets, visible_topic_names
 from tests.conftest import AnyBroker
 
 pytestmark = pytest.mark.integration

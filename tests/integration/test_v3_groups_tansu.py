@@ -2,7 +2,7 @@
 lag number (per partition, total, maximum, its partition and consumer), consume the rest, commit, lag 0.
 
 Tansu's DescribeGroups gives members without client id and assignment; the gateway fills them in for its
-own members (see service/groups.py), so the lag's consumer is the HTTP instance's group member.
+own members (see service/cluster/group_admin.py), so the lag's consumer is the HTTP instance's group member.
 """
 
 from __future__ import annotations

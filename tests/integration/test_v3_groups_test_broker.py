@@ -20,11 +20,11 @@ import pytest
 
 from api.app import create_app
 from service.client.connection import ConnectionConfig
-from service.gateway import ConsumerInstance, Gateway, InstanceOptions
-from service.groups import GroupAdmin
+from service.cluster.group_admin import GroupAdmin
+from service.consumer.subscription import TopicPartition
+from service.instances.registry import ConsumerInstance, Gateway, InstanceOptions
 from service.protocol.messages import ApiKey
 from service.settings import Settings
-from service.subscription import TopicPartition
 from tests.broker import TestCluster, default_registry
 from tests.broker.group_coordinator import GroupPhase, group_coordinator
 from tests.v3_shapes import check

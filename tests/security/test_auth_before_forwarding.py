@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker
-from service.routing import owner, routing_key
+from service.embedded.tansu import EmbeddedBroker
+from service.ring import owner, routing_key
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.tenants.quotas import DEFAULT_QUOTAS
 from tests.integration.gateway_proc import GatewayProcess
 

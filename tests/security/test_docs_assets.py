@@ -17,7 +17,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

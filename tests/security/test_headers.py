@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 MiB = 1024 * 1024

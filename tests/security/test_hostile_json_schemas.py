@@ -34,7 +34,7 @@ import pytest
 from confluent_kafka import Producer
 from google.protobuf import struct_pb2
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.schemas.wire import frame
 from tests.integration.gateway_proc import GatewayProcess
 from tests.registry.server import TestRegistry

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.protocol.messages import ApiKey
 from tests.broker import TestCluster, default_registry
 from tests.integration.gateway_proc import GatewayProcess

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.embedded import free_port
+from service.embedded.tansu import free_port
 from service.protocol import messages as M
 from tests.broker.cluster import TestCluster
 from tests.broker.handlers import default_registry

@@ -17,8 +17,8 @@ import httpx
 import orjson
 import pytest
 
-from service.embedded import EmbeddedBroker, free_port
-from service.routing import ROUTING_VERSION, owner, routing_key
+from service.embedded.tansu import EmbeddedBroker, free_port
+from service.ring import ROUTING_VERSION, owner, routing_key
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.protocol import records as R
 from tests.integration.gateway_proc import GatewayProcess
 from tests.security.raw_kafka import produce_request

@@ -28,8 +28,8 @@ import trustme
 from prometheus_client import CollectorRegistry
 
 from api.replicas import Router
-from service.embedded import EmbeddedBroker, free_port
-from service.routing import owner, routing_key
+from service.embedded.tansu import EmbeddedBroker, free_port
+from service.ring import owner, routing_key
 from service.settings import Settings
 from tests.integration.gateway_proc import FAST_ENV, GatewayProcess
 
@@ -334,7 +334,7 @@ def test_inconsistent_tls_settings_refuse_to_start(tansu: EmbeddedBroker, certs:
               "GATEWAY_PEER_DNS"):
         env.pop(k, None)
     env.update(extra)
-    done = subprocess.run([sys.executable, "-m", "service.main"], env=env, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "gateway"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2, done
     assert b"refusing to start" in done.stderr and setting.encode() in done.stderr, done.stderr
     assert b"Traceback" not in done.stderr, done.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.embedded import EmbeddedBroker, free_port
+from service.embedded.tansu import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import FAST_ENV, GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,13 +32,13 @@ def test_peers_without_a_token_refuse_to_start(tansu: EmbeddedBroker, peers: str
     env = {**os.environ, **FAST_ENV, "GATEWAY_KAFKA_BOOTSTRAP": tansu.bootstrap, "GATEWAY_PORT": str(port),
            peers: f"http://127.0.0.1:{port}" if peers == "GATEWAY_PEERS" else f"localhost:{port}"}
     env.pop("GATEWAY_PEER_TOKEN", None)
-    done = subprocess.run([sys.executable, "-m", "service.main"], env=env, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "gateway"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2, done
     assert b"refusing to start" in done.stderr and b"GATEWAY_PEER_TOKEN" in done.stderr, done.stderr
     assert b"Traceback" not in done.stderr
     # an empty token is no token
     env["GATEWAY_PEER_TOKEN"] = "  "
-    done = subprocess.run([sys.executable, "-m", "service.main"], env=env, capture_output=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "gateway"], env=env, capture_output=True, timeout=60)
     assert done.returncode == 2 and b"GATEWAY_PEER_TOKEN" in done.stderr, done
 
 

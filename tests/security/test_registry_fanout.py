@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 from tests.security.fake_registry import FakeRegistry
 

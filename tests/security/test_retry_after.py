@@ -25,8 +25,8 @@ import orjson
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
-from service.routing import SERVED_BY_HEADER
+from service.embedded.tansu import EmbeddedBroker
+from service.ring import SERVED_BY_HEADER
 from tests.integration.gateway_proc import GatewayProcess
 from tests.security.test_quotas_replicas import PEER, names_on, start_pair
 

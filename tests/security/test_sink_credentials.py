@@ -33,7 +33,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -74,7 +74,7 @@ def topic(tansu: EmbeddedBroker) -> str:
 
 
 def sink_argv(gw: GatewayProcess, topic: str, tmp: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "service.main", "sink", "--gateway", gw.url, "--topics", topic,
+    return [sys.executable, "-m", "gateway", "sink", "--gateway", gw.url, "--topics", topic,
             "--table", str(tmp / "table"), "--checkpoint", str(tmp / "cp"), "--quiet", *extra]
 
 

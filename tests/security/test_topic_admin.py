@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from service.protocol import messages as M
 from tests.integration.gateway_proc import GatewayProcess
 

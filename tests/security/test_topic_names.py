@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
-from service.embedded import EmbeddedBroker
+from service.embedded.tansu import EmbeddedBroker
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""service.aio.LightEvent behaves like asyncio.Event."""
+"""service.lib.aio.LightEvent behaves like asyncio.Event."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from service.aio import LightEvent
 from service.client.connection import wait_event
+from service.lib.aio import LightEvent
 
 
 async def test_set_wakes_every_waiter_and_clear_affects_later_waits() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from service.subscription import TopicPartition as TP
+from service.consumer.subscription import TopicPartition as TP
 
 
 async def test_assigned_topics_the_tenant_may_not_read_are_ignored(caplog: pytest.LogCaptureFixture) -> None:

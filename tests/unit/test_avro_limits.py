@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api import render
-from api.render import render_schema_chunks, use_c_avro
+from api.v2 import render
+from api.v2.render import render_schema_chunks, use_c_avro
+from service.consumer.subscription import TopicPartition
 from service.protocol.records import Record
 from service.schemas import avro_fast, avro_limits
 from service.schemas.arrow import decode_column
@@ -27,7 +28,6 @@ from service.schemas.avro_limits import R_BYTES, R_DEPTH, R_ITEMS, R_MALFORMED, 
 from service.schemas.formats import ResolvedSchema
 from service.schemas.registry import Schema
 from service.schemas.wire import frame
-from service.subscription import TopicPartition
 
 _cavro = avro_fast._cavro
 pytestmark = pytest.mark.skipif(_cavro is None, reason="the C extension is built in every test environment")

@@ -1,6 +1,6 @@
 """service/schemas/_cavro.c (the C Avro -> JSON renderer) against the Python reference, byte for byte:
 ``orjson.dumps(AvroCodec(schema, rendering=...).decode(payload), option=OPT_NON_STR_KEYS)`` per value, and
-api/render.py's render_decoded_chunk per chunk. Random values of many schemas (every type, nesting, recursion,
+api/v2/render.py's render_decoded_chunk per chunk. Random values of many schemas (every type, nesting, recursion,
 unions, logical types, odd map keys, unicode, control characters, float edge cases), mutated and garbage
 payloads (the C code must hand them to the Python fallback or agree with it, never crash). No sockets: the
 registry is an httpx MockTransport."""
@@ -19,8 +19,8 @@ import httpx
 import orjson
 import pytest
 
-from api import render as render_mod
-from api.render import (
+from api.v2 import render as render_mod
+from api.v2.render import (
     NDJSON_SEP,
     SSE_SEP,
     _head,
@@ -30,13 +30,13 @@ from api.render import (
     render_decoded_chunk,
     render_schema_chunks,
 )
+from service.consumer.subscription import TopicPartition
 from service.protocol.records import Record
 from service.schemas import avro_fast, avro_limits
 from service.schemas.avro import AvroCodec, _Node
 from service.schemas.formats import SchemaResolver
 from service.schemas.registry import RegistryClient, RegistryConfig
 from service.schemas.wire import frame
-from service.subscription import TopicPartition
 
 REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
 RENDERINGS = ("confluent", "karapace")
@@ -416,7 +416,7 @@ async def test_chunks_render_as_render_decoded(rendering: str | None) -> None:
     ids = chunk_schema_ids(chunks)
     assert ids == {1, 2, 3, 4, 99}
     await resolver.prepare(ids)
-    # the reference: resolver.decode + render_decoded (what api/consumers.py does today)
+    # the reference: resolver.decode + render_decoded (what api/v2/consumers.py does today)
     for sep in (b",", NDJSON_SEP, SSE_SEP):
         render_mod.use_c_avro(False)
         try:

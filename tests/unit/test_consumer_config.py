@@ -7,10 +7,10 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from api import consumer_config as cc
-from api.consumer_config import ConfigError, parse_properties
-from api.consumers import CreateConsumer
-from service.gateway import Gateway, InstanceOptions
+from api.v2 import consumer_config as cc
+from api.v2.consumer_config import ConfigError, parse_properties
+from api.v2.consumers import CreateConsumer
+from service.instances.registry import Gateway, InstanceOptions
 from service.settings import Settings
 
 
@@ -36,7 +36,7 @@ def test_honoured_properties_become_consumer_config_fields() -> None:
 
 def test_client_side_properties_are_ignored_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     cc._logged.discard("receive.buffer.bytes")
-    with caplog.at_level(logging.INFO, logger="api.consumer_config"):
+    with caplog.at_level(logging.INFO, logger="api.v2.consumer_config"):
         a = parse_properties({"receive.buffer.bytes": 65536, "queued.min.messages": "1000",
                               "key.deserializer": "org.apache.kafka.common.serialization.ByteArrayDeserializer"})
         b = parse_properties({"receive.buffer.bytes": 1})

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from service.embedded import EmbeddedBrokerError
-from service.embedded_kafka import (
+from service.embedded.kafka import (
     KAFKA_VERSION,
     SINGLE_NODE_CONFIG,
     BrokerTls,
@@ -26,6 +25,7 @@ from service.embedded_kafka import (
     start_problem,
     sweep_stale_dirs,
 )
+from service.embedded.tansu import EmbeddedBrokerError
 from service.settings import Settings
 from tests.conftest import REPO
 

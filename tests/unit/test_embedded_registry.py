@@ -1,4 +1,4 @@
-"""When `make run` starts the embedded schema registry (service/embedded_registry.py): the decision alone."""
+"""When `make run` starts the embedded schema registry (service/embedded/registry.py): the decision alone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded_registry import launcher_for, start_problem
+from service.embedded.registry import launcher_for, start_problem
 from service.settings import Settings
 
 
@@ -86,7 +86,7 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 async def test_a_registry_without_a_master_is_restarted(tmp_path: Path) -> None:
     """Karapace on Tansu now and then never elects itself a master: a registry whose HTTP answers without a
     master for election_timeout is restarted (here the second launch elects), and then it is the default."""
-    from service.embedded_registry import EmbeddedRegistry
+    from service.embedded.registry import EmbeddedRegistry
     from service.schemas.formats import SchemaService
 
     venv = tmp_path / "venv"
@@ -135,7 +135,7 @@ async def test_the_registry_gets_an_allow_listed_environment(tmp_path: Path, mon
     credentials, or anything else the deployment put in the gateway's environment."""
     import json
 
-    from service.embedded_registry import EmbeddedRegistry, child_env
+    from service.embedded.registry import EmbeddedRegistry, child_env
     from service.schemas.formats import SchemaService
 
     secrets = {"GATEWAY_PEER_TOKEN": "peer-secret-1", "GATEWAY_ADMIN_TOKEN": "admin-secret-2",

@@ -1,4 +1,4 @@
-"""The lean records route (api/fastpath.py): what it serves itself, what it hands to the full app, and that
+"""The lean records route (api/server/fastpath.py): what it serves itself, what it hands to the full app, and that
 its answers are the full route's (same handlers, same bodies)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from api.fastpath import RecordsFastPath, _query
+from api.server.fastpath import RecordsFastPath, _query
 from service.settings import Settings
 
 
@@ -218,7 +218,7 @@ async def test_the_producer_takes_the_producer_settings() -> None:
     from starlette.requests import Request
 
     from api.app import create_app
-    from api.produce import producer_for
+    from api.v2.produce import producer_for
 
     app = create_app(Settings(kafka_bootstrap="127.0.0.1:1", producer_max_in_flight_per_broker=3,
                               producer_linger_ms=2, producer_compression="lz4", producer_idempotent=False),

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from service.client.errors import KafkaError
+from service.consumer.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
 from service.fetch import session as session_mod
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.fetch.oneshot import probe_fetch
 from service.fetch.session import ZERO_UUID, FetchMetadata, FetchSessionHandler, FetchSessionStateError
 from service.protocol import frames
 from service.protocol import messages as M
-from service.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
 
 TP = TopicPartition("t", 0)
 VERSION = 12  # topic names: the fakes need no topic ids

@@ -9,9 +9,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from service.consumer.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
 from service.fetch import fetcher as F
 from service.protocol import records as R
-from service.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
 
 TP = TopicPartition("t", 0)
 

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from service.budget import MemoryBudget
 from service.client.client import KafkaClient
 from service.errors import GatewayError
-from service.gateway import (
+from service.instances.budget import MemoryBudget
+from service.instances.registry import (
     HARD_CLOSE_GRACE_S,
     ConsumerInstance,
     Gateway,
@@ -127,7 +127,7 @@ async def test_close_abandons_a_close_that_ignores_cancellation(caplog: pytest.L
     for inst, close in zip(insts, (quick, stubborn, failing), strict=True):
         _fake_closes([inst], close)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="service.gateway"):
+    with caplog.at_level(logging.WARNING, logger="service.instances.registry"):
         unclean = await asyncio.wait_for(gw.close(), 5)
     elapsed = time.monotonic() - started
     assert stubborn_started.is_set()

@@ -1,4 +1,4 @@
-"""service.gcpolicy: long-lived objects are frozen out of the collector's way; garbage of closed
+"""api.server.gcpolicy: long-lived objects are frozen out of the collector's way; garbage of closed
 instances is reclaimed once enough of them closed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.gcpolicy import GcPolicy
+from api.server.gcpolicy import GcPolicy
 
 
 class Node:

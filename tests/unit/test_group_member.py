@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from service.consumer.subscription import TopicPartition
 from service.group.assignors import get_assignor
 from service.group.member import Action, GroupMember, MemberState, Step
 from service.group.protocol import (
@@ -17,7 +18,6 @@ from service.group.protocol import (
 )
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 TP = TopicPartition
 JoinMember = M.struct("JoinGroupResponse", "JoinGroupResponseMember")

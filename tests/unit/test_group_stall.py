@@ -8,12 +8,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from service.consumer.consumer import ConsumerStats
+from service.consumer.subscription import TopicPartition
 from service.group.assignors import get_assignor
 from service.group.coordinator import GroupCoordinator
 from service.group.member import GroupMember, MemberState
 from service.metrics import GatewayCollector
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 
 def member(instance: str | None = "inst-a", session_ms: int = 6000) -> GroupMember:

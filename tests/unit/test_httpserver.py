@@ -1,4 +1,4 @@
-"""service/httpserver.py's HeadScanner: request-head bytes and lines counted over arbitrary chunks."""
+"""api/server/http.py's HeadScanner: request-head bytes and lines counted over arbitrary chunks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import orjson
 
-from service.httpserver import TOO_LARGE, TOO_MANY, HeadLimits, HeadScanner, error_bytes
+from api.server.http import TOO_LARGE, TOO_MANY, HeadLimits, HeadScanner, error_bytes
 
 LIMITS = HeadLimits(max_bytes=100, max_count=3)
 
@@ -89,7 +89,7 @@ class _Recorder:
 async def test_coalescing_transport_sends_head_and_body_in_one_call() -> None:
     import asyncio
 
-    from service.httpserver import HOLD_MAX_BYTES, CoalescingTransport
+    from api.server.http import HOLD_MAX_BYTES, CoalescingTransport
 
     rec = _Recorder()
     t = CoalescingTransport(rec, asyncio.get_running_loop())  # type: ignore[arg-type]
@@ -180,7 +180,7 @@ HEAD_200 = b"HTTP/1.1 200 OK\r\nserver: uvicorn\r\ndate: today\r\ncontent-length
 
 
 async def test_lean_cycle_answers_in_one_write_with_the_default_headers() -> None:
-    from service.httpserver import LeanCycle
+    from api.server.http import LeanCycle
     for mode in ("now", "later", "await"):
         proto, call = _Proto(), _Call(mode=mode)
         cycle = LeanCycle(proto, call, keep_alive=True)
@@ -204,7 +204,7 @@ async def test_lean_cycle_answers_in_one_write_with_the_default_headers() -> Non
 
 
 async def test_lean_cycle_closes_without_keep_alive_and_answers_500_for_a_bug() -> None:
-    from service.httpserver import LeanCycle
+    from api.server.http import LeanCycle
     proto, call = _Proto(), _Call()
     cycle = LeanCycle(proto, call, keep_alive=False)
     assert not cycle.start()
@@ -221,7 +221,7 @@ async def test_lean_cycle_closes_without_keep_alive_and_answers_500_for_a_bug() 
 
 
 async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> None:
-    from service.httpserver import LeanCycle
+    from api.server.http import LeanCycle
     proto, call = _Proto(), _Call()
     cycle = LeanCycle(proto, call, keep_alive=True)
     cycle.chunks.append(b"part")

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from service.consumer.consumer import Consumer, ConsumerConfig
+from service.consumer.subscription import FetchState, SubscriptionState, TopicPartition
 from service.fetch.fetcher import FetchConfig, Fetcher
 from service.group.coordinator import GroupCoordinator
-from service.subscription import FetchState, SubscriptionState, TopicPartition
 
 TP = TopicPartition("t", 0)
 

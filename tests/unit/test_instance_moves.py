@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from service.durable.descriptors import InstanceDescriptor
 from service.durable.moves import AliveSince, Move, PeerState, instances_to_move
-from service.gateway import ConsumerInstance, Gateway, InstanceOptions, TenantRuntime
+from service.instances.registry import ConsumerInstance, Gateway, InstanceOptions, TenantRuntime
 from service.metrics import GatewayCollector
-from service.routing import owner, routing_key
+from service.ring import owner, routing_key
 
 AB, ABC = ["a", "b"], ["a", "b", "c"]
 
@@ -189,7 +189,7 @@ async def test_an_open_stream_ends_before_its_next_poll() -> None:
             epoch = inst.stream_epoch
             while not inst.closed:
                 async with inst.lock:
-                    if inst.stream_epoch != epoch:  # as api/consumers.py's _stream
+                    if inst.stream_epoch != epoch:  # as api/v2/consumers.py's _stream
                         return f"ended at a record boundary after {polls} polls"
                     polls += 1
                     started.set()
@@ -269,7 +269,7 @@ async def test_the_router_moves_what_a_settled_new_replica_owns() -> None:
     from prometheus_client import CollectorRegistry as Registry
 
     from api.replicas.router import Router
-    from service.routing import Identity
+    from service.ring import Identity
     from service.settings import Settings
 
     settings = Settings(replica_id="a", peers="http://127.0.0.1:1", peer_token="s3cret",

@@ -7,7 +7,7 @@ import logging
 
 import orjson
 
-from service.logs import ContextFilter, JsonFormatter, TextFormatter, bind
+from service.lib.logs import ContextFilter, JsonFormatter, TextFormatter, bind
 
 
 def _record(msg: str) -> logging.LogRecord:
@@ -41,7 +41,7 @@ def test_text_format_escapes_control_characters() -> None:
     """One record is one line (no forged log lines); a traceback's lines start with '  | '."""
     import logging as _logging
 
-    from service.logs import TextFormatter, escape
+    from service.lib.logs import TextFormatter, escape
 
     assert escape("a\nb\r\t\x1b[2K\x00\x7f\u2028\u0085") == "a\\nb\\r\\t\\x1b[2K\\x00\\x7f\\u2028\\x85"
     fmt = TextFormatter("%(levelname)s %(message)s")

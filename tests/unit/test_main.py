@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import uvloop
 
-from service.main import _http_protocol, _loop_factory
+from gateway.main import _http_protocol, _loop_factory
 
 
 def test_uvloop_by_default_and_asyncio_on_request() -> None:

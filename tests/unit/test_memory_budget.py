@@ -1,4 +1,4 @@
-"""The process memory budget (service/budget.py): grants, the prefetch share, the request queue."""
+"""The process memory budget (service/instances/budget.py): grants, the prefetch share, the request queue."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from api.consumer_config import HONOURED, MAX_FETCH_MAX_BYTES, MAX_PARTITION_FETCH_BYTES
-from service.budget import MIN_GRANT, BudgetExhausted, MemoryBudget
+from api.v2.consumer_config import HONOURED, MAX_FETCH_MAX_BYTES, MAX_PARTITION_FETCH_BYTES
+from service.instances.budget import MIN_GRANT, BudgetExhausted, MemoryBudget
 
 MiB = 1024 * 1024
 

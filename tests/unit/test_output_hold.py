@@ -1,5 +1,5 @@
-"""Answers held until they left the process (service/httpserver.py: held_send, the send timeout, LeanCycle waiting
-for the drain) and the records-per-request cap of the produce parsers (api/produce.py, _cproduce)."""
+"""Answers held until they left the process (api/server/http.py: held_send, the send timeout, LeanCycle waiting
+for the drain) and the records-per-request cap of the produce parsers (api/v2/produce.py, _cproduce)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from api.produce import parse_body_records
-from service.budget import MemoryBudget
-from service.errors import GatewayError
-from service.httpserver import (
+from api.server.http import (
     HELD_MIN_BYTES,
     CoalescingTransport,
     LeanCycle,
@@ -21,6 +18,9 @@ from service.httpserver import (
     _HeadGuard,
     held_send,
 )
+from api.v2.produce import parse_body_records
+from service.errors import GatewayError
+from service.instances.budget import MemoryBudget
 from service.producer import encoding
 
 MiB = 1024 * 1024
@@ -290,7 +290,7 @@ class _LeanProto:
 
 @pytest.fixture(autouse=True)
 def _status_lines() -> None:
-    from service import httpserver
+    from api.server import http as httpserver
     httpserver._STATUS_LINE.setdefault(200, b"HTTP/1.1 200 OK\r\n")
 
 

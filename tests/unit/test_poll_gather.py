@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from api.consumer_config import poll_timeout_ms
+from api.v2.consumer_config import poll_timeout_ms
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig, ConsumerRecord
+from service.consumer.subscription import TopicPartition
 from service.protocol.messages import ApiKey
-from service.subscription import TopicPartition
 from tests.broker import TestCluster
 
 TP = TopicPartition

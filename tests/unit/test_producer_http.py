@@ -1,4 +1,4 @@
-"""The produce endpoints' pure helpers (api/produce.py): body parsing, record validation, response rendering."""
+"""The produce endpoints' pure helpers (api/v2/produce.py): body parsing, record validation, response rendering."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import base64
 import orjson
 import pytest
 
-from api.produce import _parse_body, parse_records, render
+from api.v2.produce import _parse_body, parse_records, render
 from service.errors import GatewayError
 from service.producer import ProduceFailure, RecordMetadata
 

@@ -215,7 +215,7 @@ def test_expiry_and_fail_all_count_records_of_runs() -> None:
 # -- the HTTP produce route's C helpers (parse_binary, render_offsets) against the Python path ----------------
 def _both(fn, *args):  # type: ignore[no-untyped-def]
     """fn(*args) with the C helpers and without: (result or exception text) each."""
-    from api import produce as route
+    from api.v2 import produce as route
 
     out = []
     saved = encoding.native
@@ -238,7 +238,7 @@ def test_parse_binary_in_c_is_the_python_parse() -> None:
         pytest.skip("C helpers not built")
     import base64
 
-    from api.produce import parse_records
+    from api.v2.produce import parse_records
 
     rng = random.Random(5)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=- \n_é"
@@ -267,7 +267,7 @@ def test_parse_binary_in_c_is_the_python_parse() -> None:
 
 def _python_body_parse(raw: bytes, partition: int | None) -> object:
     """What the route does with a body the C body parser declines: orjson, then parse_records."""
-    from api.produce import _parse_body, parse_records
+    from api.v2.produce import _parse_body, parse_records
 
     saved = encoding.native
     encoding.native = None
@@ -330,7 +330,7 @@ def test_parse_body_binary_in_c_is_orjson_and_parse_records() -> None:
 def test_render_offsets_in_c_is_the_python_render() -> None:
     if encoding.native is None:
         pytest.skip("C helpers not built")
-    from api.produce import render
+    from api.v2.produce import render
 
     cases = [
         ([RecordMetadata(0, 0)], None, None),

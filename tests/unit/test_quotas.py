@@ -272,7 +272,7 @@ async def test_reconcile_forgets_tenants_owned_elsewhere() -> None:
 # -- a 429 always carries Retry-After ----------------------------------------------------------------------
 async def test_every_429_carries_retry_after() -> None:
     from api.errors import error_response
-    from service.gateway import TooManyInstances
+    from service.instances.registry import TooManyInstances
 
     now = [0.0]
     t = Tenant("t", "k:9092", ConnectionConfig(),

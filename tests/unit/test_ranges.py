@@ -131,8 +131,8 @@ async def test_an_empty_fetch_below_the_end_is_asked_again_with_a_longer_wait(
     from types import SimpleNamespace
 
     from service.client.errors import KafkaError
+    from service.consumer.subscription import TopicPartition
     from service.fetch import ranges
-    from service.subscription import TopicPartition
 
     data = build_batch([(None, b"v0"), (None, b"v1")], base_offset=0)
     answers: list[bytes] = []

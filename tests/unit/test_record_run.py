@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api import render as Rd
+from api.v2 import render as Rd
+from service.consumer.subscription import TopicPartition
 from service.fetch import fetcher as F
 from service.fetch.read_committed import filter_batches
 from service.protocol import records as R
 from service.protocol.records import Record, build_batch, decode_records
-from service.subscription import TopicPartition
 
 C = R._crecords
 pytestmark = pytest.mark.skipif(C is None or not hasattr(C, "RecordRun"), reason="C accelerator not built")

@@ -231,8 +231,8 @@ def small_bound() -> Iterator[None]:
 def test_fetcher_reports_a_bomb_once_and_parks_only_that_partition(small_bound: None) -> None:
     from types import SimpleNamespace
 
+    from service.consumer.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
     from service.fetch import fetcher as F
-    from service.subscription import OffsetResetStrategy, SubscriptionState, TopicPartition
 
     bomb_tp, ok_tp = TopicPartition("t", 0), TopicPartition("t", 1)
     client = SimpleNamespace(metadata=SimpleNamespace(leader=lambda t, p: 0), invalidate=lambda *a: None)

@@ -1,4 +1,4 @@
-"""Response rendering (api/render.py): the C and the pure-Python binary renderer give the same JSON, every
+"""Response rendering (api/v2/render.py): the C and the pure-Python binary renderer give the same JSON, every
 framing parses back to the records, and the json format splices valid JSON and never loses a record."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api import render as Rd
+from api.v2 import render as Rd
+from service.consumer.subscription import TopicPartition
 from service.protocol import records as R
 from service.protocol.records import Record
-from service.subscription import TopicPartition
 
 REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
 TP = TopicPartition("t\u00e9st \"q\"", 3)

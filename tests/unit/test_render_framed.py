@@ -1,5 +1,5 @@
 """A poll's whole JSON array rendered in one C buffer (``_crecords.render_framed`` via
-``api.render.render_array``) gives the same bytes as the per-chunk renderer joined by ``Rendered.array``,
+``api.v2.render.render_array``) gives the same bytes as the per-chunk renderer joined by ``Rendered.array``,
 and the pure-Python path; the decoder's shared timestamp objects and the pair-table base64 change no value."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api import render as Rd
+from api.v2 import render as Rd
+from service.consumer.subscription import TopicPartition
 from service.protocol import records as R
 from service.protocol.records import Record
-from service.subscription import TopicPartition
 
 REQUIRE_CEXT = os.environ.get("KCG_REQUIRE_CEXT") == "1"
 

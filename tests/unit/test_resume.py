@@ -1,4 +1,4 @@
-"""Resume tokens (service/resume.py) and their framing in ndjson / SSE streams (api/consumers.py)."""
+"""Resume tokens (service/consumer/resume.py) and their framing in ndjson / SSE streams (api/v2/consumers.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-from api.consumers import _ndjson_with_token, _sse_with_ids, _token_prefix
-from api.render import NDJSON_SEP, render_binary, render_json
+from api.v2.consumers import _ndjson_with_token, _sse_with_ids, _token_prefix
+from api.v2.render import NDJSON_SEP, render_binary, render_json
+from service.consumer.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, derive_key
+from service.consumer.subscription import TopicPartition as TP
 from service.protocol.records import Record
-from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, derive_key
-from service.subscription import TopicPartition as TP
 
 B = Binding("tenant-a", "group-1", "inst-1")
 

@@ -1,4 +1,4 @@
-"""Routing between replicas, the sans-io core (service/routing.py), the routing middleware against a fake
+"""Routing between replicas, the sans-io core (service/ring.py), the routing middleware against a fake
 peer (api/replicas/, no network) and the gateway's part: placement of generated names, static membership."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.gateway import Gateway, InstanceNotFound, InstanceOptions, static_group_instance_id
-from service.routing import (
+from service.instances.registry import Gateway, InstanceNotFound, InstanceOptions, static_group_instance_id
+from service.ring import (
     ROUTING_VERSION,
     CreateName,
     HintCache,

@@ -115,8 +115,8 @@ def test_pattern_cache_is_bounded_by_bytes_least_recently_used_first() -> None:
 
 
 def test_compile_pattern_uses_the_process_cache_only() -> None:
+    from service.consumer.subscription import compile_topic_pattern
     from service.schemas.ecma_regex import PATTERNS
-    from service.subscription import compile_topic_pattern
 
     cached = re2._Regexp._make.cache_info().currsize  # google-re2's own cache (128 programs of any size)
     regex = compile_pattern("^unit-cache-[0-9]+$")

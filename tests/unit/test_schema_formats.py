@@ -221,9 +221,9 @@ async def test_avro_schema_references_resolve_in_any_order() -> None:
     out = await resolver.decode_all("avro", payloads)
     assert out == [{"home": {"city": "Lyon", "country": "FR"},
                     "work": {"geo.Address": {"city": "Wellington", "country": "NZ"}}}]
-    from api.render import render_decoded, render_schema_chunks
+    from api.v2.render import render_decoded, render_schema_chunks
+    from service.consumer.subscription import TopicPartition
     from service.protocol.records import Record
-    from service.subscription import TopicPartition
 
     chunks = [(TopicPartition("t", 0), [Record(0, 1, None, payloads[0], ())])]
     fast = render_schema_chunks(resolver, "avro", None, chunks)

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from google.protobuf import descriptor_pb2
 
-from api.produce import parse_records, render
+from api.v2.produce import parse_records, render
 from service.producer import RecordMetadata
 from service.schemas.codecs import Codecs, SchemaError
 from service.schemas.formats import ResolvedSchema, SchemaResolver

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from service.subscription import (
+from service.consumer.subscription import (
     InvalidPatternError,
     SubscriptionState,
     compile_topic_pattern,

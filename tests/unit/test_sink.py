@@ -121,7 +121,7 @@ def test_cli_arguments() -> None:
 
 def test_consumer_gateway_sink_dispatches_to_the_sink_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     import sink.cli
-    from service.main import main
+    from gateway.main import main
 
     seen: list[list[str]] = []
     monkeypatch.setattr(sink.cli, "main", lambda argv: seen.append(argv) or 7)
@@ -144,7 +144,7 @@ def test_json_and_arrow_pages_decode_to_the_same_batch() -> None:
     code) become the same Arrow batch in Spark's schema."""
     import pyarrow as pa
 
-    from api.topics import _page_json
+    from api.v2.topics import _page_json
     from service.fetch.ranges import RangePage, to_arrow_ipc
     from service.protocol.records import Record
     from sink.source import _arrow_page, _json_page, _target_schema

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.subscription import (
+from service.consumer.subscription import (
     FetchState,
     OffsetResetStrategy,
     SubscriptionError,

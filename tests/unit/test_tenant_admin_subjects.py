@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from service.admin import ConfigNotAllowed, TooManyPartitions, check_configs_allowed, check_partitions_cap
 from service.client.connection import ConnectionConfig
+from service.cluster.topic_admin import ConfigNotAllowed, TooManyPartitions, check_configs_allowed, check_partitions_cap
 from service.schemas.produce import RECORD_NAME, TOPIC_NAME, TOPIC_RECORD_NAME, SchemaSpec
 from service.schemas.registry import SchemaNotFound, parse_id_versions
 from service.schemas.subjects import (

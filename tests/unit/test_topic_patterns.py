@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.client.connection import ConnectionConfig
+from service.cluster.topics import TopicNotFound, is_legal_topic_name, require_legal_topic_name
 from service.tenants import (
     DEFAULT_DENIED_TOPICS,
     PatternError,
@@ -21,7 +22,6 @@ from service.tenants import (
     compile_pattern,
 )
 from service.tenants.patterns import glob_to_re2
-from service.topics import TopicNotFound, is_legal_topic_name, require_legal_topic_name
 
 CONN = ConnectionConfig()
 SLOW_NAME = "a" * 240 + "b"  # (a+)+$ needs ~2**240 steps on a backtracking engine to fail on this

@@ -1,4 +1,4 @@
-"""Pure parts of the /topics endpoints (service/topics.py): response shapes, filtering, the TTL cache and the
+"""Pure parts of the /topics endpoints (service/cluster/topics.py): response shapes, filtering, the TTL cache and the
 catalog's caching decisions, with a fake client and an injected clock (no sockets)."""
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ import pytest
 
 from service.client.connection import ConnectionConfig
 from service.client.errors import BrokerResponseError, NoBrokersAvailableError, NoCommonVersionError
-from service.protocol import error_codes as EC
-from service.protocol import messages as M
-from service.tenants import Tenant
-from service.topics import (
+from service.cluster.topics import (
     PartitionNotFound,
     PartitionOffsets,
     PartitionView,
@@ -25,6 +22,9 @@ from service.topics import (
     topics_from_metadata,
     visible_topic_names,
 )
+from service.protocol import error_codes as EC
+from service.protocol import messages as M
+from service.tenants import Tenant
 
 Topic = M.struct("MetadataResponse", "MetadataResponseTopic")
 Part = M.struct("MetadataResponse", "MetadataResponsePartition")

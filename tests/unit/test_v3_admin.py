@@ -1,4 +1,4 @@
-"""service/admin.py (v3 topic administration) and TopicCatalog.forget, with a fake client (no sockets)."""
+"""service/cluster/topic_admin.py (v3 topic administration) and TopicCatalog.forget, with a fake client (no sockets)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from service.admin import (
+from service.client.errors import BrokerResponseError
+from service.client.metadata import BrokerInfo, ClusterMetadata
+from service.cluster.topic_admin import (
     AdminRefused,
     ConfigEntry,
     ConfigSynonym,
@@ -18,11 +20,9 @@ from service.admin import (
     config_entries,
     validate_topic_name,
 )
-from service.client.errors import BrokerResponseError
-from service.client.metadata import BrokerInfo, ClusterMetadata
+from service.cluster.topics import TopicCatalog, TtlCache, visible_topic_names
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.topics import TopicCatalog, TtlCache, visible_topic_names
 
 Topic = M.struct("MetadataResponse", "MetadataResponseTopic")
 Part = M.struct("MetadataResponse", "MetadataResponsePartition")

@@ -1,4 +1,5 @@
-"""service.groups (pure parts): group views, lags and the lag summary behind the v3 consumer-group endpoints.
+"""service.cluster.group_admin (pure parts): group views, lags and the lag summary behind the v3
+consumer-group endpoints.
 
 The v3 consumer-group JSON shapes and their checker are in :mod:`tests.v3_shapes` (tested in
 ``tests/unit/test_v3_shapes.py``).
@@ -13,8 +14,7 @@ from typing import Any
 import pytest
 
 from service.client.errors import BrokerResponseError
-from service.group.protocol import encode_assignment
-from service.groups import (
+from service.cluster.group_admin import (
     LocalMember,
     PartitionLag,
     committed_offsets,
@@ -27,8 +27,9 @@ from service.groups import (
     may_be_unknown,
     member_assignment,
 )
+from service.consumer.subscription import TopicPartition
+from service.group.protocol import encode_assignment
 from service.protocol import error_codes as EC
-from service.subscription import TopicPartition
 
 
 # -- pure service parts --------------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ def test_only_empty_simple_groups_without_members_need_their_offsets_to_exist() 
 
 
 async def test_log_end_offsets_skip_deleted_partitions_and_bound_concurrency() -> None:
-    from service.groups import LOG_END_CONCURRENCY, GroupAdmin
+    from service.cluster.group_admin import LOG_END_CONCURRENCY, GroupAdmin
 
     running = peak = 0
 

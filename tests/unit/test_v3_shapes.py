@@ -209,9 +209,9 @@ def request_stub() -> Any:
 
 def test_route_bodies_conform(request_stub: Any) -> None:
     from api.v3 import clusters as v3
-    from service.admin import ConfigEntry, ConfigSynonym
     from service.client.metadata import BrokerInfo
-    from service.topics import PartitionView, TopicView
+    from service.cluster.topic_admin import ConfigEntry, ConfigSynonym
+    from service.cluster.topics import PartitionView, TopicView
 
     cluster = v3.cluster_body(request_stub, "c1", 7)
     check(cluster, "KafkaCluster")

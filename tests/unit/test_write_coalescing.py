@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from service.aio import TickTimers, tick_timers
 from service.client.connection import COALESCE_MAX_BYTES, BrokerConnection, ConnectionConfig
 from service.client.errors import KafkaConnectionError, RequestTimeoutError
+from service.lib.aio import TickTimers, tick_timers
 from service.protocol import messages as M
 
 

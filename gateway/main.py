@@ -14,10 +14,10 @@ from typing import Any
 
 import uvicorn
 
-from service.embedded import EmbeddedBroker
-from service.embedded_kafka import EmbeddedKafka
-from service.httpserver import HeadLimits, OutputLimits, protocol_class, server_ssl_context, tls_problem
-from service.logs import configure as configure_logging
+from api.server.http import HeadLimits, OutputLimits, protocol_class, server_ssl_context, tls_problem
+from service.embedded.kafka import EmbeddedKafka
+from service.embedded.tansu import EmbeddedBroker
+from service.lib.logs import configure as configure_logging
 from service.settings import Settings
 
 log = logging.getLogger("gateway")
@@ -38,10 +38,10 @@ def tune_gc() -> None:
 
 async def serve(settings: Settings) -> None:
     from api.app import create_app
-    from service.embedded_registry import EmbeddedRegistry, launcher_for
+    from service.embedded.registry import EmbeddedRegistry, launcher_for
 
     broker: EmbeddedBroker | EmbeddedKafka | None = None
-    registry: EmbeddedRegistry | None = None  # the embedded schema registry (service/embedded_registry.py)
+    registry: EmbeddedRegistry | None = None  # the embedded schema registry (service/embedded/registry.py)
     bootstrap = settings.kafka_bootstrap
     if not bootstrap and settings.embedded_broker == "kafka":
         print("embedded Apache Kafka starting (a few seconds)...", flush=True)
@@ -67,14 +67,14 @@ async def serve(settings: Settings) -> None:
         # then), and then Gateway.close() gets the same deadline for the instances.
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                                 lifespan="on", access_log=False,
-                                # uvicorn's own records go through service.logs (escaped text or JSON lines)
+                                # uvicorn's own records go through service.lib.logs (escaped text or JSON lines)
                                 log_config=None,
                                 timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
                                 timeout_keep_alive=settings.http_keep_alive_s,
                                 # Forwarded / X-Forwarded-* are the app's business (GATEWAY_FORWARDED_ALLOW_IPS,
                                 # api.auth): the app must see the direct peer to decide whether to trust them.
                                 proxy_headers=False,
-                                # request-head size, count and timeout, connection limit (service/httpserver.py)
+                                # request-head size, count and timeout, connection limit (api/server/http.py)
                                 http=protocol_class(_http_protocol(settings.http_parser), HeadLimits(
                                     max_bytes=settings.http_max_header_bytes, max_count=settings.http_max_headers,
                                     timeout_s=settings.http_header_timeout_s,
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
     from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
-    from service.embedded_kafka import start_problem as kafka_problem
-    from service.embedded_registry import start_problem as registry_problem
+    from service.embedded.kafka import start_problem as kafka_problem
+    from service.embedded.registry import start_problem as registry_problem
 
     return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
             or peer_tls_problem(settings) or registry_problem(settings) or kafka_problem(settings))
@@ -209,7 +209,7 @@ def _with_handshake_timeout(factory: Callable[[], asyncio.AbstractEventLoop] | N
                             timeout_s: float) -> Callable[[], asyncio.AbstractEventLoop]:
     """Loops whose TLS listeners drop a connection that has not completed its handshake within ``timeout_s``
     (uvicorn passes no handshake timeout: the loops' default is 60 s, and the header timeout and connection
-    limit of service/httpserver.py start only once the handshake is done)."""
+    limit of api/server/http.py start only once the handshake is done)."""
 
     def make() -> asyncio.AbstractEventLoop:
         loop = factory() if factory is not None else asyncio.new_event_loop()

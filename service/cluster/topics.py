@@ -25,13 +25,13 @@ from typing import Any, Generic, TypeVar
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
 from service.consumer.consumer import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from service.consumer.subscription import TopicPartition
 from service.errors import GatewayError
 from service.fetch.oneshot import probe_fetch
 from service.fetch.ranges import LEADER_RETRY_PAUSES
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ and SCRAM users by ``kafka.tools.StorageTool format``, one short JVM, and kept i
 free loopback ports and returns once the client listener answers ApiVersions and a Metadata request lists the broker
 (our own client, service/client, does both).
 :meth:`EmbeddedKafka.stop` sends SIGTERM (Kafka shuts down cleanly), SIGKILL after a grace period, and deletes the
-directory. The same interface as the Tansu launcher (service/embedded.py): ``start``, ``stop``, ``kill``,
+directory. The same interface as the Tansu launcher (service/embedded/tansu.py): ``start``, ``stop``, ``kill``,
 ``bootstrap``, a context manager; the JVM also gets ``PR_SET_PDEATHSIG`` (start it from the main thread).
 
 Measured on a 2-core machine with JDK 17: ready 2-3 s after ``start()`` when a formatted template is copied (the
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.embedded import EmbeddedBrokerError, _set_pdeathsig, free_port
+from service.embedded.tansu import EmbeddedBrokerError, _set_pdeathsig, free_port
 
 if TYPE_CHECKING:
     from service.settings import Settings

@@ -9,7 +9,7 @@ Bodies are Confluent's ``{"records": [{"key", "value", "partition"}], "key_schem
   text (UTF-8; a JSON ``null`` is a null key/value, as in Confluent; integers beyond 64 bits are kept
   exactly).
 
-Extensions (mirroring what the consumer's records carry, see :mod:`api.render`): per record
+Extensions (mirroring what the consumer's records carry, see :mod:`api.v2.render`): per record
 ``"headers": [{"key": "<string>", "value": "<base64>" | null}]`` (base64 in both formats; no value: null) and
 ``"timestamp"`` (ms since the epoch; default: the time of the request).
 
@@ -70,14 +70,15 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, Field
 
 from api.auth import current_tenant
-from api.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
 from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import JsonTooDeep, may_create_topic, missing_topic, partitions_or_create
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
 from api.produce_common import loads_exact as _loads_exact
-from api.topics import catalog
+from api.v2.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
+from api.v2.topics import catalog
+from service.cluster.topics import require_legal_topic_name
 from service.errors import GatewayError
 from service.metrics import labelled
 from service.producer import (
@@ -94,7 +95,6 @@ from service.schemas.produce import ProduceSchemaError
 from service.schemas.subjects import SubjectForbidden, require_spec_subject
 from service.tenants import Tenant, TenantError
 from service.tenants.errors import SUBJECT_FORBIDDEN
-from service.topics import require_legal_topic_name
 
 router = APIRouter(tags=["produce"])
 

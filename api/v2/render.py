@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from service.consumer.subscription import TopicPartition
 from service.protocol import records as _records
 from service.protocol.records import Record
 from service.schemas.codecs import DecodeError
 from service.schemas.jsonschema_format import value_depth
-from service.subscription import TopicPartition
 
 Chunks = list[tuple[TopicPartition, list[Record]]]
 

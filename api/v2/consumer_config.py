@@ -118,7 +118,7 @@ def _rack(key: str, v: Any) -> str:
 
 #: The documented maxima of client-provided fetch sizes (larger values are clamped, not refused): Kafka's
 #: default fetch.max.bytes (50 MiB) and 16 MiB per partition. Every fetch is further bounded by the process
-#: memory budget (service/budget.py: its max_bytes is a grant of GATEWAY_MEMORY_BUDGET_BYTES).
+#: memory budget (service/instances/budget.py: its max_bytes is a grant of GATEWAY_MEMORY_BUDGET_BYTES).
 MAX_FETCH_MAX_BYTES = 52428800
 MAX_PARTITION_FETCH_BYTES = 16 * 1024 * 1024
 

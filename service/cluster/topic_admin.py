@@ -1,7 +1,7 @@
 """Topic administration for the v3 API: create, delete, full config descriptions (no HTTP here).
 
 :class:`TopicAdmin` works on a tenant's :class:`~service.client.client.KafkaClient` and its
-:class:`~service.topics.TopicCatalog`: after a create or a delete the catalog forgets what it cached about the
+:class:`~service.cluster.topics.TopicCatalog`: after a create or a delete the catalog forgets what it cached about the
 topic (and its listing), and the client's metadata is marked stale, so the next read asks the broker.
 
 The gateway checks what a broker might not (Tansu accepts names Kafka forbids, zero partitions, replication
@@ -27,11 +27,11 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, NoCommonVersionError
+from service.cluster.topics import RESOURCE_TOPIC, TopicCatalog, TopicNotFound, TopicView, is_legal_topic_name
 from service.errors import GatewayError
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.primitives import ZERO_UUID
-from service.topics import RESOURCE_TOPIC, TopicCatalog, TopicNotFound, TopicView, is_legal_topic_name
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import charge_tenant, current_tenant
-from api.consumers import BASE, INT32_MAX, V2, _accept, instance, poll_records
 from api.hosts import HostGuard
-from api.produce import produce_answer, produce_now
-from service.httpserver import INTERNAL_ERROR, Answer
+from api.server.http import INTERNAL_ERROR, Answer
+from api.v2.consumers import BASE, INT32_MAX, V2, _accept, instance, poll_records
+from api.v2.produce import produce_answer, produce_now
 from service.metrics import GatewayMetrics, labelled
-from service.routing import HOP_HEADER
+from service.ring import HOP_HEADER
 from service.tenants import Tenant
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ class LeanProduceCall:
         self.observe(500)
 
     def sent(self) -> None:
-        """The answer left the process, or the client went away (service/httpserver.py ``LeanCycle``)."""
+        """The answer left the process, or the client went away (api/server/http.py ``LeanCycle``)."""
         self._release()
 
     def _release(self) -> None:

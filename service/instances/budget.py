@@ -14,7 +14,7 @@ Five kinds of charge:
   path, until the answer left the process).
 - ``send``: answer bodies (range pages, polls, stream chunks, produce answers) written to a connection and not yet
   sent: charged (forced: the bytes exist) when written, released once the connection drained below its
-  low-water mark (service/httpserver.py ``held_send``), so a client that does not read holds its answer in
+  low-water mark (api/server/http.py ``held_send``), so a client that does not read holds its answer in
   the budget and later requests wait for room instead of the process growing.
 
 Consumer prefetch (``prefetch`` + ``fetch``) may take at most :attr:`MemoryBudget.prefetch_limit` (three quarters

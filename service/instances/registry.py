@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
-from service.budget import MemoryBudget
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
 from service.consumer.consumer import Consumer, ConsumerConfig
@@ -32,6 +31,7 @@ from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
 from service.durable.descriptors import InstanceDescriptor
 from service.durable.store import DescriptorStore
 from service.errors import GatewayError
+from service.instances.budget import MemoryBudget
 from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ GROUP_ID_PATTERN = f"^[^{_FORBIDDEN_GROUP_CLASS}]{{1,{MAX_GROUP_ID_LENGTH}}}$"  
 HARD_CLOSE_GRACE_S = 1.0
 MAX_GROUP_INSTANCE_ID_LENGTH = 249  # Kafka's limit on group.instance.id (as on group ids)
 _GROUP_INSTANCE_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
-# A generated name must hash to the replica that creates it (service/routing.py): how many to try.
+# A generated name must hash to the replica that creates it (service/ring.py): how many to try.
 NAME_PLACEMENT_TRIES = 1000
 NOT_FOUND_HINT = ("it may have been held by a gateway replica that stopped or restarted, or it was deleted: "
                   "create the consumer instance again")
@@ -119,7 +119,7 @@ class InstanceOptions:
     avro_rendering: str | None = None  # avro's JSON rendering (confluent | karapace); None: the gateway's
     auto_offset_reset: str = "latest"
     auto_commit: bool = True
-    # Confluent's instance configs, None when the client did not set them (api/consumer_config.py:
+    # Confluent's instance configs, None when the client did not set them (api/v2/consumer_config.py:
     # poll_timeout_ms; Consumer.poll_batches' min_bytes): a records request returns once more than
     # fetch_min_bytes bytes are buffered; request_timeout_ms is the default and the cap of its timeout
     fetch_min_bytes: int | None = None
@@ -153,7 +153,7 @@ class ConsumerInstance:
     created_wall: float = field(default_factory=time.time)
     described_at: float = 0.0  # when its descriptor was last written (monotonic; 0: never)
     recreated: bool = False  # re-created from its descriptor (durable instances)
-    #: how many stream resumes took the instance over (an older stream ends before its next poll; api/consumers.py)
+    #: how many stream resumes took the instance over (an older stream ends before its next poll; api/v2/consumers.py)
     stream_epoch: int = 0
 
     def touch(self) -> None:
@@ -170,7 +170,7 @@ class TenantRuntime:
     # The tenant's producer (created on the first produce request; see service/producer); closed with the
     # gateway before the client.
     producer: Any = None
-    # The tenant's TopicCatalog (service/topics.py: cached topic metadata for /topics), created on first use.
+    # The tenant's TopicCatalog (service/cluster/topics.py: cached topic metadata for /topics), created on first use.
     topics: Any = None
     # The tenant's instance descriptors (service/durable: durable instances), started on first use.
     descriptors: DescriptorStore | None = None

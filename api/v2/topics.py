@@ -2,7 +2,7 @@
 
 Shapes follow Confluent's v2 entities: ``GET /topics`` → names; ``GET /topics/{topic}`` → ``{name, configs,
 partitions}``; a partition → ``{partition, leader, replicas: [{broker, leader, in_sync}]}``; offsets →
-``{beginning_offset, end_offset}`` plus our ``last_stable_offset``. The logic lives in :mod:`service.topics`.
+``{beginning_offset, end_offset}`` plus our ``last_stable_offset``. The logic lives in :mod:`service.cluster.topics`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from api.auth import current_tenant
-from api.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
-from api.render import render_binary, render_json
 from api.responses import SlotResponse
+from api.v2.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
+from api.v2.render import render_binary, render_json
+from service.cluster.topics import TopicCatalog, visible_topic_names
+from service.consumer.subscription import TopicPartition
 from service.errors import GatewayError
 from service.fetch.ranges import (
     ARROW_STREAM,
@@ -30,9 +32,7 @@ from service.fetch.ranges import (
 )
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.schemas.subjects import TenantSchemas
-from service.subscription import TopicPartition
 from service.tenants import Tenant
-from service.topics import TopicCatalog, visible_topic_names
 
 router = APIRouter(tags=["topics"])
 
@@ -286,7 +286,7 @@ async def read_partition_records(
         # The page is charged to the process memory budget while it is read, decoded and rendered (the raw
         # fetch, the records, the answer: about 3 x max_bytes); no room within GATEWAY_MEMORY_WAIT_S: 503/50305.
         # The answer's bytes are charged again (kind "send") from the moment they are written until they left
-        # the process (service/httpserver.py held_send), and the range-read slot is held until then too.
+        # the process (api/server/http.py held_send), and the range-read slot is held until then too.
         settings = request.app.state.settings
         slot = tenant.range_read_slot()
         async with request.app.state.gateway.budget.held(3 * max_bytes, "range", settings.memory_wait_s):

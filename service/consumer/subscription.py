@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import re2
 
-from service.java_regex import JavaRegexError, java_to_re2, re2_compile, re2_refusal
+from service.lib.java_regex import JavaRegexError, java_to_re2, re2_compile, re2_refusal
 
 
 class TopicPartition(NamedTuple):

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import orjson
 
-from service.embedded import free_port
+from service.embedded.tansu import free_port
 from service.schemas.formats import SchemaService
 from service.settings import Settings
 
@@ -159,7 +159,7 @@ class _ElectionStalled(RuntimeError):
 class EmbeddedRegistry:
     """One embedded registry: :meth:`start` returns at once (a task installs, launches and waits for it);
     :meth:`stop` cancels that and stops the registry. Processes are started from the event loop's thread
-    (the main thread in service/main.py): the parent-death signal follows the thread that forks."""
+    (the main thread in gateway/main.py): the parent-death signal follows the thread that forks."""
 
     def __init__(self, launcher: Path, bootstrap: str, schemas: SchemaService, settings: Settings,
                  *, port: int = 0, host: str = "127.0.0.1", python: str = sys.executable,

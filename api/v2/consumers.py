@@ -21,7 +21,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
 from api.auth import current_tenant, peer_is_trusted_proxy
-from api.consumer_config import (
+from api.errors import documented_errors
+from api.hosts import parse_host
+from api.kafka_texts import client_text
+from api.responses import OrjsonResponse
+from api.v2.consumer_config import (
     MAX_GROUP_INSTANCE_ID_LENGTH,
     ConfigError,
     parse_properties,
@@ -30,10 +34,7 @@ from api.consumer_config import (
     tenant_client_id,
     validate_kafka_id,
 )
-from api.errors import documented_errors
-from api.hosts import parse_host
-from api.kafka_texts import client_text
-from api.render import (
+from api.v2.render import (
     ARRAY_SEP,
     NDJSON_SEP,
     Rendered,
@@ -44,10 +45,16 @@ from api.render import (
     render_ndjson,
     render_schema_chunks,
 )
-from api.responses import OrjsonResponse
 from service.client.errors import KafkaError
+from service.cluster.topics import require_legal_topic_name
+from service.consumer.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
+from service.consumer.subscription import (
+    SubscriptionError,
+    TopicPartition,
+)
 from service.errors import GatewayError
-from service.gateway import (
+from service.group.coordinator import OffsetAndMetadata
+from service.instances.registry import (
     GROUP_ID_PATTERN,
     SHUTDOWN_MESSAGE,
     ConsumerInstance,
@@ -57,19 +64,12 @@ from service.gateway import (
     TenantRuntime,
     validate_group_id,
 )
-from service.group.coordinator import OffsetAndMetadata
-from service.logs import bind
+from service.lib.logs import bind
 from service.protocol.records import InflatedSizeError
-from service.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
 from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
 from service.schemas.registry import RegistryUnavailable
 from service.schemas.subjects import tenant_view
-from service.subscription import (
-    SubscriptionError,
-    TopicPartition,
-)
 from service.tenants import Tenant
-from service.topics import require_legal_topic_name
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
@@ -175,7 +175,7 @@ def _document_properties(schema: dict[str, Any]) -> None:
 
 
 class CreateConsumer(BaseModel):
-    """Confluent's create body; any other Kafka consumer property is sorted by :mod:`api.consumer_config`
+    """Confluent's create body; any other Kafka consumer property is sorted by :mod:`api.v2.consumer_config`
     (honoured, ignored, or refused with 42204)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, json_schema_extra=_document_properties)
@@ -775,7 +775,7 @@ async def records(request: Request, group: str, instance_id: str,
 async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant, timeout: int | None,
                        max_bytes: int | None, max_records: int | None) -> bytes:
     """One poll of ``GET .../records`` rendered as the instance's JSON array: the body of the route and
-    of its lean twin (api/fastpath.py), which differ only in how they get here."""
+    of its lean twin (api/server/fastpath.py), which differ only in how they get here."""
     gw = gateway(request)
     wait = min(gw.max_poll_timeout, poll_timeout_ms(timeout, inst.options.request_timeout_ms) / 1000)
     limit = max_records or inst.options.max_poll_records or 500

@@ -385,7 +385,7 @@ INTERNAL_ERROR: Answer = (500, [(b"content-type", b"text/plain; charset=utf-8"),
 
 
 class LeanCall(Protocol):
-    """What an app's ``lean_begin(scope)`` returns for a request it serves at the protocol level (api/fastpath.py
+    """What an app's ``lean_begin(scope)`` returns for a request it serves at the protocol level (api/server/fastpath.py
     ``LeanProduceCall``): the answer to the whole body, or notice that the client went away first."""
 
     def answer_now(self, body: bytes, respond: Callable[[int, list[tuple[bytes, bytes]], bytes], None]) \

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from service.subscription import TopicPartition
+from service.consumer.subscription import TopicPartition
 
 VERSION = 1
 _FLAG_ZLIB = 1

@@ -13,7 +13,7 @@ The views and the lag arithmetic are pure (unit-tested without sockets); :class:
   describes unknown groups that way). Where the broker leaves a member's assignment, client id or the
   group's protocol empty (Tansu) and the member lives in this process, the member's own view is used.
 - **OffsetFetch** (all partitions) gives the committed offsets; the log end offset of each partition is
-  its last stable offset, taken from a Fetch response (:func:`service.topics.read_offsets`): Confluent
+  its last stable offset, taken from a Fetch response (:func:`service.cluster.topics.read_offsets`): Confluent
   reads ``ListOffsets(latest, read_committed)``, which Tansu answers wrongly.
 
 Lag follows Confluent's REST Proxy: only partitions with a committed offset are listed (a partition
@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.admin import ResourceNotFound
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
+from service.cluster.topic_admin import ResourceNotFound
+from service.consumer.subscription import TopicPartition
 from service.group.protocol import decode_assignment
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ class GroupAdmin:
         tps = sorted(set(partitions))
         read = self._read_log_end
         if read is None:
-            from service.topics import read_offsets
+            from service.cluster.topics import read_offsets
 
             async def read(client: KafkaClient, tp: TopicPartition) -> int:
                 return (await read_offsets(client, tp)).last_stable_offset
@@ -430,7 +430,7 @@ class GroupAdmin:
 
 
 def local_view(instances: Iterable[Any], client_id: str) -> tuple[set[str], dict[str, dict[str, LocalMember]]]:
-    """This process's groups and members from a tenant's consumer instances (``service.gateway``):
+    """This process's groups and members from a tenant's consumer instances (``service.instances.registry``):
     (group ids, group id → member id → LocalMember). Instances without a member id (manual assignment,
     not joined yet) belong to their group but describe no member."""
     groups: set[str] = set()

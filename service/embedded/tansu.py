@@ -66,7 +66,7 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
 
 
 class EmbeddedBroker:
-    #: which broker this is (service/embedded_kafka.py's EmbeddedKafka says "kafka")
+    #: which broker this is (service/embedded/kafka.py's EmbeddedKafka says "kafka")
     name = "tansu"
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", storage: str | None = None,

@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from api.auth import AuthFailureLimiter, TrustedProxies, count_wrong_secret, tenant_error_handler
+from api.deps import V2, acceptable_content_type
 from api.docs_ui import install_docs
 from api.errors import error_response, install_error_handlers, v3_aware
 from api.hosts import AllowedHosts, HostCheckMiddleware, HostGuard
@@ -25,9 +26,9 @@ from api.responses import OrjsonResponse
 from api.server.fastpath import LeanProduce, RecordsFastPath
 from api.server.gcpolicy import GcPolicy
 from api.server.http import held_send
-from api.v2.consumers import V2, acceptable_content_type
 from api.v2.consumers import router as consumers_router
 from api.v2.produce import router as produce_router
+from api.v2.records import router as records_router
 from api.v2.topics import router as topics_router
 from api.v3 import router as v3_router
 from service.client.client import KafkaClient
@@ -411,6 +412,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(consumers_router)
+    app.include_router(records_router)
     app.include_router(topics_router)
     app.include_router(produce_router)
     app.include_router(v3_router)

@@ -7,7 +7,7 @@ matching over every route, dependency solving, query validation, exception-middl
 hundreds of times a second per instance. This ASGI middleware (innermost of the app's middlewares:
 ObserveMiddleware's slash stripping, body cap and metrics, and replica routing, still apply) answers
 the common request itself with plain checks and the route's own functions (``current_tenant``,
-``instance``, ``_accept``, ``poll_records``), so the two cannot drift apart:
+``instance``, ``accepted_media``, ``poll_records``), so the two cannot drift apart:
 
 * Anything unusual goes to the full app untouched, before anything was charged or read: other methods
   or paths, a query parameter that is not a plain in-range integer (the full route then answers 422 as
@@ -33,10 +33,12 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import charge_tenant, current_tenant
+from api.deps import INT32_MAX, V2
 from api.hosts import HostGuard
 from api.server.http import INTERNAL_ERROR, Answer
-from api.v2.consumers import BASE, INT32_MAX, V2, _accept, instance, poll_records
+from api.v2.consumers import BASE, instance
 from api.v2.produce import produce_answer, produce_now
+from api.v2.records import accepted_media, poll_records
 from service.metrics import GatewayMetrics, labelled
 from service.ring import HOP_HEADER
 from service.tenants import Tenant
@@ -144,7 +146,7 @@ class RecordsFastPath:
         try:
             tenant = await current_tenant(request)
             inst = await instance(request, tenant, match[1], match[2])
-            media = _accept(request, inst)
+            media = accepted_media(request, inst)
             body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
                                       query.get("max_records"))
         except Exception as exc:

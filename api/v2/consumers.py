@@ -6,48 +6,36 @@ rendered to bytes once (orjson, base64 via binascii) without a model object per 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-import orjson
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from api.auth import current_tenant, peer_is_trusted_proxy
-from api.errors import documented_errors
-from api.hosts import parse_host
-from api.kafka_texts import client_text
-from api.responses import OrjsonResponse
+from api.auth import current_tenant
+from api.deps import (
+    ERRORS,
+    INT32_MAX,
+    OFFSET_MAX,
+    V2,
+    base_url,
+    gateway,
+    runtime,
+    v2,
+)
 from api.v2.consumer_config import (
     MAX_GROUP_INSTANCE_ID_LENGTH,
     ConfigError,
     parse_properties,
-    poll_timeout_ms,
     property_schemas,
     tenant_client_id,
     validate_kafka_id,
 )
-from api.v2.render import (
-    ARRAY_SEP,
-    NDJSON_SEP,
-    Rendered,
-    chunk_schema_ids,
-    render_array,
-    render_binary,
-    render_json,
-    render_ndjson,
-    render_schema_chunks,
-)
-from service.client.errors import KafkaError
+from api.v2.schema_records import schema_service
 from service.cluster.topics import require_legal_topic_name
-from service.consumer.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, TokenPrefix, derive_key
 from service.consumer.subscription import (
     SubscriptionError,
     TopicPartition,
@@ -56,41 +44,18 @@ from service.errors import GatewayError
 from service.group.coordinator import OffsetAndMetadata
 from service.instances.registry import (
     GROUP_ID_PATTERN,
-    SHUTDOWN_MESSAGE,
     ConsumerInstance,
-    Gateway,
     InstanceOptions,
-    ShuttingDown,
-    TenantRuntime,
     validate_group_id,
 )
 from service.lib.logs import bind
-from service.protocol.records import InflatedSizeError
-from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured, SchemaResolver, SchemaService
-from service.schemas.registry import RegistryUnavailable
-from service.schemas.subjects import tenant_view
+from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured
 from service.tenants import Tenant
-
-V2 = "application/vnd.kafka.v2+json"
-BINARY = "application/vnd.kafka.binary.v2+json"
-JSONFMT = "application/vnd.kafka.json.v2+json"
-AVRO = "application/vnd.kafka.avro.v2+json"
-PROTOBUF = "application/vnd.kafka.protobuf.v2+json"
-JSONSCHEMA = "application/vnd.kafka.jsonschema.v2+json"
-#: an instance's format -> the media type its records are answered in
-MEDIA_OF_FORMAT = {"binary": BINARY, "json": JSONFMT, "avro": AVRO, "protobuf": PROTOBUF, "jsonschema": JSONSCHEMA}
-NDJSON = "application/x-ndjson"
-SSE = "text/event-stream"
 
 router = APIRouter(tags=["consumers"])
 log = logging.getLogger(__name__)
 
 
-# -- request/response models (never per record) ---------------------------------------------------------
-INT32_MAX = 2**31 - 1  # Kafka partitions, fetch bytes, timeouts are int32 on the wire
-# Offsets and timestamps are int64; this bound is the largest double below 2**63, so OpenAPI (FastAPI writes
-# bounds as doubles) states it exactly, and a committed offset + 1 still fits.
-OFFSET_MAX = 2**63 - 1024
 
 
 def _json_number(v: Any) -> Any:
@@ -306,23 +271,8 @@ class CommittedOffsets(BaseModel):
     offsets: list[CommittedOffset]
 
 
-class ErrorBody(BaseModel):
-    error_code: int
-    message: str
-
-
-ERRORS = documented_errors(ErrorBody, 400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500, 503)
-
 
 # -- helpers -----------------------------------------------------------------------------------------------
-def gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-def runtime(request: Request, tenant: Tenant) -> TenantRuntime:
-    return gateway(request).tenant(tenant.id, tenant.bootstrap, tenant.connection_config)
-
-
 async def instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ConsumerInstance:
     """The instance the request names; with durable instances (GATEWAY_DURABLE_INSTANCES) one that no replica
     holds is re-created here from its descriptor when this replica may (no peers, or the routing layer found
@@ -393,54 +343,6 @@ async def _assign(tenant: Tenant, inst: ConsumerInstance, parts: list[TopicParti
     await inst.consumer.assign(parts)
 
 
-def acceptable_content_type(ct: str) -> bool:
-    """Request bodies are JSON: application/vnd.kafka.v2+json, application/json or any vnd.kafka +json."""
-    return ct in (V2, "application/json") or (ct.startswith("application/vnd.kafka") and ct.endswith("+json"))
-
-
-#: A base_uri path prefix (X-Forwarded-Prefix): path characters only (RFC 3986 pchar and '/')
-_PREFIX_RE = re.compile(r"(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*")
-
-
-def base_url(request: Request) -> str:
-    """The public base URL of this gateway: GATEWAY_PUBLIC_URL when set; else built from the request (the
-    Forwarded / X-Forwarded-* headers only from a trusted proxy), and then only if the scheme is http or
-    https and the host a host name or address with an optional port (400/40003 otherwise: a header must
-    never turn base_uri into javascript:... or an address with a path or credentials in it)."""
-    settings = request.app.state.settings
-    if settings.public_url:
-        return str(settings.public_url).rstrip("/")
-    proto: str | None = None
-    host: str | None = None
-    prefix = ""
-    if peer_is_trusted_proxy(request):
-        fwd = request.headers.get("forwarded")
-        if fwd:
-            for part in fwd.split(",")[0].split(";"):
-                k, _, v = part.strip().partition("=")
-                if k.lower() == "proto":
-                    proto = v.strip('"')
-                elif k.lower() == "host":
-                    host = v.strip('"')
-        proto = proto or request.headers.get("x-forwarded-proto", "").split(",")[0].strip() or None
-        host = host or request.headers.get("x-forwarded-host", "").split(",")[0].strip() or None
-        prefix = request.headers.get("x-forwarded-prefix", "").strip().rstrip("/")
-    # Otherwise Forwarded / X-Forwarded-* from anyone but a proxy in GATEWAY_FORWARDED_ALLOW_IPS could be forged
-    proto = (proto or request.url.scheme).lower()
-    host = host or request.headers.get("host") or f"{request.url.hostname}:{request.url.port}"
-    if proto not in ("http", "https") or parse_host(host) is None or not _PREFIX_RE.fullmatch(prefix):
-        raise GatewayError("cannot build base_uri: the request's Host / Forwarded / X-Forwarded-* headers are not "
-                           "an http(s) URL of a host name or address (set GATEWAY_PUBLIC_URL)",
-                           status=400, error_code=40003)
-    return f"{proto}://{host}{prefix}"
-
-
-def v2(content: Any = None, status: int = 200) -> Response:
-    if content is None:
-        return Response(status_code=204)
-    resp = OrjsonResponse(content, status_code=status)
-    resp.headers["content-type"] = V2
-    return resp
 
 
 def tps(parts: list[PartitionRef]) -> list[TopicPartition]:
@@ -700,334 +602,3 @@ async def committed(request: Request, group: str, instance_id: str, body: Commit
         for tp, om in got.items() if om is not None and om.offset >= 0]})
 
 
-def _accept(request: Request, inst: ConsumerInstance) -> str:
-    accept = request.headers.get("accept", "").lower()
-    want = MEDIA_OF_FORMAT.get(inst.options.format, BINARY)
-    for item in (a.split(";")[0].strip() for a in accept.split(",")):
-        if item in (NDJSON, SSE):
-            return item
-        if item == want:
-            return want
-    if not accept or any(a.split(";")[0].strip() in ("*/*", "application/*", V2, "application/json")
-                         for a in accept.split(",")):
-        return want
-    raise GatewayError(
-        f"the Accept header {accept!r} does not match this instance's format; use {want} "
-        f"(or {NDJSON} / {SSE} to stream)", status=406, error_code=40601)
-
-
-@router.get(BASE + "/records", responses={
-    200: {"description": "Records (JSON array), or a stream with Accept: application/x-ndjson or text/event-stream",
-          "content": {BINARY: {}, JSONFMT: {}, NDJSON: {}, SSE: {}}},
-    406: {"model": ErrorBody, "description": "Accept does not match the instance's format (40601)"}, **ERRORS},
-    summary="Fetch records: long-poll until data arrives or the timeout passes")
-async def records(request: Request, group: str, instance_id: str,
-                  timeout: Annotated[int | None, Query(ge=0, le=INT32_MAX,
-                                                       description="milliseconds to wait for data")] = None,
-                  max_bytes: Annotated[int | None, Query(ge=1, le=INT32_MAX,
-                                                         description="soft cap on key+value bytes")] = None,
-                  max_records: Annotated[int | None, Query(ge=1, le=100000)] = None,
-                  resume: Annotated[str | None, Query(
-                      max_length=MAX_TOKEN_CHARS, description="streams: a resume token (an SSE event id, an ndjson "
-                      "record's 'resume' field) to seek the instance to before streaming; a Last-Event-ID header "
-                      "wins over it (docs/streams.md)")] = None,
-                  tenant: Tenant = Depends(current_tenant)) -> Response:
-    inst = await instance(request, tenant, group, instance_id)
-    media = _accept(request, inst)
-    if media in (NDJSON, SSE):
-        # Last-Event-ID first: an EventSource reconnects with the URL it was given (maybe an older ?resume=)
-        token = request.headers.get("last-event-id") or resume
-        codec = _resume_codec(request)
-        binding = Binding(inst.tenant, inst.group, inst.instance_id)
-        positions = None
-        if token:
-            try:
-                positions = codec.decode(token, binding)
-            except ResumeTokenError as exc:
-                raise GatewayError(f"resume token refused: {exc}", status=400, error_code=40004) from None
-        # A stream's chunks are only a transfer unit (one line or event per record either way): without
-        # max_records / max.poll.records, take up to STREAM_CHUNK_RECORDS of what is buffered per chunk
-        limit = max_records or inst.options.max_poll_records or STREAM_CHUNK_RECORDS
-        render = render_binary if inst.options.format == "binary" else render_json
-        resolver = schema_resolver(request, inst, tenant)  # 422/42211 or 503 before the stream starts
-        # A stream holds one of the tenant's stream slots and one of its concurrent-poll slots for its whole
-        # life, like a plain poll holds one while it waits: no slot is 429/42901 before the status line.
-        slot = tenant.stream_slot()
-        await slot.__aenter__()
-        headers = {"cache-control": "no-cache"}
-        skipped: list[TopicPartition] = []
-        try:
-            if positions is not None:
-                skipped = await _resume(gateway(request), inst, positions)
-            epoch = _stream_epoch(inst)
-        except BaseException:
-            await slot.__aexit__(None, None, None)
-            raise
-        if skipped:
-            headers["x-resume-skipped"] = _skipped_text(skipped)
-        return _SlotStreamingResponse(
-            _stream(request, inst, tenant, media, render, limit, max_bytes or inst.options.max_bytes,
-                    codec, binding, skipped, epoch, resolver),
-            release=slot, media_type=media, headers=headers)
-    return Response(await poll_records(request, inst, tenant, timeout, max_bytes, max_records), media_type=media)
-
-
-async def poll_records(request: Request, inst: ConsumerInstance, tenant: Tenant, timeout: int | None,
-                       max_bytes: int | None, max_records: int | None) -> bytes:
-    """One poll of ``GET .../records`` rendered as the instance's JSON array: the body of the route and
-    of its lean twin (api/server/fastpath.py), which differ only in how they get here."""
-    gw = gateway(request)
-    wait = min(gw.max_poll_timeout, poll_timeout_ms(timeout, inst.options.request_timeout_ms) / 1000)
-    limit = max_records or inst.options.max_poll_records or 500
-    max_bytes = max_bytes or inst.options.max_bytes
-    resolver = schema_resolver(request, inst, tenant)  # schema'd formats: 422/42211 or 503 before polling
-    out: Rendered | None = None
-    metrics = request.app.state.metrics
-    inst.active_requests += 1
-    started = time.monotonic()
-    try:
-        async with inst.lock, tenant.poll_slot():
-            # [] at once when the gateway drains (SIGTERM), also for a poll already waiting
-            # one request returns what is waiting across the assignment (the gateway's poll linger), or
-            # with fetch.min.bytes set, once more than that many bytes are buffered (Confluent's rule)
-            chunks = await gw.poll(inst, limit, max_bytes, wait, min_bytes=inst.options.fetch_min_bytes)
-            if resolver is not None:
-                out = await render_schema(inst, resolver, chunks, ARRAY_SEP, metrics)
-    finally:
-        inst.active_requests -= 1
-        inst.touch()
-    waited = time.monotonic() - started
-    metrics.poll_wait.labels(tenant.id).observe(waited)
-    if out is None:  # binary / json: the array rendered in one buffer (no per-chunk bytes, no join copy)
-        body, count, payload = render_array(chunks, inst.options.format != "binary")
-    else:
-        body, count, payload = out.array(), out.count, out.payload
-    if count:
-        metrics.records.labels(tenant.id).inc(count)
-        metrics.bytes.labels(tenant.id).inc(payload)
-    return body
-
-
-def schema_service(request: Request) -> SchemaService:
-    return request.app.state.schemas
-
-
-def schema_resolver(request: Request, inst: ConsumerInstance, tenant: Tenant) -> SchemaResolver | None:
-    """The registry resolver of a schema'd instance (None for binary/json); raises RegistryNotConfigured or,
-    while the embedded registry starts, RegistryUnavailable."""
-    fmt = inst.options.format
-    if fmt not in SCHEMA_FORMATS:
-        return None
-    # as the tenant may see it: a schema id none of whose subjects is the tenant's is a per-record error
-    return tenant_view(schema_service(request).resolver(tenant.schema_registry, fmt), tenant)
-
-
-async def render_schema(inst: ConsumerInstance, resolver: SchemaResolver,
-                        chunks: list[tuple[TopicPartition, list[Any]]], sep: bytes, metrics: Any) -> Rendered:
-    """A poll's records decoded and rendered (avro by the C renderer when it can). Call it under the
-    instance's lock: nothing awaits between fetching the schemas and rendering. A registry that cannot answer
-    gives the records back (the instance is sought back to each chunk's first offset: nothing is lost or
-    skipped) and raises RegistryUnavailable (503/50307)."""
-    fmt = inst.options.format
-    try:
-        await resolver.prepare(chunk_schema_ids(chunks), inst.options.avro_rendering, programs=fmt == "avro",
-                               tenant=inst.tenant)
-    except RegistryUnavailable:
-        for tp, recs in chunks:
-            if recs:
-                inst.consumer.seek(tp, recs[0].offset)
-        metrics.schema_registry_unavailable.labels(inst.tenant).inc()
-        raise
-    return render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, sep,
-                                on_errors=lambda n: metrics.schema_decode_errors.labels(inst.tenant, fmt).inc(n))
-
-
-class _SlotStreamingResponse(StreamingResponse):
-    """A stream that gives back its poll slot when it ends, however it ends (also if the client left
-    before the body started)."""
-
-    def __init__(self, content: AsyncIterator[bytes], release: contextlib.AbstractAsyncContextManager[None],
-                 **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._release = release
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._release.__aexit__(None, None, None)
-
-
-RESUME_ASSIGNMENT_WAIT_S = 30.0  # a resume waits at most this long (and the poll timeout cap) for an assignment
-_SKIPPED_LISTED = 50  # partitions named in X-Resume-Skipped / the SSE comment before "+N more"
-
-
-def _stream_epoch(inst: ConsumerInstance) -> int:
-    return inst.stream_epoch
-
-
-def _resume_codec(request: Request) -> ResumeCodec:
-    """The process's token codec: keyed from GATEWAY_RESUME_KEY, else GATEWAY_PEER_TOKEN (the same on every
-    replica, across restarts), else a random key of this process."""
-    codec: ResumeCodec | None = getattr(request.app.state, "resume_codec", None)
-    if codec is None:
-        settings = request.app.state.settings
-        secret = settings.resume_key or settings.peer_token
-        codec = ResumeCodec(derive_key(secret.get_secret_value() if secret is not None else None))
-        request.app.state.resume_codec = codec
-    return codec
-
-
-async def _resume(gw: Gateway, inst: ConsumerInstance,
-                  positions: dict[TopicPartition, int | None]) -> list[TopicPartition]:
-    """Seek the instance to a token's positions; returns the token's partitions it does not own (skipped).
-
-    A group-managed instance without partitions yet (just subscribed, re-created, rebalancing) is given up to
-    the poll timeout cap to get them first. A partition the token has as unresolved goes back to its
-    committed offset, else to the instance's auto.offset.reset."""
-    consumer = inst.consumer
-    async with inst.lock:
-        # an older stream of the instance (a connection cut without the server noticing yet) stops before
-        # its next poll: it must not take records past the token into a socket nobody reads
-        inst.stream_epoch += 1
-        if not consumer.assignment() and consumer.subs.is_group_managed:
-            await consumer.wait_for_assignment(min(gw.max_poll_timeout, RESUME_ASSIGNMENT_WAIT_S))
-        assigned = set(consumer.assignment())
-        skipped = [tp for tp in positions if tp not in assigned]
-        unresolved = [tp for tp, off in positions.items() if off is None and tp in assigned]
-        for tp, off in positions.items():
-            if off is not None and tp in assigned:
-                consumer.seek(tp, off)
-        if unresolved:
-            committed = await consumer.committed(unresolved) if consumer.coordinator is not None else {}
-            for tp in unresolved:
-                om = committed.get(tp)
-                if om is not None and om.offset >= 0:
-                    consumer.seek(tp, om.offset)
-                elif inst.options.auto_offset_reset == "earliest":
-                    consumer.seek_to_beginning([tp])
-                elif inst.options.auto_offset_reset == "latest":
-                    consumer.seek_to_end([tp])
-    if skipped:
-        log.info("stream resume: %d partition(s) of the token not assigned to the instance, skipped: %s",
-                 len(skipped), _skipped_text(skipped))
-    return skipped
-
-
-def _skipped_text(skipped: list[TopicPartition]) -> str:
-    names = ",".join(f"{tp.topic}:{tp.partition}" for tp in sorted(skipped)[:_SKIPPED_LISTED])
-    more = len(skipped) - _SKIPPED_LISTED
-    return names + (f",+{more} more" if more > 0 else "")
-
-
-def _token_prefix(codec: ResumeCodec, binding: Binding, inst: ConsumerInstance,
-                  chunks: list[tuple[TopicPartition, list[Any]]]) -> TokenPrefix | None:
-    """The token builder of one poll: the positions of every assigned partition after it, with the polled
-    partitions set back to their first record (the chunks, applied in order, bring them forward)."""
-    subs = inst.consumer.subs
-    start: dict[TopicPartition, int | None] = {}
-    for tp in subs.assigned():
-        start[tp] = subs.position(tp)
-    for tp, recs in reversed(chunks):
-        start[tp] = recs[0].offset
-    return codec.prefix(binding, start, [(tp, recs[0].offset, recs[-1].offset + 1) for tp, recs in chunks])
-
-
-def _sse_with_ids(out: Any, chunks: list[tuple[TopicPartition, list[Any]]], prefix: TokenPrefix | None) -> bytes:
-    """One SSE event per record, each with the resume token after it as its id (rendered with the ndjson
-    separator: a record is one line)."""
-    pieces: list[bytes] = []
-    for k, ((_, recs), part) in enumerate(zip(chunks, out.parts, strict=True)):
-        lines = part.split(b"\n")
-        # no token (too large): events without id, so a reconnect resumes from the last one (redelivers)
-        if prefix is None or len(lines) != len(recs):  # (the renderers keep a record on one line)
-            pieces += (b"data: ", part.replace(b"\n", b"\n\ndata: "), b"\n\n")
-            continue
-        token = prefix.token
-        for rec, line in zip(recs, lines, strict=True):
-            pieces += (b"data: ", line, b"\nid: ", token(k, rec.offset + 1), b"\n\n")
-    return b"".join(pieces)
-
-
-def _ndjson_with_token(out: Any, chunks: list[tuple[TopicPartition, list[Any]]],
-                       prefix: TokenPrefix | None) -> bytes:
-    """The poll's records, one per line; the last one carries ``"resume"``: the token after it."""
-    if prefix is None:
-        return out.ndjson()
-    pieces: list[bytes | memoryview] = []
-    for i, part in enumerate(out.parts):
-        if i:
-            pieces.append(b"\n")
-        pieces.append(part)
-    last = pieces[-1]
-    pieces[-1] = memoryview(last)[:-1]  # the last record's closing brace
-    pieces += (b',"resume":"', prefix.token(len(chunks) - 1, chunks[-1][1][-1].offset + 1), b'"}\n')
-    return b"".join(pieces)
-
-
-async def _stream(request: Request, inst: ConsumerInstance, tenant: Tenant, media: str, render: Any,
-                  limit: int, max_bytes: int | None, codec: ResumeCodec, binding: Binding,
-                  skipped: list[TopicPartition], epoch: int,
-                  resolver: SchemaResolver | None = None) -> AsyncIterator[bytes]:
-    """Records as they arrive. Backpressure: the next poll happens only after the previous chunk was
-    written, so a slow reader stops the polling (and, once the prefetch buffer is full, fetching) —
-    never the heartbeats. Every SSE event has the resume token after its record as id; in ndjson the last
-    record of each write has it as "resume" (docs/streams.md)."""
-    inst.active_requests += 1
-    metrics = request.app.state.metrics
-    gw = gateway(request)
-    try:
-        if skipped and media == SSE:
-            yield b": resume skipped (not assigned to this instance) " + _skipped_text(skipped).encode() + b"\n\n"
-        while not inst.closed:
-            if gw.draining:
-                # SIGTERM: end cleanly, telling the client to commit what it got (the listener stays open
-                # for a short drain window) and to reconnect, instead of being cut later
-                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
-                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
-                break
-            if await request.is_disconnected():
-                break
-            started = time.monotonic()
-            async with inst.lock:
-                if _stream_epoch(inst) != epoch:  # a resume took the instance over (see _resume)
-                    break
-                chunks = await gw.poll(inst, limit, max_bytes, 1.0, linger=0.0)  # chunks as they come
-                chunks = [c for c in chunks if c[1]]
-                # schema'd: a registry outage gives the records back and ends the stream in-band (50307)
-                out = await render_schema(inst, resolver, chunks, NDJSON_SEP, metrics) \
-                    if resolver is not None and chunks else None
-                # positions read with the records, before another request of the instance can move them
-                prefix = _token_prefix(codec, binding, inst, chunks) if chunks else None
-            inst.touch()
-            if not chunks:
-                if media == SSE:
-                    yield b": keep-alive\n\n"
-                continue
-            metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
-            if out is None and media != SSE:  # binary / json ndjson: one buffer, token spliced in
-                resume = prefix.token(len(chunks) - 1, chunks[-1][1][-1].offset + 1) if prefix is not None else None
-                data, count, payload = render_ndjson(chunks, inst.options.format != "binary", resume)
-            else:
-                if out is None:
-                    out = render(chunks, NDJSON_SEP)
-                if media == SSE:
-                    data = _sse_with_ids(out, chunks, prefix)
-                else:
-                    data = _ndjson_with_token(out, chunks, prefix)
-                count, payload = out.count, out.payload
-            metrics.records.labels(tenant.id).inc(count)
-            metrics.bytes.labels(tenant.id).inc(payload)
-            yield data
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # report in-band: the status line was already sent
-        # a decompression bomb: as in a poll; a registry outage: its retryable code
-        code = 42209 if isinstance(exc, InflatedSizeError) else 50307 if isinstance(exc, RegistryUnavailable) \
-            else 50002
-        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)  # no broker text or address
-        msg = orjson.dumps({"error_code": code, "message": text})
-        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
-    finally:
-        inst.active_requests -= 1
-        inst.touch()

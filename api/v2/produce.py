@@ -70,13 +70,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, Field
 
 from api.auth import current_tenant
+from api.deps import BINARY, ERRORS, JSONFMT, V2, runtime
 from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import LONG_DIGITS as _LONG_DIGITS
 from api.produce_common import JsonTooDeep, may_create_topic, missing_topic, partitions_or_create
 from api.produce_common import failure_code as _rest_code
 from api.produce_common import json_bytes as _json_bytes
 from api.produce_common import loads_exact as _loads_exact
-from api.v2.consumers import BINARY, ERRORS, JSONFMT, V2, runtime
 from api.v2.topics import catalog
 from service.cluster.topics import require_legal_topic_name
 from service.errors import GatewayError

@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from api.auth import current_tenant
+from api.deps import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.responses import SlotResponse
-from api.v2.consumers import BINARY, ERRORS, JSONFMT, OFFSET_MAX, V2, runtime, v2
 from api.v2.render import render_binary, render_json
 from service.cluster.topics import TopicCatalog, visible_topic_names
 from service.consumer.subscription import TopicPartition

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_tenant
+from api.deps import ErrorBody, runtime
 from api.errors import documented_errors
-from api.v2.consumers import ErrorBody, runtime
 from api.v2.topics import catalog
 from api.v3.common import (
     Relationship,

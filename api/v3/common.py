@@ -15,6 +15,8 @@ from urllib.parse import quote
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.deps import base_url as public_base_url
+from api.deps import runtime
 from api.responses import OrjsonResponse
 from service.cluster.topic_admin import ResourceNotFound
 
@@ -27,8 +29,6 @@ __all__ = ["V3_JSON", "ResourceNotFound", "base_url", "cluster_id", "crn", "rela
 def base_url(request: Request) -> str:
     """The public base URL of this gateway (no trailing slash), as v2's ``base_uri`` is built
     (``GATEWAY_PUBLIC_URL``, else the request, believing forwarded headers only from trusted proxies)."""
-    from api.v2.consumers import base_url as public_base_url  # imported here: api.v2.consumers imports much
-
     return public_base_url(request)
 
 
@@ -63,8 +63,6 @@ async def cluster_id(request: Request, tenant: Any) -> str:
     """The id of the tenant's Kafka cluster (Metadata's ``cluster_id``; refreshed once when not known yet).
 
     A broker that reports none (Metadata below v2) is named by the tenant id, so URLs stay stable."""
-    from api.v2.consumers import runtime  # imported here: api.v2.consumers imports the app's routers' helpers
-
     client = runtime(request, tenant).client
     if client.metadata.cluster_id is None:
         await client.refresh_metadata()

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from api.auth import current_tenant
+from api.deps import ErrorBody, runtime
 from api.errors import documented_errors
-from api.v2.consumers import ErrorBody, runtime
 from api.v3.common import (
     Relationship,
     Resource,

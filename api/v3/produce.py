@@ -65,6 +65,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from api.auth import current_tenant
+from api.deps import acceptable_content_type
 from api.errors import kafka_error_response
 from api.kafka_texts import failure_text, failure_texts
 from api.produce_common import (
@@ -76,7 +77,6 @@ from api.produce_common import (
     missing_topic,
     partitions_or_create,
 )
-from api.v2.consumers import acceptable_content_type
 from api.v2.produce import producer_for
 from api.v2.topics import catalog
 from api.v3.common import require_cluster

@@ -189,7 +189,7 @@ async def test_an_open_stream_ends_before_its_next_poll() -> None:
             epoch = inst.stream_epoch
             while not inst.closed:
                 async with inst.lock:
-                    if inst.stream_epoch != epoch:  # as api/v2/consumers.py's _stream
+                    if inst.stream_epoch != epoch:  # as api/v2/streams.py's stream_records
                         return f"ended at a record boundary after {polls} polls"
                     polls += 1
                     started.set()

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from api.v2.consumers import _ndjson_with_token, _sse_with_ids, _token_prefix
 from api.v2.render import NDJSON_SEP, render_binary, render_json
+from api.v2.streams import ndjson_with_token, sse_with_ids, token_prefix
 from service.consumer.resume import MAX_TOKEN_CHARS, Binding, ResumeCodec, ResumeTokenError, derive_key
 from service.consumer.subscription import TopicPartition as TP
 from service.protocol.records import Record
@@ -176,8 +176,8 @@ def _poll() -> tuple[Any, list[tuple[TP, list[Record]]]]:
 def test_sse_every_event_carries_the_positions_after_its_record(render: Any) -> None:
     c = codec()
     inst, chunks = _poll()
-    prefix = _token_prefix(c, B, inst, chunks)
-    body = _sse_with_ids(render(chunks, NDJSON_SEP), chunks, prefix)
+    prefix = token_prefix(c, B, inst, chunks)
+    body = sse_with_ids(render(chunks, NDJSON_SEP), chunks, prefix)
     events = body.split(b"\n\n")
     assert events[-1] == b""
     events = events[:-1]
@@ -202,7 +202,7 @@ def test_sse_every_event_carries_the_positions_after_its_record(render: Any) -> 
 def test_ndjson_last_record_of_a_write_carries_the_token(render: Any) -> None:
     c = codec()
     inst, chunks = _poll()
-    body = _ndjson_with_token(render(chunks, NDJSON_SEP), chunks, _token_prefix(c, B, inst, chunks))
+    body = ndjson_with_token(render(chunks, NDJSON_SEP), chunks, token_prefix(c, B, inst, chunks))
     assert body.endswith(b"\n")
     lines = [orjson.loads(x) for x in body.splitlines()]
     assert [x["offset"] for x in lines] == [100, 101, 102, 50, 51]
@@ -215,6 +215,6 @@ def test_ndjson_last_record_of_a_write_carries_the_token(render: Any) -> None:
 def test_no_token_when_too_large_the_records_still_flow() -> None:
     chunks = [(TP("t", 0), [_rec(1), _rec(2)])]
     out = render_binary(chunks, NDJSON_SEP)
-    assert _ndjson_with_token(out, chunks, None).count(b"\n") == 2
-    sse = _sse_with_ids(out, chunks, None)
+    assert ndjson_with_token(out, chunks, None).count(b"\n") == 2
+    sse = sse_with_ids(out, chunks, None)
     assert sse.count(b"data: ") == 2 and b"id: " not in sse

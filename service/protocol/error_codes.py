@@ -134,6 +134,12 @@ _TABLE: tuple[tuple[int, str, bool], ...] = (
     (118, "TELEMETRY_TOO_LARGE", False),
     (119, "INVALID_REGISTRATION", False),
     (120, "TRANSACTION_ABORTABLE", False),
+    # share groups (KIP-932)
+    (121, "INVALID_RECORD_STATE", False),
+    (122, "SHARE_SESSION_NOT_FOUND", True),
+    (123, "INVALID_SHARE_SESSION_EPOCH", True),
+    (124, "FENCED_STATE_EPOCH", False),
+    (133, "SHARE_SESSION_LIMIT_REACHED", True),
 )
 
 ERRORS: dict[int, ErrorCode] = {c: ErrorCode(c, n, r) for c, n, r in _TABLE}
@@ -174,6 +180,13 @@ UNSTABLE_OFFSET_COMMIT = 88
 UNKNOWN_TOPIC_ID = 100
 INCONSISTENT_TOPIC_ID = 103
 FETCH_SESSION_TOPIC_ID_ERROR = 106
+# share groups (KIP-932)
+FENCED_MEMBER_EPOCH = 110
+STALE_MEMBER_EPOCH = 113
+INVALID_RECORD_STATE = 121
+SHARE_SESSION_NOT_FOUND = 122
+INVALID_SHARE_SESSION_EPOCH = 123
+SHARE_SESSION_LIMIT_REACHED = 133
 
 # Errors after which partition leadership must be looked up again.
 METADATA_REFRESH_CODES = frozenset(

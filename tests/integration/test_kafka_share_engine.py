@@ -1,0 +1,147 @@
+"""Share groups (KIP-932) through our own engine (service/share/) against Apache Kafka 4.4 (Tansu has no share
+groups: docs/brokers.md). Every record produced is counted: delivered exactly once overall when all are accepted,
+released ones come back with their delivery count one higher, rejected ones never, and a consumer that closes
+while holding records releases them at once (not after the 30 s lock).
+
+Share groups start at the latest offset (``share.auto.offset.reset``), so records are produced only once every
+partition had a ShareFetch from a member."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import pytest
+from confluent_kafka import Producer as CKProducer
+
+from service.client.client import KafkaClient
+from service.embedded_kafka import EmbeddedKafka
+from service.share.consumer import ShareConsumer, ShareRecord
+from service.share.session import AckType
+
+pytestmark = pytest.mark.integration
+
+
+def produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
+    p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    for i in range(n):
+        p.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode(), partition=i % partitions)
+    assert p.flush(15) == 0
+
+
+@pytest.fixture
+async def client(kafka: EmbeddedKafka) -> AsyncIterator[KafkaClient]:
+    c = KafkaClient(kafka.bootstrap)
+    yield c
+    await c.close()
+
+
+async def new_topic(client: KafkaClient, partitions: int) -> str:
+    topic = f"share-{uuid.uuid4().hex[:8]}"
+    await client.create_topics({topic: partitions})
+    await client.refresh_metadata([topic])
+    return topic
+
+
+async def ready(consumers: list[ShareConsumer], topic: str, partitions: int, timeout: float = 20.0) -> None:
+    """Until the members hold every partition between them and each member fetched once since (the share
+    partitions then exist on the broker, at the latest offset)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {(tid, p) for c in consumers for tid, p in c.member.assigned()}
+        if len(held) == partitions:
+            break
+        assert time.monotonic() < deadline, f"assignment incomplete: {held}"
+        await asyncio.gather(*(c.poll(0.1) for c in consumers))
+    got = await asyncio.gather(*(c.poll(0.1) for c in consumers))
+    assert not any(got), "nothing was produced yet"
+
+
+async def drain(consumers: list[ShareConsumer], want: int, timeout: float = 20.0,
+                ack: AckType | None = AckType.ACCEPT) -> list[tuple[int, ShareRecord]]:
+    """Poll all consumers until ``want`` records arrived (acknowledging each with ``ack``): (consumer, record)."""
+    out: list[tuple[int, ShareRecord]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want:
+        assert time.monotonic() < deadline, f"{len(out)} of {want} records"
+        batches = await asyncio.gather(*(c.poll(0.3) for c in consumers))
+        for i, (c, batch) in enumerate(zip(consumers, batches, strict=True)):
+            for r in batch:
+                out.append((i, r))
+                if ack is not None:
+                    assert c.acknowledge(r.topic, r.partition, r.offset, ack) is None
+    return out
+
+
+async def test_three_members_two_partitions_each_record_exactly_once(kafka: EmbeddedKafka,
+                                                                      client: KafkaClient) -> None:
+    topic = await new_topic(client, 2)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    consumers = [ShareConsumer(client, group, [topic], max_wait_ms=300, max_records=20) for _ in range(3)]
+    try:
+        await asyncio.gather(*(c.start() for c in consumers))
+        await ready(consumers, topic, 2)
+        n = 120
+        await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 2)
+        got = await drain(consumers, n)
+        keys = Counter((r.partition, r.offset) for _, r in got)
+        assert len(keys) == n and set(keys.values()) == {1}, "each record delivered exactly once"
+        assert {r.delivery_count for _, r in got} == {1}
+        assert sorted(r.value for _, r in got) == sorted(f"v{i}".encode() for i in range(n))
+        results = [r for c in consumers for r in await c.commit()]
+        assert len(results) == n and all(r.applied for r in results), Counter(r.error_code for r in results)
+        # all accepted: nothing comes back
+        again = await asyncio.gather(*(c.poll(0.3) for c in consumers))
+        assert not any(again)
+    finally:
+        await asyncio.gather(*(c.close() for c in consumers))
+    assert all(c.member.state.value == "left" for c in consumers)
+
+
+async def test_release_redelivers_reject_archives_close_releases(kafka: EmbeddedKafka, client: KafkaClient) -> None:
+    topic = await new_topic(client, 2)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    first = ShareConsumer(client, group, [topic], max_wait_ms=300)
+    await first.start()
+    try:
+        await ready([first], topic, 2)
+        n = 20
+        await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 2)
+        got = [r for _, r in await drain([first], n, ack=None)]
+        assert {r.delivery_count for r in got} == {1}
+        released = {(r.partition, r.offset) for r in got if r.offset % 2 == 0}
+        rejected = {(r.partition, r.offset) for r in got if r.offset % 2 == 1}
+        for r in got:
+            kind = AckType.RELEASE if (r.partition, r.offset) in released else AckType.REJECT
+            assert first.acknowledge(r.topic, r.partition, r.offset, kind) is None
+        # acknowledging the same record twice is refused locally, never sent
+        dup = first.acknowledge(got[0].topic, got[0].partition, got[0].offset, AckType.ACCEPT)
+        assert dup is not None and not dup.applied
+        results = await first.commit()
+        assert len(results) == n and all(r.applied for r in results)
+        # the released come back, one delivery later; the rejected never
+        back = [r for _, r in await drain([first], len(released), ack=None)]
+        assert {(r.partition, r.offset) for r in back} == released
+        assert len(rejected) == n - len(released) and not rejected & {(r.partition, r.offset) for r in back}
+        assert {r.delivery_count for r in back} == {2}
+        # leave them unacknowledged and close: the next member gets them at once, with delivery count 3
+        closing = await first.close()
+        assert all(r.applied for r in closing), closing
+    finally:
+        await first.close()
+    second = ShareConsumer(client, group, [topic], max_wait_ms=300)
+    await second.start()
+    try:
+        t0 = time.monotonic()
+        third = [r for _, r in await drain([second], len(released), timeout=15.0)]
+        assert time.monotonic() - t0 < 15.0  # well inside the broker's 30 s acquisition lock
+        assert {(r.partition, r.offset) for r in third} == released  # no rejected record among them
+        assert {r.delivery_count for r in third} == {3}
+        results = await second.commit()
+        assert len(results) == len(released) and all(r.applied for r in results)
+        assert not await second.poll(0.5)
+    finally:
+        await second.close()

@@ -19,11 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from service.client.client import KafkaClient
-from service.client.errors import BrokerResponseError, KafkaError
-from service.client.metadata import BrokerInfo
+from service.client.errors import KafkaError
 from service.protocol import error_codes as EC
-from service.protocol import messages as M
 from service.protocol.records import Header, decode_records
+from service.share.admin import find_coordinator
 from service.share.member import MemberState, ShareMember
 from service.share.session import AckResult, AckType, FetchedPartition, ShareSession, TopicPartition
 
@@ -80,31 +79,13 @@ class ShareConsumer:
         async with asyncio.timeout(timeout):
             await self._assigned.wait()
 
-    async def _find_coordinator(self) -> int:
-        conn = await self.client.any_connection()
-        req = M.FindCoordinatorRequest(key=self.group_id, key_type=0, coordinator_keys=[self.group_id])
-        version = conn.version_for(M.ApiKey.FIND_COORDINATOR)
-        resp = await conn.send(req, version)
-        if version >= 4:
-            c = next((c for c in resp.coordinators if c.key == self.group_id), None)
-            if c is None:
-                raise BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator")
-            code, node, host, port, msg = c.error_code, c.node_id, c.host, c.port, c.error_message
-        else:
-            code, node, host, port, msg = resp.error_code, resp.node_id, resp.host, resp.port, resp.error_message
-        if code:
-            raise BrokerResponseError(code, f"FindCoordinator({self.group_id})", msg)
-        if self.client.metadata.broker(node) is None:
-            self.client.metadata.brokers[node] = BrokerInfo(node, host, port)
-        return int(node)
-
     async def _heartbeat_once(self) -> None:
         member = self.member
         if member.state in (MemberState.LEFT, MemberState.FAILED):
             return
         try:
             if self.coordinator is None:
-                self.coordinator = await self._find_coordinator()
+                self.coordinator = await find_coordinator(self.client, self.group_id)
             req = member.build_heartbeat()
         except KafkaError as exc:
             log.debug("share group %s: no coordinator yet: %s", self.group_id, exc)

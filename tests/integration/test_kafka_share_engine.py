@@ -18,7 +18,16 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
+from service.client.errors import BrokerResponseError
 from service.embedded_kafka import EmbeddedKafka
+from service.protocol import error_codes as EC
+from service.share.admin import (
+    alter_share_group_offsets,
+    delete_share_group_offsets,
+    describe_share_group,
+    list_share_groups,
+    share_group_offsets,
+)
 from service.share.consumer import ShareConsumer, ShareRecord
 from service.share.session import AckType
 
@@ -145,3 +154,62 @@ async def test_release_redelivers_reject_archives_close_releases(kafka: Embedded
         assert not await second.poll(0.5)
     finally:
         await second.close()
+
+
+async def test_renew_delivery_limit_and_admin(kafka: EmbeddedKafka, client: KafkaClient) -> None:
+    topic = await new_topic(client, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    c = ShareConsumer(client, group, [topic], max_wait_ms=300)
+    await c.start()
+    try:
+        await ready([c], topic, 1)
+        await asyncio.to_thread(produce, kafka.bootstrap, topic, 3, 1)
+        got = {r.offset: r for _, r in await drain([c], 3, ack=None)}
+        assert sorted(got) == [0, 1, 2]
+
+        described = await describe_share_group(client, group)
+        assert described.group_state == "Stable"
+        [member] = described.members
+        assert member.member_id == c.member_id and member.subscribed_topic_names == [topic]
+        assert [(tp.topic_name, list(tp.partitions)) for tp in member.assignment.topic_partitions] == [(topic, [0])]
+        assert (await list_share_groups(client))[group] == "Stable"
+
+        # renew keeps the lock (Kafka 4.4 allows it by default): the deadline moves on, the record stays ours
+        [session] = [s for s in c.sessions.values() if s.acquired_count()]
+        tp = c.topic_partition(topic, 0)
+        await asyncio.sleep(0.05)
+        assert c.acknowledge(topic, 0, 0, AckType.RENEW) is None
+        [renewed] = await c.commit()
+        assert renewed.applied and session.acquired(tp)[0].deadline > got[0].lock_deadline
+
+        # released again and again: after the broker's delivery-count limit (5) it is archived, never redelivered
+        counts = [got[1].delivery_count]
+        while True:
+            assert c.acknowledge(topic, 0, 1, AckType.RELEASE) is None
+            [released] = await c.commit()
+            assert released.applied
+            back = [r for r in await c.poll(0.5) if r.offset == 1]
+            if not back:
+                break
+            counts.append(back[0].delivery_count)
+            assert len(counts) <= 5, counts
+        assert counts == [1, 2, 3, 4, 5]
+        assert not await c.poll(0.5)
+
+        for offset in (0, 2):
+            assert c.acknowledge(topic, 0, offset, AckType.ACCEPT) is None
+        assert all(r.applied for r in await c.commit())
+        # every record settled: no lag (the start offset the broker reports may trail: asserted on reset below)
+        assert (await share_group_offsets(client, group))[(topic, 0)].lag == 0
+        # a group with members cannot be reset
+        with pytest.raises(BrokerResponseError) as refused:
+            await alter_share_group_offsets(client, group, {(topic, 0): 0})
+        assert refused.value.code == EC.NON_EMPTY_GROUP
+    finally:
+        await c.close()
+
+    # empty now: the start offset can be set and read back, and the group's share partitions deleted
+    assert await alter_share_group_offsets(client, group, {(topic, 0): 1}) == {(topic, 0): 0}
+    assert (await share_group_offsets(client, group))[(topic, 0)].start_offset == 1
+    assert await delete_share_group_offsets(client, group, [topic]) == {topic: 0}
+    assert (topic, 0) not in await share_group_offsets(client, group)

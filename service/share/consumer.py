@@ -146,6 +146,8 @@ class ShareConsumer:
         """The records acquired by one ShareFetch round to every leader (waiting up to ``timeout`` for some)."""
         if self._closed:
             raise RuntimeError("the share consumer is closed")
+        if self.member.error is not None:  # a fatal heartbeat answer (authorization, group full): surface it
+            raise self.member.error
         plan = await self._plan()
         for node in set(self.sessions) | set(plan):
             self._session(node).set_partitions(plan.get(node, ()))

@@ -48,6 +48,7 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "DescribeShareGroupOffsets": (0, 1),
     "AlterShareGroupOffsets": (0, 0),
     "DeleteShareGroupOffsets": (0, 0),
+    "IncrementalAlterConfigs": (0, 1),  # share-group configs (resource type GROUP)
     # -- end of share groups --
 }
 DATA: dict[str, tuple[int, int]] = {

@@ -73,6 +73,7 @@ class ApiKey:
     DESCRIBE_SHARE_GROUP_OFFSETS = 90
     ALTER_SHARE_GROUP_OFFSETS = 91
     DELETE_SHARE_GROUP_OFFSETS = 92
+    INCREMENTAL_ALTER_CONFIGS = 44  # (share-group configs)
 
 
 ApiVersionsRequest = _cls("ApiVersionsRequest")
@@ -138,6 +139,8 @@ AlterShareGroupOffsetsRequest = _cls("AlterShareGroupOffsetsRequest")
 AlterShareGroupOffsetsResponse = _cls("AlterShareGroupOffsetsResponse")
 DeleteShareGroupOffsetsRequest = _cls("DeleteShareGroupOffsetsRequest")
 DeleteShareGroupOffsetsResponse = _cls("DeleteShareGroupOffsetsResponse")
+IncrementalAlterConfigsRequest = _cls("IncrementalAlterConfigsRequest")
+IncrementalAlterConfigsResponse = _cls("IncrementalAlterConfigsResponse")
 
 
 def struct(message: str, struct_name: str) -> Any:

@@ -941,6 +941,31 @@ DELETE_SHARE_GROUP_OFFSETS_RESPONSE = MessageSchema(
     )),
 ))
 
+INCREMENTAL_ALTER_CONFIGS_REQUEST = MessageSchema(
+    'IncrementalAlterConfigsRequest', api_key=44, kind='request', versions=(0, 1), flexible='1+', fields=(
+    F('resources', '[]AlterConfigsResource', '0+', fields=(
+        F('resource_type', 'int8', '0+'),
+        F('resource_name', 'string', '0+'),
+        F('configs', '[]AlterableConfig', '0+', fields=(
+            F('name', 'string', '0+'),
+            F('config_operation', 'int8', '0+'),
+            F('value', 'string', '0+', nullable='0+'),
+        )),
+    )),
+    F('validate_only', 'bool', '0+'),
+))
+
+INCREMENTAL_ALTER_CONFIGS_RESPONSE = MessageSchema(
+    'IncrementalAlterConfigsResponse', api_key=44, kind='response', versions=(0, 1), flexible='1+', fields=(
+    F('throttle_time_ms', 'int32', '0+'),
+    F('responses', '[]AlterConfigsResourceResponse', '0+', fields=(
+        F('error_code', 'int16', '0+'),
+        F('error_message', 'string', '0+', nullable='0+'),
+        F('resource_type', 'int8', '0+'),
+        F('resource_name', 'string', '0+'),
+    )),
+))
+
 # -- end of share groups --
 
 ALL_SCHEMAS = (
@@ -1007,4 +1032,6 @@ ALL_SCHEMAS = (
     ALTER_SHARE_GROUP_OFFSETS_RESPONSE,
     DELETE_SHARE_GROUP_OFFSETS_REQUEST,
     DELETE_SHARE_GROUP_OFFSETS_RESPONSE,
+    INCREMENTAL_ALTER_CONFIGS_REQUEST,
+    INCREMENTAL_ALTER_CONFIGS_RESPONSE,
 )

@@ -19,6 +19,11 @@ _OffsetsTopic = M.struct("DescribeShareGroupOffsetsRequest", "DescribeShareGroup
 _AlterTopic = M.struct("AlterShareGroupOffsetsRequest", "AlterShareGroupOffsetsRequestTopic")
 _AlterPartition = M.struct("AlterShareGroupOffsetsRequest", "AlterShareGroupOffsetsRequestPartition")
 _DeleteTopic = M.struct("DeleteShareGroupOffsetsRequest", "DeleteShareGroupOffsetsRequestTopic")
+_ConfigResource = M.struct("IncrementalAlterConfigsRequest", "AlterConfigsResource")
+_Config = M.struct("IncrementalAlterConfigsRequest", "AlterableConfig")
+
+GROUP_RESOURCE = 32  # ConfigResource type GROUP
+_SET, _DELETE = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,3 +127,14 @@ async def delete_share_group_offsets(client: KafkaClient, group_id: str, topics:
         raise BrokerResponseError(resp.error_code, f"DeleteShareGroupOffsets({group_id})", resp.error_message)
     return {t.topic_name: t.error_code for t in resp.responses}
 
+
+
+async def alter_group_config(client: KafkaClient, group_id: str, configs: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) group-level configs, e.g. ``share.auto.offset.reset``,
+    ``share.record.lock.duration.ms`` (within the broker's ``group.share.min/max.record.lock.duration.ms``)."""
+    conf = [_Config(name=k, config_operation=_DELETE if v is None else _SET, value=v) for k, v in configs.items()]
+    resp = await client.send_any(M.IncrementalAlterConfigsRequest(
+        resources=[_ConfigResource(resource_type=GROUP_RESOURCE, resource_name=group_id, configs=conf)]))
+    for r in resp.responses:
+        if r.error_code:
+            raise BrokerResponseError(r.error_code, f"IncrementalAlterConfigs(group {group_id})", r.error_message)

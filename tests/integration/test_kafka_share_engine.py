@@ -22,6 +22,7 @@ from service.client.errors import BrokerResponseError
 from service.embedded_kafka import EmbeddedKafka
 from service.protocol import error_codes as EC
 from service.share.admin import (
+    alter_group_config,
     alter_share_group_offsets,
     delete_share_group_offsets,
     describe_share_group,
@@ -213,3 +214,28 @@ async def test_renew_delivery_limit_and_admin(kafka: EmbeddedKafka, client: Kafk
     assert (await share_group_offsets(client, group))[(topic, 0)].start_offset == 1
     assert await delete_share_group_offsets(client, group, [topic]) == {topic: 0}
     assert (topic, 0) not in await share_group_offsets(client, group)
+
+
+async def test_group_configs_earliest_and_an_expired_lock(kafka: EmbeddedKafka, client: KafkaClient) -> None:
+    """share.auto.offset.reset=earliest delivers what was produced before the group existed; a record left
+    unacknowledged past the group's 1 s lock comes back with its delivery count one higher."""
+    topic = await new_topic(client, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, 2, 1)
+    await alter_group_config(client, group, {"share.auto.offset.reset": "earliest",
+                                             "share.record.lock.duration.ms": "1000"})
+    c = ShareConsumer(client, group, [topic], max_wait_ms=300)
+    await c.start()
+    try:
+        first = {r.offset: r for _, r in await drain([c], 2, ack=None)}
+        assert sorted(first) == [0, 1] and {r.delivery_count for r in first.values()} == {1}
+        assert c.acknowledge(topic, 0, 0, AckType.ACCEPT) is None
+        assert [r.applied for r in await c.commit()] == [True]
+        # offset 1 is left alone: its lock runs out on the broker, which hands it out again
+        back = [r for _, r in await drain([c], 1, timeout=10.0, ack=None)]
+        assert [(r.offset, r.delivery_count) for r in back] == [(1, 2)]
+        assert back[0].lock_deadline > first[1].lock_deadline
+        assert c.acknowledge(topic, 0, 1, AckType.ACCEPT) is None
+        assert [r.applied for r in await c.commit()] == [True]
+    finally:
+        await c.close()

@@ -81,5 +81,6 @@ def test_share_api_keys() -> None:
     assert (M.ApiKey.SHARE_FETCH, M.ApiKey.SHARE_ACKNOWLEDGE) == (78, 79)
     assert (M.ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, M.ApiKey.ALTER_SHARE_GROUP_OFFSETS,
             M.ApiKey.DELETE_SHARE_GROUP_OFFSETS) == (90, 91, 92)
-    for key in (76, 77, 78, 79, 90, 91, 92):
+    assert M.ApiKey.INCREMENTAL_ALTER_CONFIGS == 44
+    for key in (44, 76, 77, 78, 79, 90, 91, 92):
         assert key in M.REQUESTS and key in M.RESPONSES

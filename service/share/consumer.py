@@ -45,7 +45,7 @@ class ShareRecord:
 class ShareConsumer:
     def __init__(self, client: KafkaClient, group_id: str, topics: Iterable[str], *, member_id: str | None = None,
                  max_wait_ms: int = 500, max_records: int = 500, max_bytes: int = 16 * 1024 * 1024,
-                 request_timeout: float = 30.0) -> None:
+                 request_timeout: float = 30.0, record_limit: bool = False) -> None:
         self.client = client
         self.group_id = group_id
         self.member = ShareMember(group_id, topics, member_id=member_id)
@@ -53,6 +53,8 @@ class ShareConsumer:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.request_timeout = request_timeout
+        #: acquire at most max_records per ShareFetch (ShareFetch v2 record-limit mode), not whole batches
+        self.record_limit = record_limit
         self.coordinator: int | None = None
         self.sessions: dict[int, ShareSession] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -167,7 +169,8 @@ class ShareConsumer:
             out: list[ShareRecord] = []
             if session.partitions:
                 req = session.build_fetch(max_wait_ms=wait_ms, max_bytes=self.max_bytes,
-                                          max_records=self.max_records, batch_size=self.max_records)
+                                          max_records=self.max_records, batch_size=self.max_records,
+                                          record_limit=self.record_limit)
                 try:
                     resp = await self.client.send_blocking(node, req, timeout=self.request_timeout + wait_ms / 1000)
                 except KafkaError as exc:

@@ -265,9 +265,12 @@ class ShareSession:
             raise SessionError("the share session is closed")
 
     def build_fetch(self, *, max_wait_ms: int, min_bytes: int = 1, max_bytes: int = 0x7FFFFFFF,
-                    max_records: int = 500, batch_size: int = 500) -> Any:
+                    max_records: int = 500, batch_size: int = 500, record_limit: bool = False) -> Any:
         """The next ShareFetch: partitions added and forgotten, with the acknowledgements it can carry (not on a
-        session's opening request, which may carry none; renewals travel in ShareAcknowledge)."""
+        session's opening request, which may carry none; renewals travel in ShareAcknowledge).
+
+        ``record_limit`` (ShareFetch v2+): acquire at most ``max_records`` records, splitting batches; otherwise
+        the broker may hand out whole batches beyond it, so one member can take what several could share."""
         self._check_idle()
         if self._closing:
             raise SessionError("the share session is closing")
@@ -291,7 +294,7 @@ class ShareSession:
         return M.ShareFetchRequest(
             group_id=self.group_id, member_id=self.member_id, share_session_epoch=self.epoch,
             max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes, max_records=max_records,
-            batch_size=batch_size,
+            batch_size=batch_size, share_acquire_mode=1 if record_limit else 0,
             topics=[_FetchTopic(topic_id=tid, partitions=parts) for tid, parts in topics.items()],
             forgotten_topics_data=[_Forgotten(topic_id=tid, partitions=ps) for tid, ps in gone.items()])
 

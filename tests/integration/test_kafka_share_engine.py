@@ -71,14 +71,16 @@ async def ready(consumers: list[ShareConsumer], topic: str, partitions: int, tim
 
 
 async def drain(consumers: list[ShareConsumer], want: int, timeout: float = 20.0,
-                ack: AckType | None = AckType.ACCEPT) -> list[tuple[int, ShareRecord]]:
-    """Poll all consumers until ``want`` records arrived (acknowledging each with ``ack``): (consumer, record)."""
+                ack: AckType | None = AckType.ACCEPT, limit: int | None = None) -> list[tuple[int, ShareRecord]]:
+    """Poll all consumers until ``want`` records arrived (acknowledging each with ``ack``; each poll returning at
+    most ``limit``): (consumer, record)."""
     out: list[tuple[int, ShareRecord]] = []
     deadline = time.monotonic() + timeout
     while len(out) < want:
         assert time.monotonic() < deadline, f"{len(out)} of {want} records"
         batches = await asyncio.gather(*(c.poll(0.3) for c in consumers))
         for i, (c, batch) in enumerate(zip(consumers, batches, strict=True)):
+            assert limit is None or len(batch) <= limit, len(batch)
             for r in batch:
                 out.append((i, r))
                 if ack is not None:
@@ -90,17 +92,22 @@ async def test_three_members_two_partitions_each_record_exactly_once(kafka: Embe
                                                                       client: KafkaClient) -> None:
     topic = await new_topic(client, 2)
     group = f"sg-{uuid.uuid4().hex[:8]}"
-    consumers = [ShareConsumer(client, group, [topic], max_wait_ms=300, max_records=20) for _ in range(3)]
+    # record-limit mode: at most 10 records per ShareFetch, so the members share each partition's batches
+    consumers = [ShareConsumer(client, group, [topic], max_wait_ms=300, max_records=10, record_limit=True)
+                 for _ in range(3)]
     try:
         await asyncio.gather(*(c.start() for c in consumers))
         await ready(consumers, topic, 2)
+        # more members than partitions: the partitions are shared, every member has some
+        assert all(c.member.assigned() for c in consumers)
         n = 120
         await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 2)
-        got = await drain(consumers, n)
+        got = await drain(consumers, n, limit=10)
         keys = Counter((r.partition, r.offset) for _, r in got)
         assert len(keys) == n and set(keys.values()) == {1}, "each record delivered exactly once"
         assert {r.delivery_count for _, r in got} == {1}
         assert sorted(r.value for _, r in got) == sorted(f"v{i}".encode() for i in range(n))
+        assert len({i for i, _ in got}) == 3, Counter(i for i, _ in got)  # records spread over every member
         results = [r for c in consumers for r in await c.commit()]
         assert len(results) == n and all(r.applied for r in results), Counter(r.error_code for r in results)
         # all accepted: nothing comes back

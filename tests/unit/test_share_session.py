@@ -109,14 +109,15 @@ def test_opening_fetch_names_every_partition_and_later_ones_only_changes() -> No
     req = wire(s.build_fetch(max_wait_ms=500, max_records=50, batch_size=50))
     assert req.share_session_epoch == INITIAL_EPOCH and req.group_id == "g" and req.member_id == "m"
     assert set(parts_of(req)) == {A, B} and req.forgotten_topics_data == []
-    assert (req.max_wait_ms, req.max_records, req.batch_size) == (500, 50, 50)
+    assert (req.max_wait_ms, req.max_records, req.batch_size, req.share_acquire_mode) == (500, 50, 50, 0)
     s.handle_fetch_response(fetch_resp({}), 0.0)
     assert s.epoch == 1
     req = wire(s.build_fetch(max_wait_ms=0))
     assert req.share_session_epoch == 1 and req.topics == [] and req.forgotten_topics_data == []
     s.handle_fetch_response(fetch_resp({}), 0.0)
     s.set_partitions([B, C])
-    req = wire(s.build_fetch(max_wait_ms=0))
+    req = wire(s.build_fetch(max_wait_ms=0, record_limit=True))
+    assert req.share_acquire_mode == 1  # record-limit: max_records is a hard limit
     assert req.share_session_epoch == 2
     assert set(parts_of(req)) == {C}
     assert [(f.topic_id, list(f.partitions)) for f in req.forgotten_topics_data] == [(T1, [0])]

@@ -211,7 +211,7 @@ class ShareConsumer:
     def _locate(self, topic: str, partition: int, offset: int) -> tuple[ShareSession | None, TopicPartition]:
         tp = (self.client.metadata.topic_id(topic), partition)
         for s in self.sessions.values():
-            if offset in s.acquired(tp):
+            if s.holds(tp, offset):
                 return s, tp
         return None, tp
 

@@ -176,6 +176,9 @@ class ShareSession:
     def acquired(self, tp: TopicPartition) -> dict[int, Acquired]:
         return dict(self._acquired.get(tp, {}))
 
+    def holds(self, tp: TopicPartition, offset: int) -> bool:
+        return offset in self._acquired.get(tp, ())
+
     def acquired_count(self) -> int:
         return sum(len(a) for a in self._acquired.values())
 

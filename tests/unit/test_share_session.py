@@ -150,6 +150,7 @@ def test_acquired_records_carry_delivery_count_and_lock_deadline() -> None:
     got = s.deliver(part, [8, 9, 10, 12, 13, 14])
     assert [(d.offset, d.delivery_count, d.deadline) for d in got] == [(10, 1, 52.0), (12, 1, 52.0), (13, 3, 52.0)]
     assert sorted(s.acquired(A)) == [10, 12, 13]
+    assert s.holds(A, 12) and not s.holds(A, 11) and not s.holds(B, 12)
     # the gap is acknowledged with the partition's next acknowledgement, and never reported back
     assert s.acknowledge(A, 10, AckType.ACCEPT) is None
     req = wire(s.build_acknowledge())

@@ -40,6 +40,16 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "EndTxn": (0, 3),
     "TxnOffsetCommit": (0, 3),
     "DescribeConfigs": (1, 4),
+    # -- share groups (KIP-932): the versions Kafka 4.4 supports --
+    "ShareGroupHeartbeat": (1, 1),
+    "ShareGroupDescribe": (1, 1),
+    "ShareFetch": (1, 2),
+    "ShareAcknowledge": (1, 2),
+    "DescribeShareGroupOffsets": (0, 1),
+    "AlterShareGroupOffsets": (0, 0),
+    "DeleteShareGroupOffsets": (0, 0),
+    "IncrementalAlterConfigs": (0, 1),  # share-group configs (resource type GROUP)
+    # -- end of share groups --
 }
 DATA: dict[str, tuple[int, int]] = {
     "ConsumerProtocolSubscription": (0, 3),

@@ -60,6 +60,11 @@ SINGLE_NODE_CONFIG: dict[str, str] = {
     "share.coordinator.state.topic.num.partitions": "4",
     "group.initial.rebalance.delay.ms": "0",
     "group.min.session.timeout.ms": "1000",
+    # share groups: a member hears of its assignment on its next heartbeat, 1 s after joining rather than Kafka's 5 s
+    "group.share.min.heartbeat.interval.ms": "500",
+    "group.share.heartbeat.interval.ms": "1000",
+    # and a group may set its record lock (share.record.lock.duration.ms) down to 1 s (Kafka: 15 s); default 30 s
+    "group.share.min.record.lock.duration.ms": "1000",
     # a broker killed and started again on its data registers anew only once its old registration expired: 4 s
     # (Kafka's 9 s made such a restart take 12 s)
     "broker.session.timeout.ms": "4000",

@@ -65,6 +65,15 @@ class ApiKey:
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
+    # share groups (KIP-932)
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_GROUP_DESCRIBE = 77
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
+    DESCRIBE_SHARE_GROUP_OFFSETS = 90
+    ALTER_SHARE_GROUP_OFFSETS = 91
+    DELETE_SHARE_GROUP_OFFSETS = 92
+    INCREMENTAL_ALTER_CONFIGS = 44  # (share-group configs)
 
 
 ApiVersionsRequest = _cls("ApiVersionsRequest")
@@ -115,6 +124,23 @@ DescribeConfigsRequest = _cls("DescribeConfigsRequest")
 DescribeConfigsResponse = _cls("DescribeConfigsResponse")
 ConsumerProtocolSubscription = _cls("ConsumerProtocolSubscription")
 ConsumerProtocolAssignment = _cls("ConsumerProtocolAssignment")
+# share groups (KIP-932)
+ShareGroupHeartbeatRequest = _cls("ShareGroupHeartbeatRequest")
+ShareGroupHeartbeatResponse = _cls("ShareGroupHeartbeatResponse")
+ShareGroupDescribeRequest = _cls("ShareGroupDescribeRequest")
+ShareGroupDescribeResponse = _cls("ShareGroupDescribeResponse")
+ShareFetchRequest = _cls("ShareFetchRequest")
+ShareFetchResponse = _cls("ShareFetchResponse")
+ShareAcknowledgeRequest = _cls("ShareAcknowledgeRequest")
+ShareAcknowledgeResponse = _cls("ShareAcknowledgeResponse")
+DescribeShareGroupOffsetsRequest = _cls("DescribeShareGroupOffsetsRequest")
+DescribeShareGroupOffsetsResponse = _cls("DescribeShareGroupOffsetsResponse")
+AlterShareGroupOffsetsRequest = _cls("AlterShareGroupOffsetsRequest")
+AlterShareGroupOffsetsResponse = _cls("AlterShareGroupOffsetsResponse")
+DeleteShareGroupOffsetsRequest = _cls("DeleteShareGroupOffsetsRequest")
+DeleteShareGroupOffsetsResponse = _cls("DeleteShareGroupOffsetsResponse")
+IncrementalAlterConfigsRequest = _cls("IncrementalAlterConfigsRequest")
+IncrementalAlterConfigsResponse = _cls("IncrementalAlterConfigsResponse")
 
 
 def struct(message: str, struct_name: str) -> Any:

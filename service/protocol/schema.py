@@ -185,7 +185,10 @@ class CompiledMessage:
         ns: dict[str, Any] = {"_MISSING": _MISSING}
         for f in fields:
             dflt = _default_value(f)
-            if f.is_struct and not f.is_array:
+            if f.is_struct and not f.is_array and f.default == "null":  # a nullable struct: None by default
+                params.append(f"{f.name}=None")
+                body.append(f"    self.{f.name} = None if {f.name} is _MISSING else {f.name}")
+            elif f.is_struct and not f.is_array:
                 ns[f"_c_{f.name}"] = self.classes[f.element_type]
                 params.append(f"{f.name}=_MISSING")
                 body.append(f"    self.{f.name} = _c_{f.name}() if {f.name} is _MISSING else {f.name}")
@@ -361,6 +364,9 @@ class _Generator:
             return lines
         if f.is_struct:
             sub = self._enc_struct(f.element_type, self.cm.struct_fields[f.element_type])
+            if nullable:  # a nullable struct: an int8 marker, -1 for null, 1 before the struct
+                return [f"if {expr} is None:", f"    {out} += b'\\xff'", "else:", f"    {out} += b'\\x01'",
+                        f"    {sub}({expr}, {out})"]
             return [f"{sub}({expr}, {out})"]
         t = f.type
         if t in _FIXED:
@@ -491,6 +497,9 @@ class _Generator:
             return lines
         if f.is_struct:
             sub = self._dec_struct(f.element_type, self.cm.struct_fields[f.element_type])
+            if nullable:  # the int8 marker: negative for null
+                return ["if b[pos] >= 128:", "    pos += 1", f"    {target} = None", "else:", "    pos += 1",
+                        f"    {target}, pos = {sub}(b, pos)"]
             return [f"{target}, pos = {sub}(b, pos)"]
         t = f.type
         if t in _FIXED:

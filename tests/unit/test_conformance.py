@@ -7,9 +7,12 @@ must cover our range. The ``ignorable`` flag is compared where it has an effect 
 version* (instead of comparing the raw version strings) means a schema change in a version we implement makes the test
 fail, while changes in versions we don't implement (newer Kafka releases) don't.
 
-Sources: the Kafka 4.3 schemas bundled in the kafka-python wheel (required) and, if present, the
-Kafka 4.0-dev schemas in the ``shared/kafka-protocol/message`` directory next to the repository.
-Nothing from the JSON files is copied into the repository; they are read at test time.
+Sources: the Kafka 4.3 schemas bundled in the kafka-python wheel (required), the Kafka 4.4 schemas inside the
+``kafka-clients`` jar that tools/install-kafka.sh installs (when installed; the only source of the share-group
+messages, which the wheel lacks), and, if present, the Kafka 4.0-dev schemas in the ``shared/kafka-protocol/message``
+directory next to the repository. Every message we implement must be found in at least one available source: a
+message no source has fails the suite rather than going unchecked. Nothing from the JSON files is copied into the
+repository; they are read at test time.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import copy
 import importlib.util
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from service.embedded.kafka import KAFKA_VERSION, cache_dir
 from service.protocol.schema import PRIMITIVES, F, MessageSchema, _default_value, in_range, parse_versions
 from service.protocol.schemas import ALL_SCHEMAS
 
@@ -48,6 +53,44 @@ SOURCES: dict[str, Path] = {
     # A sibling ``shared`` directory of the repository root (Kafka 4.0-dev message definitions).
     "kafka-4.0-dev": REPO_ROOT.parent / "shared" / "kafka-protocol" / "message",
 }
+# Schema sets read straight out of a jar (``common/message/*.json`` inside it), when the jar is installed.
+JAR_SOURCES: dict[str, Path] = {
+    f"kafka-clients-{KAFKA_VERSION}": cache_dir() / KAFKA_VERSION / "lib" / f"kafka-clients-{KAFKA_VERSION}.jar",
+}
+_JAR_DIR = "common/message/"
+
+
+@cache
+def _jar_names(source: str) -> frozenset[str]:
+    with zipfile.ZipFile(JAR_SOURCES[source]) as jar:
+        return frozenset(n[len(_JAR_DIR):-5] for n in jar.namelist()
+                         if n.startswith(_JAR_DIR) and n.endswith(".json"))
+
+
+def available_sources() -> list[str]:
+    """The schema sets present on this machine: the wheel's always, the jar and the sibling set when there."""
+    out = [source for source, path in SOURCES.items() if source == "kafka-4.3" or path.is_dir()]
+    out += [source for source, jar in JAR_SOURCES.items() if jar.is_file()]
+    return out
+
+
+# Messages a set has only in a form that Kafka has since withdrawn: the 4.0-dev set carries the early-access
+# share-group protocol (v0, removed in Kafka 4.1), which no version we implement matches.
+WITHDRAWN: dict[str, tuple[str, ...]] = {
+    "kafka-4.0-dev": ("ShareGroupHeartbeat", "ShareGroupDescribe", "ShareFetch", "ShareAcknowledge"),
+}
+# Fields a newer set renames without changing the wire (source, message, Kafka's new name -> the name we keep).
+RENAMED: dict[tuple[str, str, str], str] = {
+    (f"kafka-clients-{KAFKA_VERSION}", "TxnOffsetCommitRequest", "GenerationIdOrMemberEpoch"): "GenerationId",
+}
+
+
+def source_has(source: str, name: str) -> bool:
+    if name.removesuffix("Request").removesuffix("Response") in WITHDRAWN.get(source, ()):
+        return False
+    if source in JAR_SOURCES:
+        return name in _jar_names(source)
+    return (SOURCES[source] / f"{name}.json").is_file()
 
 # A JSON string (kept) or a // line comment or /* block comment */ (dropped). Matching strings first
 # keeps "http://..." inside a string intact.
@@ -60,8 +103,23 @@ def strip_json_comments(text: str) -> str:
 
 @cache
 def _load_cached(source: str, name: str) -> dict[str, Any]:
-    path = SOURCES[source] / f"{name}.json"
-    return json.loads(strip_json_comments(path.read_text(encoding="utf-8")))
+    if source in JAR_SOURCES:
+        with zipfile.ZipFile(JAR_SOURCES[source]) as jar:
+            text = jar.read(f"{_JAR_DIR}{name}.json").decode("utf-8")
+    else:
+        text = (SOURCES[source] / f"{name}.json").read_text(encoding="utf-8")
+    kjson = json.loads(strip_json_comments(text))
+    for (src, message, theirs), ours in RENAMED.items():
+        if (src, message) == (source, name):
+            _rename_field(kjson["fields"], theirs, ours)
+    return kjson
+
+
+def _rename_field(fields: list[dict[str, Any]], theirs: str, ours: str) -> None:
+    for f in fields:
+        if f["name"] == theirs:
+            f["name"] = ours
+        _rename_field(f.get("fields", []), theirs, ours)
 
 
 def load_kafka_json(source: str, name: str) -> dict[str, Any]:
@@ -256,12 +314,14 @@ def compare_message(schema: MessageSchema, kjson: dict[str, Any]) -> list[str]:
 # -- the conformance tests ---------------------------------------------------------------------------
 
 
-def _source_params() -> list[Any]:
-    """The schema sets to compare with: the bundled 4.3 set always; the 4.0-dev set of the workplace
-    (``../shared/kafka-protocol/message``) only where it exists beside the checkout. An absent optional set
-    is left out of the parametrisation rather than reported as skipped tests (a skip is not a pass)."""
-    return [pytest.param(source, id=source) for source, path in SOURCES.items()
-            if source == "kafka-4.3" or path.is_dir()]
+def _conformance_params() -> list[Any]:
+    """(schema, source) pairs to compare: every available set that has the message. The bundled 4.3 set is
+    always there; the jar and the 4.0-dev set of the workplace (``../shared/kafka-protocol/message``) only where
+    installed. An absent optional set, or a message a set lacks (the share-group messages are newer than some
+    sets), is left out of the parametrisation rather than reported as skipped tests (a skip is not a pass);
+    ``test_every_message_has_a_kafka_schema`` makes sure nothing is left out entirely."""
+    return [pytest.param(schema, source, id=f"{schema.name}-{source}")
+            for schema in ALL_SCHEMAS for source in available_sources() if source_has(source, schema.name)]
 
 
 def test_kafka_43_schemas_are_available() -> None:
@@ -269,8 +329,44 @@ def test_kafka_43_schemas_are_available() -> None:
     assert (SOURCES["kafka-4.3"] / "FetchRequest.json").is_file(), SOURCES["kafka-4.3"]
 
 
-@pytest.mark.parametrize("source", _source_params())
-@pytest.mark.parametrize("schema", ALL_SCHEMAS, ids=lambda s: s.name)
+def orphans() -> list[str]:
+    """Our messages that no available schema set defines."""
+    sources = available_sources()
+    return [s.name for s in ALL_SCHEMAS if not any(source_has(src, s.name) for src in sources)]
+
+
+def test_every_message_has_a_kafka_schema() -> None:
+    # A message that no available set defines would go unchecked: that is a failure, not a skip (install the
+    # kafka-clients jar with tools/install-kafka.sh for the messages the kafka-python wheel lacks).
+    assert orphans() == [], (f"no Kafka schema found for {orphans()} in {available_sources()} "
+                             f"(jars: {list(JAR_SOURCES.values())})")
+
+
+def test_a_missing_jar_leaves_the_share_messages_orphaned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(JAR_SOURCES, f"kafka-clients-{KAFKA_VERSION}", tmp_path / "absent.jar")
+    assert "ShareFetchRequest" in orphans()
+    assert "FetchRequest" not in orphans()
+
+
+def test_renames_name_existing_fields() -> None:
+    for (source, message, theirs), _ours in RENAMED.items():
+        if source not in available_sources():
+            continue
+        with zipfile.ZipFile(JAR_SOURCES[source]) as jar:
+            raw = strip_json_comments(jar.read(f"{_JAR_DIR}{message}.json").decode())
+        assert f'"{theirs}"' in raw, (source, message, theirs)
+
+
+def test_the_jar_provides_the_share_group_messages() -> None:
+    # The share-group messages exist in the 4.4 jar (and not in the wheel's 4.3 set): the jar is their source.
+    source = f"kafka-clients-{KAFKA_VERSION}"
+    assert source in available_sources(), f"{JAR_SOURCES[source]} is missing: run tools/install-kafka.sh"
+    share = [s.name for s in ALL_SCHEMAS if "Share" in s.name]
+    assert len(share) == 14, share
+    assert all(source_has(source, name) for name in share)
+
+
+@pytest.mark.parametrize(("schema", "source"), _conformance_params())
 def test_schema_conforms_to_kafka(source: str, schema: MessageSchema) -> None:
     kjson = load_kafka_json(source, schema.name)
     problems = compare_message(schema, kjson)

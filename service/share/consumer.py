@@ -1,0 +1,288 @@
+"""The asyncio share consumer: a share-group member (service/share/member.py) that heartbeats to the group
+coordinator, and one share session (service/share/session.py) per leader of its assigned partitions, over our own
+client (service/client/).
+
+``poll`` sends a ShareFetch to every leader at once (carrying the acknowledgements queued for it) and returns
+the records acquired, each with its delivery count and lock deadline; ``acknowledge`` queues one record's
+outcome; ``commit`` sends what is queued without fetching (ShareAcknowledge) and returns the per-record results;
+``close`` releases whatever is still held, ends the sessions and leaves the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from service.client.client import KafkaClient
+from service.client.errors import KafkaError
+from service.protocol import error_codes as EC
+from service.protocol.records import Header, decode_records
+from service.share.admin import find_coordinator
+from service.share.member import MemberState, ShareMember
+from service.share.session import AckResult, AckType, FetchedPartition, ShareSession, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    delivery_count: int
+    lock_deadline: float  # time.monotonic() when the acquisition lock runs out
+
+
+class ShareConsumer:
+    def __init__(self, client: KafkaClient, group_id: str, topics: Iterable[str], *, member_id: str | None = None,
+                 max_wait_ms: int = 500, max_records: int = 500, max_bytes: int = 16 * 1024 * 1024,
+                 request_timeout: float = 30.0, record_limit: bool = False) -> None:
+        self.client = client
+        self.group_id = group_id
+        self.member = ShareMember(group_id, topics, member_id=member_id)
+        self.max_wait_ms = max_wait_ms
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.request_timeout = request_timeout
+        #: acquire at most max_records per ShareFetch (ShareFetch v2 record-limit mode), not whole batches
+        self.record_limit = record_limit
+        self.coordinator: int | None = None
+        self.sessions: dict[int, ShareSession] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._results: list[AckResult] = []  # answers to acknowledgements that rode on a ShareFetch
+        self._hb_task: asyncio.Task[None] | None = None
+        self._hb_wake = asyncio.Event()
+        self._assigned = asyncio.Event()
+        self._closed = False
+
+    @property
+    def member_id(self) -> str:
+        return self.member.member_id
+
+    # -- membership -----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.client.ensure_metadata(self.member.topics)
+        await self._heartbeat_once()
+        if self.member.state == MemberState.FAILED and self.member.error is not None:
+            raise self.member.error
+        self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"share-heartbeat-{self.member_id}")
+
+    async def wait_assigned(self, timeout: float) -> None:
+        """Until the coordinator assigned this member at least one partition."""
+        async with asyncio.timeout(timeout):
+            await self._assigned.wait()
+
+    async def _heartbeat_once(self) -> None:
+        member = self.member
+        if member.state in (MemberState.LEFT, MemberState.FAILED):
+            return
+        try:
+            if self.coordinator is None:
+                self.coordinator = await find_coordinator(self.client, self.group_id)
+            req = member.build_heartbeat()
+        except KafkaError as exc:
+            log.debug("share group %s: no coordinator yet: %s", self.group_id, exc)
+            return
+        try:
+            resp = await self.client.send(self.coordinator, req, timeout=self.request_timeout)
+        except KafkaError as exc:
+            log.info("share group %s: heartbeat failed: %s", self.group_id, exc)
+            member.heartbeat_failed()
+            self.coordinator = None
+            return
+        outcome = member.handle_response(resp)
+        if outcome.find_coordinator:
+            self.coordinator = None
+        if outcome.error_code:
+            log.info("share group %s member %s: heartbeat answered %s", self.group_id, self.member_id,
+                     EC.describe(outcome.error_code).name)
+        if member.assignment:
+            self._assigned.set()
+        else:
+            self._assigned.clear()
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed and self.member.state not in (MemberState.LEFT, MemberState.FAILED):
+            stable = self.member.state == MemberState.STABLE and self.coordinator is not None
+            delay = self.member.heartbeat_interval_ms / 1000 if stable else 0.2
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._hb_wake.wait()
+            self._hb_wake.clear()
+            if self._closed:
+                return
+            await self._heartbeat_once()
+
+    # -- fetching -------------------------------------------------------------------------------------------------
+    def _session(self, node: int) -> ShareSession:
+        s = self.sessions.get(node)
+        if s is None:
+            s = self.sessions[node] = ShareSession(self.group_id, self.member_id)
+            self._locks[node] = asyncio.Lock()
+        return s
+
+    async def _plan(self) -> dict[int, list[TopicPartition]]:
+        """The assigned partitions by leader; metadata is refreshed when a leader or a topic name is unknown."""
+        assigned = self.member.assigned()
+        md = self.client.metadata
+        if md.needs_refresh or any(md.topic_names.get(tid) is None for tid, _ in assigned):
+            await self.client.refresh_metadata(self.member.topics)
+        plan: dict[int, list[TopicPartition]] = {}
+        for tid, p in assigned:
+            name = md.topic_names.get(tid)
+            leader = md.leader(name, p) if name is not None else None
+            if leader is not None:
+                plan.setdefault(leader, []).append((tid, p))
+        return plan
+
+    async def poll(self, timeout: float = 1.0) -> list[ShareRecord]:
+        """The records acquired by one ShareFetch round to every leader (waiting up to ``timeout`` for some)."""
+        if self._closed:
+            raise RuntimeError("the share consumer is closed")
+        if self.member.error is not None:  # a fatal heartbeat answer (authorization, group full): surface it
+            raise self.member.error
+        plan = await self._plan()
+        for node in set(self.sessions) | set(plan):
+            self._session(node).set_partitions(plan.get(node, ()))
+        wait_ms = max(0, min(self.max_wait_ms, int(timeout * 1000)))
+        nodes = [n for n, s in self.sessions.items() if s.partitions or s.has_pending]
+        if not nodes:
+            await asyncio.sleep(min(timeout, 0.1))
+            return []
+        batches = await asyncio.gather(*(self._fetch(node, wait_ms) for node in nodes))
+        return [r for batch in batches for r in batch]
+
+    async def _fetch(self, node: int, wait_ms: int) -> list[ShareRecord]:
+        session = self.sessions[node]
+        async with self._locks[node]:
+            now = time.monotonic()
+            session.expire(now)
+            out: list[ShareRecord] = []
+            if session.partitions:
+                req = session.build_fetch(max_wait_ms=wait_ms, max_bytes=self.max_bytes,
+                                          max_records=self.max_records, batch_size=self.max_records,
+                                          record_limit=self.record_limit)
+                try:
+                    resp = await self.client.send_blocking(node, req, timeout=self.request_timeout + wait_ms / 1000)
+                except KafkaError as exc:
+                    log.info("share group %s: ShareFetch to node %d failed: %s", self.group_id, node, exc)
+                    self._results += session.request_failed()
+                    return []
+                outcome = session.handle_fetch_response(resp, time.monotonic())
+                self._results += outcome.ack_results
+                if outcome.error_code:
+                    log.info("share group %s: ShareFetch to node %d answered %s", self.group_id, node,
+                             EC.describe(outcome.error_code).name)
+                for part in outcome.partitions:
+                    out += self._records(session, part)
+            # what a ShareFetch could not carry: renewals, partitions no longer fetched from this node
+            if session.has_pending:
+                self._results += await self._acknowledge(node, session)
+            return out
+
+    def _records(self, session: ShareSession, part: FetchedPartition) -> list[ShareRecord]:
+        topic = self.client.metadata.topic_names.get(part.topic_id)
+        if part.error_code:
+            self.client.handle_error_code(part.error_code, topic)
+            log.info("share group %s: %s-%d: %s %s", self.group_id, topic, part.partition,
+                     EC.describe(part.error_code).name, part.error_message or "")
+        if not part.acquired or part.records is None or topic is None:
+            return []
+        records = {}
+        for r in decode_records(part.records, topic=topic, partition=part.partition).records():
+            records[r.offset] = r
+        out = []
+        for d in session.deliver(part, records):
+            r = records[d.offset]
+            out.append(ShareRecord(topic, part.partition, d.offset, r.timestamp, r.key, r.value, r.headers,
+                                   d.delivery_count, d.deadline))
+        return out
+
+    # -- acknowledging --------------------------------------------------------------------------------------------
+    def _locate(self, topic: str, partition: int, offset: int) -> tuple[ShareSession | None, TopicPartition]:
+        tp = (self.client.metadata.topic_id(topic), partition)
+        for s in self.sessions.values():
+            if s.holds(tp, offset):
+                return s, tp
+        return None, tp
+
+    def acknowledge(self, topic: str, partition: int, offset: int, type: AckType = AckType.ACCEPT) -> AckResult | None:
+        """Queue one record's outcome (sent with the next poll or commit); an immediate result when the record is
+        not held by this consumer (unknown, already acknowledged, or its lock was seen to run out)."""
+        session, tp = self._locate(topic, partition, offset)
+        if session is None:
+            return AckResult(tp[0], tp[1], offset, AckType(type), EC.INVALID_RECORD_STATE)
+        return session.acknowledge(tp, offset, AckType(type))
+
+    def take_results(self) -> list[AckResult]:
+        """The results of acknowledgements sent along with ShareFetch requests since the last call."""
+        out, self._results = self._results, []
+        return out
+
+    async def commit(self) -> list[AckResult]:
+        """Send every queued acknowledgement now (ShareAcknowledge to each leader); their results, with those
+        that rode on ShareFetch requests since the last call."""
+        async def one(node: int) -> list[AckResult]:
+            async with self._locks[node]:
+                return await self._acknowledge(node, self.sessions[node])
+
+        batches = await asyncio.gather(*(one(n) for n, s in self.sessions.items() if s.has_pending))
+        return self.take_results() + [r for b in batches for r in b]
+
+    async def _acknowledge(self, node: int, session: ShareSession) -> list[AckResult]:
+        req = session.build_acknowledge()
+        if req is None:
+            return []
+        try:
+            resp = await self.client.send(node, req, timeout=self.request_timeout)
+        except KafkaError as exc:
+            log.info("share group %s: ShareAcknowledge to node %d failed: %s", self.group_id, node, exc)
+            return session.request_failed()
+        return session.handle_acknowledge_response(resp, time.monotonic())
+
+    # -- closing --------------------------------------------------------------------------------------------------
+    async def close(self, *, release: bool = True) -> list[AckResult]:
+        """Release what is still held (unless ``release`` is false: then the locks run out), end every share
+        session (carrying the acknowledgements queued), and leave the group. Returns the last results."""
+        if self._closed:
+            return []
+        self._closed = True
+        self._hb_wake.set()
+        results = self.take_results()
+
+        async def end(node: int, session: ShareSession) -> list[AckResult]:
+            async with self._locks[node]:
+                session.close(release=release)
+                req = session.build_close()
+                if req is None:
+                    return []
+                try:
+                    resp = await self.client.send(node, req, timeout=self.request_timeout)
+                except KafkaError as exc:
+                    log.info("share group %s: closing the session on node %d failed: %s", self.group_id, node, exc)
+                    return session.request_failed()
+                return session.handle_acknowledge_response(resp, time.monotonic())
+
+        for batch in await asyncio.gather(*(end(n, s) for n, s in self.sessions.items())):
+            results += batch
+        if self._hb_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hb_task
+        if self.member.leave():
+            await self._heartbeat_once()
+        return results
+
+    def topic_partition(self, topic: str, partition: int) -> TopicPartition:
+        tid = self.client.metadata.topic_id(topic)
+        if tid == uuid.UUID(int=0):
+            raise KeyError(topic)
+        return (tid, partition)

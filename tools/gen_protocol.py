@@ -40,6 +40,9 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "EndTxn": (0, 3),
     "TxnOffsetCommit": (0, 3),
     "DescribeConfigs": (1, 4),
+    # -- the consumer group protocol (KIP-848) --
+    "ConsumerGroupHeartbeat": (0, 1),
+    "ConsumerGroupDescribe": (0, 1),
 }
 DATA: dict[str, tuple[int, int]] = {
     "ConsumerProtocolSubscription": (0, 3),

@@ -65,6 +65,9 @@ class ApiKey:
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
+    # the consumer group protocol (KIP-848)
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 ApiVersionsRequest = _cls("ApiVersionsRequest")
@@ -115,6 +118,11 @@ DescribeConfigsRequest = _cls("DescribeConfigsRequest")
 DescribeConfigsResponse = _cls("DescribeConfigsResponse")
 ConsumerProtocolSubscription = _cls("ConsumerProtocolSubscription")
 ConsumerProtocolAssignment = _cls("ConsumerProtocolAssignment")
+# the consumer group protocol (KIP-848)
+ConsumerGroupHeartbeatRequest = _cls("ConsumerGroupHeartbeatRequest")
+ConsumerGroupHeartbeatResponse = _cls("ConsumerGroupHeartbeatResponse")
+ConsumerGroupDescribeRequest = _cls("ConsumerGroupDescribeRequest")
+ConsumerGroupDescribeResponse = _cls("ConsumerGroupDescribeResponse")
 
 
 def struct(message: str, struct_name: str) -> Any:

@@ -185,7 +185,10 @@ class CompiledMessage:
         ns: dict[str, Any] = {"_MISSING": _MISSING}
         for f in fields:
             dflt = _default_value(f)
-            if f.is_struct and not f.is_array:
+            if f.is_struct and not f.is_array and f.default == "null":  # a nullable struct: absent by default
+                params.append(f"{f.name}=None")
+                body.append(f"    self.{f.name} = {f.name}")
+            elif f.is_struct and not f.is_array:
                 ns[f"_c_{f.name}"] = self.classes[f.element_type]
                 params.append(f"{f.name}=_MISSING")
                 body.append(f"    self.{f.name} = _c_{f.name}() if {f.name} is _MISSING else {f.name}")
@@ -361,6 +364,9 @@ class _Generator:
             return lines
         if f.is_struct:
             sub = self._enc_struct(f.element_type, self.cm.struct_fields[f.element_type])
+            if nullable:  # one int8 marker before a nullable struct: -1 null, 1 present
+                return [f"if {expr} is None:", f"    {out}.append(0xFF)", "else:",
+                        f"    {out}.append(1)", f"    {sub}({expr}, {out})"]
             return [f"{sub}({expr}, {out})"]
         t = f.type
         if t in _FIXED:
@@ -414,7 +420,7 @@ class _Generator:
                 tagged.append(f)
             if not f.present(self.v) or f.tagged_in(self.v):
                 d = _default_value(f)
-                if (f.is_struct and not f.is_array) or isinstance(d, list):
+                if (f.is_struct and not f.is_array and f.default != "null") or isinstance(d, list):
                     dexpr = "_MISSING"
                 else:
                     dexpr = f"_dd_{name}_{f.name}"
@@ -491,6 +497,9 @@ class _Generator:
             return lines
         if f.is_struct:
             sub = self._dec_struct(f.element_type, self.cm.struct_fields[f.element_type])
+            if nullable:
+                return ["if b[pos] >= 0x80:", "    pos += 1", f"    {target} = None", "else:", "    pos += 1",
+                        f"    {target}, pos = {sub}(b, pos)"]
             return [f"{target}, pos = {sub}(b, pos)"]
         t = f.type
         if t in _FIXED:

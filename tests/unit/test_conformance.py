@@ -9,6 +9,8 @@ fail, while changes in versions we don't implement (newer Kafka releases) don't.
 
 Sources: the Kafka 4.3 schemas bundled in the kafka-python wheel (required) and, if present, the
 Kafka 4.0-dev schemas in the ``shared/kafka-protocol/message`` directory next to the repository.
+Messages the wheel's set lacks (the consumer group protocol's) are compared with the ``common/message``
+schemas inside the kafka-clients 4.4.0 jar that tools/install-kafka.sh installs (then required).
 Nothing from the JSON files is copied into the repository; they are read at test time.
 """
 
@@ -18,6 +20,7 @@ import copy
 import importlib.util
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -58,10 +61,33 @@ def strip_json_comments(text: str) -> str:
     return _JSON_TOKEN.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
 
 
+# -- the kafka-clients 4.4.0 jar: messages newer than the wheel's set (read inside the jar, never extracted) --
+KAFKA_44_JAR = Path.home() / ".cache" / "kcg-kafka" / "4.4.0" / "lib" / "kafka-clients-4.4.0.jar"
+SOURCES["kafka-4.4-jar"] = KAFKA_44_JAR
+_JAR_PREFIX = "common/message/"
+
+
+def has_message(source: str, name: str) -> bool:
+    path = SOURCES[source]
+    if path.suffix == ".jar":
+        if not path.is_file():
+            return False
+        with zipfile.ZipFile(path) as jar:
+            return f"{_JAR_PREFIX}{name}.json" in jar.namelist()
+    return (path / f"{name}.json").is_file()
+
+
+def _read_schema_text(source: str, name: str) -> str:
+    path = SOURCES[source]
+    if path.suffix == ".jar":
+        with zipfile.ZipFile(path) as jar:
+            return jar.read(f"{_JAR_PREFIX}{name}.json").decode("utf-8")
+    return (path / f"{name}.json").read_text(encoding="utf-8")
+
+
 @cache
 def _load_cached(source: str, name: str) -> dict[str, Any]:
-    path = SOURCES[source] / f"{name}.json"
-    return json.loads(strip_json_comments(path.read_text(encoding="utf-8")))
+    return json.loads(strip_json_comments(_read_schema_text(source, name)))
 
 
 def load_kafka_json(source: str, name: str) -> dict[str, Any]:
@@ -269,12 +295,60 @@ def test_kafka_43_schemas_are_available() -> None:
     assert (SOURCES["kafka-4.3"] / "FetchRequest.json").is_file(), SOURCES["kafka-4.3"]
 
 
-@pytest.mark.parametrize("source", _source_params())
-@pytest.mark.parametrize("schema", ALL_SCHEMAS, ids=lambda s: s.name)
+def _in_wheel(schema: MessageSchema) -> bool:
+    return has_message("kafka-4.3", schema.name)
+
+
+def _older_source_covers(source: str, schema: MessageSchema) -> bool:
+    """Whether an optional, older schema set knows the message at every version we implement (stable)."""
+    if source == "kafka-4.3" or not has_message(source, schema.name):
+        return source == "kafka-4.3"
+    kj = _load_cached(source, schema.name)
+    valid = parse_versions(kj.get("validVersions"))
+    lo, hi = schema.versions
+    if valid is None or not (valid[0] <= lo and hi <= valid[1]):
+        return False
+    return not (kj.get("latestVersionUnstable") and hi >= valid[1])
+
+
+def _schema_source_params() -> list[Any]:
+    """(source, schema) pairs: every message the wheel's 4.3 set has, against it (and against the optional 4.0-dev
+    set where that set knows all our versions); the messages the wheel lacks, against the 4.4 jar (required:
+    ``test_every_implemented_message_has_a_schema_source`` fails when neither has one)."""
+    out = []
+    for schema in ALL_SCHEMAS:
+        if not _in_wheel(schema):
+            out.append(pytest.param("kafka-4.4-jar", schema, id=f"{schema.name}-kafka-4.4-jar"))
+            continue
+        for param in _source_params():
+            source = param.values[0]
+            if _older_source_covers(source, schema):
+                out.append(pytest.param(source, schema, id=f"{schema.name}-{source}"))
+    return out
+
+
+@pytest.mark.parametrize(("source", "schema"), _schema_source_params())
 def test_schema_conforms_to_kafka(source: str, schema: MessageSchema) -> None:
     kjson = load_kafka_json(source, schema.name)
     problems = compare_message(schema, kjson)
     assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("schema", ALL_SCHEMAS, ids=lambda s: s.name)
+def test_every_implemented_message_has_a_schema_source(schema: MessageSchema) -> None:
+    # A message IMPLEMENTED lists must be compared with Kafka's schema somewhere: fail (never skip) when
+    # neither the wheel's set nor the kafka-clients 4.4.0 jar (tools/install-kafka.sh) has it.
+    found = [src for src in ("kafka-4.3", "kafka-4.4-jar") if has_message(src, schema.name)]
+    assert found, (f"{schema.name}: no Kafka schema to compare with: not in the kafka-python wheel's set "
+                   f"({SOURCES['kafka-4.3']}) nor in {KAFKA_44_JAR} (run tools/install-kafka.sh)")
+
+
+def test_consumer_group_protocol_messages_come_from_the_44_jar() -> None:
+    # The wheel's 4.3 set lacks the consumer group protocol's messages; they must be checked against the jar.
+    names = {"ConsumerGroupHeartbeatRequest", "ConsumerGroupDescribeResponse"}
+    assert not any(has_message("kafka-4.3", n) for n in names)
+    params = {(p.values[0], p.values[1].name) for p in _schema_source_params()}
+    assert {("kafka-4.4-jar", n) for n in names} <= params
 
 
 def test_all_schemas_have_unique_names_and_keys() -> None:

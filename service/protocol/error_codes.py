@@ -134,6 +134,8 @@ _TABLE: tuple[tuple[int, str, bool], ...] = (
     (118, "TELEMETRY_TOO_LARGE", False),
     (119, "INVALID_REGISTRATION", False),
     (120, "TRANSACTION_ABORTABLE", False),
+    # the consumer group protocol (KIP-848): a subscription's regular expression the broker refused
+    (128, "INVALID_REGULAR_EXPRESSION", False),
 )
 
 ERRORS: dict[int, ErrorCode] = {c: ErrorCode(c, n, r) for c, n, r in _TABLE}

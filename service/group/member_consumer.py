@@ -172,6 +172,7 @@ class ConsumerGroupMember:
         self._next_at = 0.0  # monotonic time of the next regular heartbeat
         self._not_before = 0.0  # a backoff after a failure holds even urgent heartbeats until then
         self._failures = 0
+        self._leave_for_good = False  # a static member leaving with epoch -1: its slot is not kept
         self.reconciliations = 0  # completed hand-overs (for metrics)
         self.fencings = 0
 
@@ -199,8 +200,9 @@ class ConsumerGroupMember:
 
     def commit_identity(self) -> tuple[int, str, str | None]:
         """(member epoch, member id, instance id) for OffsetCommit v9+ (generation id = member epoch), or
-        (-1, "", instance id) when the member is not in the group (a commit then fails as for a classic member)."""
-        if self.in_group and self.member_epoch > 0:
+        (-1, "", instance id) when the member is not in the group (a commit then fails as for a classic member).
+        While it releases its partitions to leave, its epoch still holds: what it commits then counts."""
+        if (self.in_group or self.state is ConsumerMemberState.PREPARE_LEAVING) and self.member_epoch > 0:
             return self.member_epoch, self.member_id, self.group_instance_id
         return -1, "", self.group_instance_id
 
@@ -314,7 +316,18 @@ class ConsumerGroupMember:
         return req
 
     def _leave_epoch(self) -> int:
-        return LEAVE_STATIC_EPOCH if self.group_instance_id is not None else LEAVE_EPOCH
+        if self.group_instance_id is not None and not self._leave_for_good:
+            return LEAVE_STATIC_EPOCH
+        return LEAVE_EPOCH
+
+    def heartbeat_soon(self) -> None:
+        """Heartbeat without waiting for the interval (e.g. a commit was refused for a stale member epoch: the
+        answer brings the current one). Backoffs still hold."""
+        self._next_at = 0.0
+
+    def request_rejoin(self, reason: str) -> None:
+        """The classic member's hook, called by the consumer when its subscription may have changed. Nothing to
+        rejoin under this protocol: the driver passes the subscription to subscribe() before each heartbeat."""
 
     def on_heartbeat_response(self, resp: Any, now: float) -> Step:
         self._in_flight = False
@@ -442,9 +455,11 @@ class ConsumerGroupMember:
         return True
 
     # -- leaving ------------------------------------------------------------------------------------
-    def leave(self) -> list[TopicPartition]:
+    def leave(self, *, for_good: bool = False) -> list[TopicPartition]:
         """Start leaving: the partitions to release (commit first); then call leave_ready(). A static member
-        leaves with epoch -2 so that the broker keeps its assignment for a restart within the session timeout."""
+        leaves with epoch -2 so that the broker keeps its assignment for a restart within the session timeout,
+        unless ``for_good`` (epoch -1: its partitions move at once)."""
+        self._leave_for_good = for_good
         if not self.in_group:
             if self.state is ConsumerMemberState.FENCED:
                 self.state = ConsumerMemberState.UNSUBSCRIBED

@@ -412,3 +412,37 @@ def test_commit_identity_outside_the_group() -> None:
     assert m.commit_identity() == (-1, "", "i")
     m.subscribe(["t1"])
     assert m.commit_identity() == (-1, "", "i"), "joining: no epoch yet"
+
+
+def test_static_member_leaving_for_good_uses_epoch_minus_one() -> None:
+    m = joined({T1: [0]}, group_instance_id="pod-1")
+    m.leave(for_good=True)
+    m.leave_ready()
+    assert m.heartbeat_request(0.0).member_epoch == LEAVE_EPOCH
+
+
+def test_commits_while_releasing_to_leave_carry_the_epoch() -> None:
+    m = joined({T1: [0]})
+    m.leave()
+    assert m.commit_identity() == (5, m.member_id, None), "the revoked partitions are committed before leaving"
+    m.leave_ready()
+    assert m.commit_identity() == (-1, "", None)
+
+
+def test_heartbeat_soon_skips_the_interval_not_the_backoff() -> None:
+    m = joined()
+    m.heartbeat_request(10.0)
+    m.on_heartbeat_response(answer(5), 10.0)
+    assert not m.heartbeat_due(10.5)
+    m.heartbeat_soon()
+    assert m.heartbeat_due(10.5)
+    m.heartbeat_request(10.5)
+    m.on_heartbeat_failure(10.5)
+    m.heartbeat_soon()
+    assert not m.heartbeat_due(10.55) and m.heartbeat_due(10.6)
+
+
+def test_request_rejoin_is_harmless() -> None:
+    m = joined({T1: [0]})
+    m.request_rejoin("subscription changed")
+    assert m.state is S.STABLE and m.owned == [tp("t1", 0)]

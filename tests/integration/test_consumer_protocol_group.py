@@ -1,0 +1,162 @@
+"""Members of the consumer group protocol (KIP-848) driven by service.group.coordinator_consumer against Apache
+Kafka 4.4: they converge to a full, disjoint assignment; a join moves only the partitions that must move; a leave
+revokes nothing from the others; a fenced member drops its partitions and rejoins by itself. Every revoked
+partition is committed first, with the member epoch (OffsetCommit v9+), and the commits are read back.
+
+The broker is this module's own: the session broker keeps Kafka's 5 s minimum heartbeat interval under this
+protocol (group.consumer.min.heartbeat.interval.ms), which would make each step take seconds; here it is 300 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from service.client.client import KafkaClient
+from service.embedded_kafka import EmbeddedKafka
+from service.group.coordinator import OffsetAndMetadata
+from service.group.coordinator_consumer import ConsumerProtocolCoordinator
+from service.group.member_consumer import ConsumerGroupMember
+from service.protocol import messages as M
+from service.subscription import TopicPartition
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "kip848-engine"
+PARTS = {TopicPartition(TOPIC, p) for p in range(4)}
+
+
+@pytest.fixture(scope="module")
+def fast_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    broker = EmbeddedKafka(log_file=tmp_path_factory.mktemp("kip848") / "kafka.log", overrides={
+        "group.consumer.heartbeat.interval.ms": "300",
+        "group.consumer.min.heartbeat.interval.ms": "100",
+        "group.consumer.session.timeout.ms": "6000",
+        "group.consumer.min.session.timeout.ms": "3000",
+    })
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+class Member:
+    """One member with recording hooks; the revoke hook commits offset 7 for what it gives up (as a consumer
+    commits its positions) before releasing it."""
+
+    def __init__(self, client: KafkaClient, group: str, changed: asyncio.Event) -> None:
+        self.changed = changed
+        self.owned: set[TopicPartition] = set()
+        self.revoked: list[TopicPartition] = []
+        self.lost: list[TopicPartition] = []
+        self.member = ConsumerGroupMember(group, server_assignor="uniform", rebalance_timeout_ms=10000)
+        self.coord = ConsumerProtocolCoordinator(
+            client, self.member, retry_backoff_ms=50, on_revoke=self._revoke, on_assign=self._assign,
+            on_lost=self._lost, topics=lambda: [TOPIC])
+
+    async def _revoke(self, parts: list[TopicPartition]) -> None:
+        await self.coord.commit({tp: OffsetAndMetadata(7) for tp in parts}, revoking=True, timeout=5.0)
+        self.revoked += parts
+        self.owned -= set(parts)
+        self.changed.set()
+
+    async def _assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
+        self.owned = set(assigned)
+        self.changed.set()
+
+    async def _lost(self, parts: list[TopicPartition]) -> None:
+        self.lost += parts
+        self.owned -= set(parts)
+        self.changed.set()
+
+
+async def converge(members: list[Member], changed: asyncio.Event, timeout: float = 20.0,
+                   extra: Callable[[], bool] = lambda: True) -> None:
+    """Until every member is stable, owns what its state machine says, and together they own every partition once,
+    balanced (a joining member is stable with nothing until the others released its share)."""
+    deadline = time.monotonic() + timeout
+
+    def done() -> bool:
+        owned = [m.owned for m in members]
+        return (all(m.coord.stable and m.owned == set(m.member.owned) for m in members)
+                and sum(len(o) for o in owned) == len(PARTS) and set().union(*owned) == PARTS
+                and max(map(len, owned)) - min(map(len, owned)) <= 1 and extra())
+
+    while not done():
+        left = deadline - time.monotonic()
+        assert left > 0, [(m.member.state.value, sorted(m.owned)) for m in members]
+        changed.clear()
+        # the hooks signal assignment changes; a member turning stable does not, hence the short timeout
+        try:
+            await asyncio.wait_for(changed.wait(), min(0.1, left))
+        except TimeoutError:
+            pass
+
+
+async def test_members_converge_join_leave_and_fencing(fast_kafka: EmbeddedKafka) -> None:
+    client = KafkaClient(fast_kafka.bootstrap)
+    changed = asyncio.Event()
+    members: list[Member] = []
+    try:
+        await client.create_topics({TOPIC: 4})
+        conn = await client.any_connection()
+        assert conn.version_for(M.ApiKey.CONSUMER_GROUP_HEARTBEAT) == 1  # the client-made member id (KIP-1082)
+
+        members = [Member(client, "kip848-group", changed) for _ in range(3)]
+        for m in members:
+            m.coord.start()
+        await converge(members, changed)
+        assert sorted(len(m.owned) for m in members) == [1, 1, 2]
+        before = {id(m): set(m.owned) for m in members}
+        first_revoked = {id(m): len(m.revoked) for m in members}  # the first member gave up half of its four
+
+        # A fourth member joins: exactly one partition moves (from the member with two); nobody else revokes.
+        fourth = Member(client, "kip848-group", changed)
+        fourth.coord.start()
+        await converge([*members, fourth], changed)
+        assert [len(m.owned) for m in [*members, fourth]] == [1, 1, 1, 1]
+        moved = [tp for m in members for tp in m.revoked[first_revoked[id(m)]:]]
+        assert len(moved) == 1 and fourth.owned == set(moved)
+        for m in members:
+            assert m.owned <= before[id(m)], "a member kept its partitions and took none"
+            assert not m.lost
+
+        # The fourth leaves (epoch -1): its partition goes to another member, nobody revokes anything.
+        revoked_before = sum(len(m.revoked) for m in members)
+        await fourth.coord.close()
+        assert fourth.revoked == sorted(moved) and fourth.member.state.value == "unsubscribed"
+        await converge(members, changed)
+        assert sum(len(m.revoked) for m in members) == revoked_before
+
+        # Fencing: a heartbeat with an epoch the broker never gave is answered FENCED_MEMBER_EPOCH; the member drops
+        # its partitions uncommitted and rejoins with epoch 0 under the same member id, by itself.
+        victim = members[0]
+        victim_id = victim.member.member_id
+        build = victim.member.heartbeat_request
+
+        def stale_epoch_once(now: float) -> Any:
+            del victim.member.heartbeat_request  # back to the method
+            req = build(now)
+            req.member_epoch += 100
+            return req
+
+        victim.member.heartbeat_request = stale_epoch_once  # type: ignore[method-assign]
+        victim.member.heartbeat_soon()
+        victim.coord.wake()
+        await converge(members, changed, extra=lambda: victim.member.fencings == 1)
+        assert victim.lost and victim.member.member_id == victim_id
+        assert victim.member.member_epoch > 0
+
+        # Every partition given up in a hand-over was committed with the member epoch first.
+        committed = await members[1].coord.committed(sorted(PARTS))
+        assert {tp for tp, om in committed.items() if om is not None and om.offset == 7} == {
+            tp for m in [*members, fourth] for tp in m.revoked}
+    finally:
+        for m in members:
+            await m.coord.close()
+        await client.close()

@@ -49,15 +49,17 @@ class Member:
     """One member with recording hooks; the revoke hook commits offset 7 for what it gives up (as a consumer
     commits its positions) before releasing it."""
 
-    def __init__(self, client: KafkaClient, group: str, changed: asyncio.Event) -> None:
+    def __init__(self, client: KafkaClient, group: str, changed: asyncio.Event, instance: str | None = None,
+                 topic: str = TOPIC) -> None:
         self.changed = changed
         self.owned: set[TopicPartition] = set()
         self.revoked: list[TopicPartition] = []
         self.lost: list[TopicPartition] = []
-        self.member = ConsumerGroupMember(group, server_assignor="uniform", rebalance_timeout_ms=10000)
+        self.member = ConsumerGroupMember(group, server_assignor="uniform", rebalance_timeout_ms=10000,
+                                          group_instance_id=instance)
         self.coord = ConsumerProtocolCoordinator(
             client, self.member, retry_backoff_ms=50, on_revoke=self._revoke, on_assign=self._assign,
-            on_lost=self._lost, topics=lambda: [TOPIC])
+            on_lost=self._lost, topics=lambda: [topic])
 
     async def _revoke(self, parts: list[TopicPartition]) -> None:
         await self.coord.commit({tp: OffsetAndMetadata(7) for tp in parts}, revoking=True, timeout=5.0)
@@ -76,7 +78,7 @@ class Member:
 
 
 async def converge(members: list[Member], changed: asyncio.Event, timeout: float = 20.0,
-                   extra: Callable[[], bool] = lambda: True) -> None:
+                   extra: Callable[[], bool] = lambda: True, parts: set[TopicPartition] = PARTS) -> None:
     """Until every member is stable, owns what its state machine says, and together they own every partition once,
     balanced (a joining member is stable with nothing until the others released its share)."""
     deadline = time.monotonic() + timeout
@@ -84,7 +86,7 @@ async def converge(members: list[Member], changed: asyncio.Event, timeout: float
     def done() -> bool:
         owned = [m.owned for m in members]
         return (all(m.coord.stable and m.owned == set(m.member.owned) for m in members)
-                and sum(len(o) for o in owned) == len(PARTS) and set().union(*owned) == PARTS
+                and sum(len(o) for o in owned) == len(parts) and set().union(*owned) == parts
                 and max(map(len, owned)) - min(map(len, owned)) <= 1 and extra())
 
     while not done():
@@ -156,6 +158,58 @@ async def test_members_converge_join_leave_and_fencing(fast_kafka: EmbeddedKafka
         committed = await members[1].coord.committed(sorted(PARTS))
         assert {tp for tp, om in committed.items() if om is not None and om.offset == 7} == {
             tp for m in [*members, fourth] for tp in m.revoked}
+
+        # A member that stops heartbeating (a stalled process) is expired after the session timeout; the others
+        # take its partitions; when it heartbeats again it is told UNKNOWN_MEMBER_ID and rejoins by itself.
+        stalled = members[1]
+        stalled_owned = set(stalled.owned)
+        stalled.member.heartbeat_due = lambda now: False  # type: ignore[method-assign]
+        await converge([members[0], members[2]], changed)
+        del stalled.member.heartbeat_due
+        assert stalled.owned == stalled_owned and not stalled.lost, "nothing happens to it until it hears"
+        stalled.coord.wake()
+        await converge(members, changed, extra=lambda: stalled.member.fencings == 1)
+        assert stalled.lost == sorted(stalled_owned)
+    finally:
+        for m in members:
+            await m.coord.close()
+        await client.close()
+
+
+async def test_static_member_gets_its_partitions_back_after_a_restart(fast_kafka: EmbeddedKafka) -> None:
+    """A static member leaves with epoch -2: the broker keeps its assignment; its successor under the same instance
+    id (a new member id, as after a process restart) gets the same partitions, and the other member moves nothing."""
+    client = KafkaClient(fast_kafka.bootstrap)
+    changed = asyncio.Event()
+    members: list[Member] = []
+    try:
+        topic = TOPIC + "-static"
+        parts = {TopicPartition(topic, p) for p in range(4)}
+        await client.create_topics({topic: 4})
+        members = [Member(client, "kip848-static", changed, instance="pod-a", topic=topic),
+                   Member(client, "kip848-static", changed, topic=topic)]
+        for m in members:
+            m.coord.start()
+        await converge(members, changed, parts=parts)
+        static, other = members
+        kept = set(static.owned)
+        other_revoked = len(other.revoked)
+        await static.coord.close()  # epoch -2
+        assert static.member.state.value == "unsubscribed"
+        # The broker keeps the departed static member, with its assignment, for its successor (ConsumerGroupDescribe).
+        resp = await other.coord._send(M.ConsumerGroupDescribeRequest(group_ids=["kip848-static"],
+                                                                      include_authorized_operations=False))
+        (group,) = resp.groups
+        assert group.error_code == 0 and group.assignor_name == "uniform"
+        (held,) = [x for x in group.members if x.instance_id == "pod-a"]
+        assert held.member_id == static.member.member_id and held.member_type == 1  # a consumer-protocol member
+        assert {TopicPartition(t.topic_name, p) for t in held.assignment.topic_partitions for p in t.partitions} == kept
+        successor = Member(client, "kip848-static", changed, instance="pod-a", topic=topic)
+        assert successor.member.member_id != static.member.member_id
+        members[0] = successor
+        successor.coord.start()
+        await converge(members, changed, parts=parts)
+        assert successor.owned == kept and len(other.revoked) == other_revoked
     finally:
         for m in members:
             await m.coord.close()

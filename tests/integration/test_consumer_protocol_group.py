@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
+from service.consumer.consumer import Consumer, ConsumerConfig
 from service.embedded_kafka import EmbeddedKafka
 from service.group.coordinator import OffsetAndMetadata
 from service.group.coordinator_consumer import ConsumerProtocolCoordinator
@@ -213,4 +215,90 @@ async def test_static_member_gets_its_partitions_back_after_a_restart(fast_kafka
     finally:
         for m in members:
             await m.coord.close()
+        await client.close()
+
+
+def kip848_consumer(client: KafkaClient, group: str) -> Consumer:
+    """A Consumer whose group membership is the consumer protocol's driver instead of the classic one (what a
+    ``group.protocol=consumer`` setting is to build): the same hooks, commits and committed lookups."""
+    c = Consumer(client, ConsumerConfig(group_id=group, auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                                        enable_auto_commit=True, auto_commit_interval_ms=200))
+    member = ConsumerGroupMember(group, server_assignor="uniform", rebalance_timeout_ms=10000)
+    c.member = member  # type: ignore[assignment]
+    c.coordinator = ConsumerProtocolCoordinator(
+        client, member, retry_backoff_ms=50, on_revoke=c._on_revoke, on_assign=c._on_assign, on_lost=c._on_lost,
+        on_fatal=c._on_group_fatal, topics=c._group_topics, on_task_failure=c._task_failed)
+    return c
+
+
+async def consumers_converge(consumers: list[Consumer], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        owned = [set(c.assignment()) for c in consumers]
+        if (all(owned) and sum(map(len, owned)) == 4 and len(set().union(*owned)) == 4
+                and all(c.coordinator is not None and c.coordinator.stable for c in consumers)):
+            return
+        left = deadline - time.monotonic()
+        assert left > 0, owned
+        for c in consumers:
+            c.assignment_changed.clear()
+        waits = [asyncio.ensure_future(c.assignment_changed.wait()) for c in consumers]
+        await asyncio.wait(waits, timeout=min(0.1, left), return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+
+
+async def test_consumers_on_the_driver_lose_nothing_across_a_join(fast_kafka: EmbeddedKafka) -> None:
+    """Two consumers on the driver, a third joins mid-stream: every record is delivered exactly once (each revoked
+    partition's position is committed with the member epoch before its new owner starts there), and the group's
+    committed offsets end at the end of the topic."""
+    topic, n = TOPIC + "-consume", 400
+    bootstrap = fast_kafka.bootstrap
+    client = KafkaClient(bootstrap)
+    consumers: list[Consumer] = []
+    seen: list[bytes] = []
+    half = asyncio.Event()
+
+    async def drain(c: Consumer) -> None:
+        while len(seen) < n:
+            for r in await c.poll(max_records=10, timeout=0.5):
+                seen.append(r.value)  # type: ignore[arg-type]
+            if len(seen) >= n // 4:
+                half.set()
+
+    def produce(start: int, count: int) -> None:
+        p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        for i in range(start, start + count):
+            p.produce(topic, value=b"v%d" % i, partition=i % 4)
+        assert p.flush(30) == 0
+
+    try:
+        await client.create_topics({topic: 4})
+        consumers = [kip848_consumer(client, "kip848-consume") for _ in range(2)]
+        for c in consumers:
+            await c.subscribe([topic])
+        await consumers_converge(consumers)
+        await asyncio.to_thread(produce, 0, n // 2)
+        tasks = [asyncio.create_task(drain(c)) for c in consumers]
+        await asyncio.wait_for(half.wait(), 20)
+        third = kip848_consumer(client, "kip848-consume")
+        consumers.append(third)
+        await third.subscribe([topic])
+        tasks.append(asyncio.create_task(drain(third)))
+        await consumers_converge(consumers)
+        await asyncio.to_thread(produce, n // 2, n - n // 2)
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert len(seen) == n and len(set(seen)) == n, f"{len(seen)} delivered, {len(set(seen))} distinct"
+        # the first member took all four then gave two up; the third's join moved one partition more
+        assert sum(c.coordinator.hand_overs for c in consumers) >= 4  # type: ignore[union-attr]
+        assert sum(c.stats.commits for c in consumers) >= 1
+        for c in consumers:
+            await c.close()
+        probe = kip848_consumer(client, "kip848-consume")
+        committed = await probe.committed([TopicPartition(topic, p) for p in range(4)])
+        assert sum(om.offset for om in committed.values() if om is not None) == n
+        await probe.close()
+    finally:
+        for c in consumers:
+            await c.close()
         await client.close()

@@ -343,6 +343,24 @@ def test_every_implemented_message_has_a_schema_source(schema: MessageSchema) ->
                    f"({SOURCES['kafka-4.3']}) nor in {KAFKA_44_JAR} (run tools/install-kafka.sh)")
 
 
+def _implemented_table() -> dict[str, tuple[int, int]]:
+    """tools/gen_protocol.py's IMPLEMENTED and DATA tables (the versions the generator emits)."""
+    spec = importlib.util.spec_from_file_location("gen_protocol", REPO_ROOT / "tools" / "gen_protocol.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {**mod.IMPLEMENTED, **mod.DATA}
+
+
+def test_implemented_table_matches_the_schemas() -> None:
+    # Every message IMPLEMENTED lists is in ALL_SCHEMAS at those versions (so it is compared above), and back.
+    ours: dict[str, set[tuple[int, int]]] = {}
+    for s in ALL_SCHEMAS:
+        base = s.name if s.kind == "data" else s.name.removesuffix("Request").removesuffix("Response")
+        ours.setdefault(base, set()).add(s.versions)
+    assert {name: {versions} for name, versions in _implemented_table().items()} == ours
+
+
 def test_consumer_group_protocol_messages_come_from_the_44_jar() -> None:
     # The wheel's 4.3 set lacks the consumer group protocol's messages; they must be checked against the jar.
     names = {"ConsumerGroupHeartbeatRequest", "ConsumerGroupDescribeResponse"}

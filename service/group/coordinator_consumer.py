@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
+from service.client.versions import NegotiatedVersions
 from service.group.coordinator import (
     AssignHook,
     CommitFailedError,
@@ -42,6 +43,7 @@ from service.group.member_consumer import (
     Step,
 )
 from service.protocol import error_codes as EC
+from service.protocol import messages as M
 from service.subscription import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,26 @@ LEAVE_TIMEOUT_S = 5.0
 #: the broker's default session timeout under this protocol (group.consumer.session.timeout.ms): the member does
 #: not learn the group's, and only the "unassigned for too long" report uses it
 SESSION_TIMEOUT_S = 45.0
+
+
+def consumer_protocol_problem(versions: NegotiatedVersions | None) -> str | None:
+    """Why a broker cannot host members of this driver (None: it can): ConsumerGroupHeartbeat v1 (the member id
+    made by the client, KIP-1082: Apache Kafka 4.0+) and OffsetCommit v9 (commits with a member epoch)."""
+    if versions is None:
+        return "the broker's API versions are unknown"
+    if not versions.supports(M.ApiKey.CONSUMER_GROUP_HEARTBEAT, 1):
+        if versions.has(M.ApiKey.CONSUMER_GROUP_HEARTBEAT):
+            return "the broker supports only ConsumerGroupHeartbeat v0 (Apache Kafka before 4.0); v1 is needed"
+        return "the broker does not support the consumer group protocol (no ConsumerGroupHeartbeat API)"
+    if not versions.supports(M.ApiKey.OFFSET_COMMIT, 9):
+        return "the broker does not support OffsetCommit v9 (commits with a member epoch)"
+    return None
+
+
+async def consumer_protocol_supported(client: KafkaClient) -> str | None:
+    """consumer_protocol_problem for the broker ``client`` reaches (ApiVersions of any connection)."""
+    conn = await client.any_connection()
+    return consumer_protocol_problem(conn.versions)
 
 
 async def _no_counts(topics: Sequence[str]) -> dict[str, int]:
@@ -167,8 +189,18 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
             self.hand_overs += 1
         self._note_assignment()
 
+    async def _check_broker(self) -> None:
+        """Before joining: refuse a broker that cannot host this member, clearly and for good."""
+        node = await self.ensure_coordinator()
+        conn = await self.client.connection(node).get()
+        problem = consumer_protocol_problem(conn.versions)
+        if problem is not None:
+            raise GroupFatalError(f"group {self.group_id!r} cannot use the consumer protocol (KIP-848): {problem}")
+
     async def _heartbeat(self) -> None:
         m = self.member
+        if m.state is ConsumerMemberState.JOINING:
+            await self._check_broker()
         req = m.heartbeat_request(time.monotonic())
         started = time.monotonic()
         try:

@@ -19,9 +19,10 @@ from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
+from service.embedded import EmbeddedBroker
 from service.embedded_kafka import EmbeddedKafka
 from service.group.coordinator import OffsetAndMetadata
-from service.group.coordinator_consumer import ConsumerProtocolCoordinator
+from service.group.coordinator_consumer import ConsumerProtocolCoordinator, consumer_protocol_supported
 from service.group.member_consumer import ConsumerGroupMember
 from service.protocol import messages as M
 from service.subscription import TopicPartition
@@ -302,3 +303,25 @@ async def test_consumers_on_the_driver_lose_nothing_across_a_join(fast_kafka: Em
         for c in consumers:
             await c.close()
         await client.close()
+
+
+async def test_tansu_is_refused_clearly(tansu: EmbeddedBroker, fast_kafka: EmbeddedKafka) -> None:
+    """Tansu has no ConsumerGroupHeartbeat: the probe says so, and a member there fails for good before sending
+    anything (with that reason) instead of retrying; Kafka 4.4 passes the probe."""
+    kclient = KafkaClient(fast_kafka.bootstrap)
+    client = KafkaClient(tansu.bootstrap)
+    try:
+        assert await consumer_protocol_supported(kclient) is None
+        problem = await consumer_protocol_supported(client)
+        assert problem is not None and "no ConsumerGroupHeartbeat API" in problem
+        fatal = asyncio.get_running_loop().create_future()
+        member = Member(client, "kip848-on-tansu", asyncio.Event())
+        member.coord._on_fatal = fatal.set_result
+        member.coord.start()
+        err = await asyncio.wait_for(fatal, 10)
+        assert "cannot use the consumer protocol" in str(err) and "no ConsumerGroupHeartbeat API" in str(err)
+        assert member.member.member_epoch == 0 and member.coord.heartbeats == 0
+        await member.coord.close()
+    finally:
+        await client.close()
+        await kclient.close()

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from service.client.errors import KafkaError, NoCommonVersionError
+from service.client.versions import NegotiatedVersions
 from service.group.coordinator import CommitFailedError, OffsetAndMetadata
-from service.group.coordinator_consumer import ConsumerProtocolCoordinator
+from service.group.coordinator_consumer import ConsumerProtocolCoordinator, consumer_protocol_problem
 from service.group.member_consumer import ConsumerGroupMember
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
@@ -56,9 +57,23 @@ class Script:
         return self.answers.pop(0)(req)
 
 
-def driver(script: Script, **kw: Any) -> tuple[ConsumerProtocolCoordinator, ConsumerGroupMember]:
+KAFKA_44 = {M.ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1), M.ApiKey.OFFSET_COMMIT: (2, 10)}
+
+
+def fake_client(broker_versions: dict[int, tuple[int, int]]) -> Any:
+    conn = SimpleNamespace(versions=NegotiatedVersions(broker_versions))
+
+    async def get() -> Any:
+        return conn
+
+    return SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}),
+                           connection=lambda node: SimpleNamespace(get=get))
+
+
+def driver(script: Script, broker_versions: dict[int, tuple[int, int]] = KAFKA_44,
+           **kw: Any) -> tuple[ConsumerProtocolCoordinator, ConsumerGroupMember]:
     member = ConsumerGroupMember("g", **kw)
-    client = SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}))
+    client = fake_client(broker_versions)
 
     async def revoke(parts: list[TopicPartition]) -> None:
         script.events.append(f"revoke {[p.partition for p in parts]}")
@@ -119,18 +134,40 @@ async def test_close_releases_then_leaves() -> None:
     assert member.state.value == "unsubscribed"
 
 
-async def test_a_broker_without_the_api_is_fatal() -> None:
-    def unsupported(req: Any) -> Any:
-        raise NoCommonVersionError("the broker does not support ConsumerGroupHeartbeat (api key 68)")
-
-    script = Script([unsupported])
-    coord, _ = driver(script)
+@pytest.mark.parametrize(("versions", "says"), [
+    ({M.ApiKey.OFFSET_COMMIT: (2, 9)}, "no ConsumerGroupHeartbeat API"),  # Tansu, Kafka 3.6
+    ({M.ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 0), M.ApiKey.OFFSET_COMMIT: (2, 9)}, "only ConsumerGroupHeartbeat v0"),
+])
+async def test_a_broker_without_the_api_is_fatal_before_any_heartbeat(versions: dict[int, tuple[int, int]],
+                                                                      says: str) -> None:
+    script = Script([])
+    coord, _ = driver(script, versions)
     fatal: list[KafkaError] = []
     coord._on_fatal = fatal.append
     coord.start()
     assert coord._task is not None
     await asyncio.wait_for(coord._task, 10)
-    assert fatal and "consumer group protocol" in str(fatal[0]) and coord.fatal is fatal[0]
+    assert fatal and says in str(fatal[0]) and "consumer protocol" in str(fatal[0]) and coord.fatal is fatal[0]
+    assert script.requests == []
+
+
+def test_consumer_protocol_problem() -> None:
+    assert consumer_protocol_problem(NegotiatedVersions(KAFKA_44)) is None
+    assert "versions are unknown" in (consumer_protocol_problem(None) or "")
+    no_v9 = {M.ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1), M.ApiKey.OFFSET_COMMIT: (2, 8)}
+    assert "OffsetCommit v9" in (consumer_protocol_problem(NegotiatedVersions(no_v9)) or "")
+
+
+async def test_an_unsupported_version_met_while_heartbeating_is_fatal() -> None:
+    def unsupported(req: Any) -> Any:
+        raise NoCommonVersionError("the broker does not support ConsumerGroupHeartbeat (api key 68)")
+
+    script = Script([unsupported])
+    coord, _ = driver(script)
+    coord.start()
+    assert coord._task is not None
+    await asyncio.wait_for(coord._task, 10)
+    assert coord.fatal is not None and "consumer group protocol" in str(coord.fatal)
 
 
 def commit_answer(code: int) -> Callable[[Any], Any]:

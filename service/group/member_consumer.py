@@ -385,6 +385,8 @@ class ConsumerGroupMember:
             self._backoff(now)
             return Step(Action.RETRY)
         if code in FENCING_ERRORS:
+            if self.state is ConsumerMemberState.JOINING:
+                self._backoff(now)  # refused even as a newcomer: no tight loop of joins
             return self._fenced()
         self.state = ConsumerMemberState.FATAL
         self.fatal_error = BrokerResponseError(code, f"ConsumerGroupHeartbeat for group {self.group_id!r}", message)

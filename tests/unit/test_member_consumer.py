@@ -446,3 +446,13 @@ def test_request_rejoin_is_harmless() -> None:
     m = joined({T1: [0]})
     m.request_rejoin("subscription changed")
     assert m.state is S.STABLE and m.owned == [tp("t1", 0)]
+
+
+def test_a_join_refused_as_fenced_backs_off() -> None:
+    m = ConsumerGroupMember("g")
+    m.subscribe(["t1"])
+    m.heartbeat_request(0.0)
+    step = m.on_heartbeat_response(answer(0, error=EC.UNKNOWN_MEMBER_ID), 0.0)
+    assert step.action is Action.FENCED and step.lost == []
+    m.partitions_lost_released()
+    assert m.state is S.JOINING and not m.heartbeat_due(0.05) and m.heartbeat_due(0.1)

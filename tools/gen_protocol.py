@@ -50,6 +50,9 @@ IMPLEMENTED: dict[str, tuple[int, int]] = {
     "DeleteShareGroupOffsets": (0, 0),
     "IncrementalAlterConfigs": (0, 1),  # share-group configs (resource type GROUP)
     # -- end of share groups --
+    # -- the consumer group protocol (KIP-848) --
+    "ConsumerGroupHeartbeat": (0, 1),
+    "ConsumerGroupDescribe": (0, 1),
 }
 DATA: dict[str, tuple[int, int]] = {
     "ConsumerProtocolSubscription": (0, 3),

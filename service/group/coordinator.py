@@ -738,6 +738,17 @@ class GroupCoordinator:
             log.info("group %s: LeaveGroup failed: %s", self.group_id, exc)
 
     # -- offsets ------------------------------------------------------------------------------------
+    def _group_commit_identity(self, revoking: bool) -> tuple[int, str, str | None]:
+        """(generation, member id, instance id) of a group-managed commit, or raise to refuse it locally (the
+        consumer protocol's driver, service.group.coordinator_consumer, puts the member epoch there)."""
+        m = self.member
+        if m.state is not MemberState.STABLE or m.generation_id < 0 or (m.rejoin_needed and not revoking):
+            # Like Java's generationIfStable(): outside a stable generation the partitions may
+            # already belong to someone else, and a generation -1 commit would be accepted by an
+            # empty group (a zombie commit). Fail locally instead.
+            raise rebalancing_error(self.group_id, "this member is not in a stable generation")
+        return m.commit_identity()
+
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], *, manual: bool = False,
                      timeout: float = 30.0, check: Callable[[], None] | None = None,
                      revoking: bool = False) -> None:
@@ -764,13 +775,7 @@ class GroupCoordinator:
             if manual:
                 gen, member_id, instance = -1, "", None
             else:
-                m = self.member
-                if m.state is not MemberState.STABLE or m.generation_id < 0 or (m.rejoin_needed and not revoking):
-                    # Like Java's generationIfStable(): outside a stable generation the partitions may
-                    # already belong to someone else, and a generation -1 commit would be accepted by an
-                    # empty group (a zombie commit). Fail locally instead.
-                    raise rebalancing_error(self.group_id, "this member is not in a stable generation")
-                gen, member_id, instance = m.commit_identity()
+                gen, member_id, instance = self._group_commit_identity(revoking)
             if check is not None:
                 check()
             if fast and self.coordinator_id is None:

@@ -140,6 +140,8 @@ _TABLE: tuple[tuple[int, str, bool], ...] = (
     (123, "INVALID_SHARE_SESSION_EPOCH", True),
     (124, "FENCED_STATE_EPOCH", False),
     (133, "SHARE_SESSION_LIMIT_REACHED", True),
+    # the consumer group protocol (KIP-848): a subscription's regular expression the broker refused
+    (128, "INVALID_REGULAR_EXPRESSION", False),
 )
 
 ERRORS: dict[int, ErrorCode] = {c: ErrorCode(c, n, r) for c, n, r in _TABLE}

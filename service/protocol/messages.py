@@ -74,6 +74,9 @@ class ApiKey:
     ALTER_SHARE_GROUP_OFFSETS = 91
     DELETE_SHARE_GROUP_OFFSETS = 92
     INCREMENTAL_ALTER_CONFIGS = 44  # (share-group configs)
+    # the consumer group protocol (KIP-848)
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 ApiVersionsRequest = _cls("ApiVersionsRequest")
@@ -141,6 +144,11 @@ DeleteShareGroupOffsetsRequest = _cls("DeleteShareGroupOffsetsRequest")
 DeleteShareGroupOffsetsResponse = _cls("DeleteShareGroupOffsetsResponse")
 IncrementalAlterConfigsRequest = _cls("IncrementalAlterConfigsRequest")
 IncrementalAlterConfigsResponse = _cls("IncrementalAlterConfigsResponse")
+# the consumer group protocol (KIP-848)
+ConsumerGroupHeartbeatRequest = _cls("ConsumerGroupHeartbeatRequest")
+ConsumerGroupHeartbeatResponse = _cls("ConsumerGroupHeartbeatResponse")
+ConsumerGroupDescribeRequest = _cls("ConsumerGroupDescribeRequest")
+ConsumerGroupDescribeResponse = _cls("ConsumerGroupDescribeResponse")
 
 
 def struct(message: str, struct_name: str) -> Any:

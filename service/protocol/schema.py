@@ -420,7 +420,7 @@ class _Generator:
                 tagged.append(f)
             if not f.present(self.v) or f.tagged_in(self.v):
                 d = _default_value(f)
-                if (f.is_struct and not f.is_array) or isinstance(d, list):
+                if (f.is_struct and not f.is_array and f.default != "null") or isinstance(d, list):
                     dexpr = "_MISSING"
                 else:
                     dexpr = f"_dd_{name}_{f.name}"

@@ -968,6 +968,87 @@ INCREMENTAL_ALTER_CONFIGS_RESPONSE = MessageSchema(
 
 # -- end of share groups --
 
+# -- the consumer group protocol (KIP-848) ------------------------------------------------------------
+
+CONSUMER_GROUP_HEARTBEAT_REQUEST = MessageSchema(
+    'ConsumerGroupHeartbeatRequest', api_key=68, kind='request', versions=(0, 1), flexible='0+', fields=(
+    F('group_id', 'string', '0+'),
+    F('member_id', 'string', '0+'),
+    F('member_epoch', 'int32', '0+'),
+    F('instance_id', 'string', '0+', nullable='0+', default='null'),
+    F('rack_id', 'string', '0+', nullable='0+', default='null'),
+    F('rebalance_timeout_ms', 'int32', '0+', default='-1'),
+    F('subscribed_topic_names', '[]string', '0+', nullable='0+', default='null'),
+    F('subscribed_topic_regex', 'string', '1+', nullable='1+', default='null'),
+    F('server_assignor', 'string', '0+', nullable='0+', default='null'),
+    F('topic_partitions', '[]TopicPartitions', '0+', nullable='0+', default='null', fields=(
+        F('topic_id', 'uuid', '0+'),
+        F('partitions', '[]int32', '0+'),
+    )),
+))
+
+CONSUMER_GROUP_HEARTBEAT_RESPONSE = MessageSchema(
+    'ConsumerGroupHeartbeatResponse', api_key=68, kind='response', versions=(0, 1), flexible='0+', fields=(
+    F('throttle_time_ms', 'int32', '0+'),
+    F('error_code', 'int16', '0+'),
+    F('error_message', 'string', '0+', nullable='0+', default='null'),
+    F('member_id', 'string', '0+', nullable='0+', default='null'),
+    F('member_epoch', 'int32', '0+'),
+    F('heartbeat_interval_ms', 'int32', '0+'),
+    F('assignment', 'Assignment', '0+', nullable='0+', default='null', fields=(
+        F('topic_partitions', '[]TopicPartitions', '0+', fields=(
+            F('topic_id', 'uuid', '0+'),
+            F('partitions', '[]int32', '0+'),
+        )),
+    )),
+))
+
+CONSUMER_GROUP_DESCRIBE_REQUEST = MessageSchema(
+    'ConsumerGroupDescribeRequest', api_key=69, kind='request', versions=(0, 1), flexible='0+', fields=(
+    F('group_ids', '[]string', '0+'),
+    F('include_authorized_operations', 'bool', '0+'),
+))
+
+CONSUMER_GROUP_DESCRIBE_RESPONSE = MessageSchema(
+    'ConsumerGroupDescribeResponse', api_key=69, kind='response', versions=(0, 1), flexible='0+', fields=(
+    F('throttle_time_ms', 'int32', '0+'),
+    F('groups', '[]DescribedGroup', '0+', fields=(
+        F('error_code', 'int16', '0+'),
+        F('error_message', 'string', '0+', nullable='0+', default='null'),
+        F('group_id', 'string', '0+'),
+        F('group_state', 'string', '0+'),
+        F('group_epoch', 'int32', '0+'),
+        F('assignment_epoch', 'int32', '0+'),
+        F('assignor_name', 'string', '0+'),
+        F('members', '[]Member', '0+', fields=(
+            F('member_id', 'string', '0+'),
+            F('instance_id', 'string', '0+', nullable='0+', default='null'),
+            F('rack_id', 'string', '0+', nullable='0+', default='null'),
+            F('member_epoch', 'int32', '0+'),
+            F('client_id', 'string', '0+'),
+            F('client_host', 'string', '0+'),
+            F('subscribed_topic_names', '[]string', '0+'),
+            F('subscribed_topic_regex', 'string', '0+', nullable='0+', default='null'),
+            F('assignment', 'Assignment', '0+', fields=(
+                F('topic_partitions', '[]TopicPartitions', '0+', fields=(
+                    F('topic_id', 'uuid', '0+'),
+                    F('topic_name', 'string', '0+'),
+                    F('partitions', '[]int32', '0+'),
+                )),
+            )),
+            F('target_assignment', 'Assignment', '0+', fields=(
+                F('topic_partitions', '[]TopicPartitions', '0+', fields=(
+                    F('topic_id', 'uuid', '0+'),
+                    F('topic_name', 'string', '0+'),
+                    F('partitions', '[]int32', '0+'),
+                )),
+            )),
+            F('member_type', 'int8', '1+', default='-1', ignorable=True),
+        )),
+        F('authorized_operations', 'int32', '0+', default='-2147483648'),
+    )),
+))
+
 ALL_SCHEMAS = (
     API_VERSIONS_REQUEST,
     API_VERSIONS_RESPONSE,
@@ -1034,4 +1115,9 @@ ALL_SCHEMAS = (
     DELETE_SHARE_GROUP_OFFSETS_RESPONSE,
     INCREMENTAL_ALTER_CONFIGS_REQUEST,
     INCREMENTAL_ALTER_CONFIGS_RESPONSE,
+    # the consumer group protocol (KIP-848)
+    CONSUMER_GROUP_HEARTBEAT_REQUEST,
+    CONSUMER_GROUP_HEARTBEAT_RESPONSE,
+    CONSUMER_GROUP_DESCRIBE_REQUEST,
+    CONSUMER_GROUP_DESCRIBE_RESPONSE,
 )

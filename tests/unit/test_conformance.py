@@ -74,10 +74,13 @@ def available_sources() -> list[str]:
     return out
 
 
-# Messages a set has only in a form that Kafka has since withdrawn: the 4.0-dev set carries the early-access
-# share-group protocol (v0, removed in Kafka 4.1), which no version we implement matches.
+# Messages a set has only in a form that Kafka has since withdrawn or not yet finished: the 4.0-dev set carries
+# the early-access share-group protocol (v0, removed in Kafka 4.1), which no version we implement matches, and the
+# consumer group protocol before its v1 was stable (ConsumerGroupHeartbeat v1 unstable, ConsumerGroupDescribe v0
+# only); the 4.4 jar is their source.
 WITHDRAWN: dict[str, tuple[str, ...]] = {
-    "kafka-4.0-dev": ("ShareGroupHeartbeat", "ShareGroupDescribe", "ShareFetch", "ShareAcknowledge"),
+    "kafka-4.0-dev": ("ShareGroupHeartbeat", "ShareGroupDescribe", "ShareFetch", "ShareAcknowledge",
+                      "ConsumerGroupHeartbeat", "ConsumerGroupDescribe"),
 }
 # Fields a newer set renames without changing the wire (source, message, Kafka's new name -> the name we keep).
 RENAMED: dict[tuple[str, str, str], str] = {

@@ -47,11 +47,13 @@ def _kafka_class(name: str) -> Any:
     return None
 
 
-# The share-group messages (KIP-932) are newer than kafka-python's schema set: checked against the kafka-clients
-# jar's schemas by test_conformance.py and by round trips, not here. Listed by name, so anything else missing fails.
+# The share-group (KIP-932) and consumer-group-protocol (KIP-848) messages are newer than kafka-python's
+# schema set: checked against the kafka-clients jar's schemas by test_conformance.py and by round trips, not here.
+# Listed by name, so anything else missing fails.
 NOT_IN_KAFKA_PYTHON = frozenset(
     f"{api}{kind}" for api in ("ShareGroupHeartbeat", "ShareGroupDescribe", "ShareFetch", "ShareAcknowledge",
-                               "DescribeShareGroupOffsets", "AlterShareGroupOffsets", "DeleteShareGroupOffsets")
+                               "DescribeShareGroupOffsets", "AlterShareGroupOffsets", "DeleteShareGroupOffsets",
+                               "ConsumerGroupHeartbeat", "ConsumerGroupDescribe")
     for kind in ("Request", "Response"))
 CROSSCHECKED = tuple(s for s in ALL_SCHEMAS if s.name not in NOT_IN_KAFKA_PYTHON)
 KAFKA_CLASSES = {s.name: _kafka_class(s.name) for s in CROSSCHECKED}

@@ -48,7 +48,8 @@ import pyarrow as pa
 from service.errors import GatewayError
 from service.fetch.ranges import RangePage, _headers_array
 from service.protocol.records import Record
-from service.schemas.arrow import ArrowMappingError, ReaderCache, TypedColumn, decode_column, framed_ids
+from service.schemas.arrow import ReaderCache, TypedColumn, decode_column, framed_ids
+from service.schemas.arrow_types import ArrowMappingError
 from service.schemas.registry import SchemaNotFound
 
 TYPED_FORMATS = ("avro", "protobuf", "jsonschema")

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from service.client.client import KafkaClient
+from service.protocol import compression as Z
 from service.protocol import records as R
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
@@ -53,7 +54,7 @@ def _zstd_streaming_bomb() -> bytes:
     c = cramjam.zstd.Compressor()
     c.compress(body)
     frame = bytes(c.finish())
-    assert R._zstd_content_size(memoryview(frame)) is None
+    assert Z._zstd_content_size(memoryview(frame)) is None
     orig = R.compress
     R.compress = lambda _c, _d: frame  # build_batch compresses through the module function
     try:

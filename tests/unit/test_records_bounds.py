@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import cramjam
 import pytest
 
+from service.protocol import compression as Z
 from service.protocol import records as R
 from service.protocol.errors import CorruptRecordError
 
@@ -75,7 +76,7 @@ def test_zstd_frame_without_a_declared_size(decoder: str, monkeypatch: pytest.Mo
     c = cramjam.zstd.Compressor()
     c.compress(body)
     frame = bytes(c.finish())
-    assert R._zstd_content_size(memoryview(frame)) is None  # a streaming frame: no content size
+    assert Z._zstd_content_size(memoryview(frame)) is None  # a streaming frame: no content size
     blob = _batch_with_payload(frame, R.Compression.ZSTD, monkeypatch, base_offset=9)
     with pytest.raises(R.InflatedSizeError) as ei:
         R.decode_records(blob, topic="z", partition=1, max_inflated=LIMIT)
@@ -88,7 +89,7 @@ def test_zstd_frame_that_lies_about_its_size(monkeypatch: pytest.MonkeyPatch) ->
     fhd = frame[4]
     assert fhd >> 6 == 2 and not (fhd >> 5) & 1  # 4-byte content size after a window descriptor
     frame[6:10] = (100).to_bytes(4, "little")  # claims 100 bytes
-    assert R._zstd_content_size(memoryview(bytes(frame))) == 100
+    assert Z._zstd_content_size(memoryview(bytes(frame))) == 100
     blob = _batch_with_payload(bytes(frame), R.Compression.ZSTD, monkeypatch)
     with pytest.raises(R.InflatedSizeError):
         R.decode_records(blob, max_inflated=LIMIT)
@@ -111,7 +112,7 @@ def test_snappy_raw_header_is_checked_before_decompressing(monkeypatch: pytest.M
 
 def test_xerial_snappy_chunks_add_up(monkeypatch: pytest.MonkeyPatch) -> None:
     body = R.build_batch([(None, b"\0" * (3 * LIMIT))])[R.BATCH_HEADER_SIZE:]
-    parts = [R._XERIAL_MAGIC + b"\0\0\0\1\0\0\0\1"]
+    parts = [Z._XERIAL_MAGIC + b"\0\0\0\1\0\0\0\1"]
     for i in range(0, len(body), MiB):
         chunk = bytes(cramjam.snappy.compress_raw(body[i:i + MiB]))
         parts.append(len(chunk).to_bytes(4, "big") + chunk)
@@ -125,7 +126,7 @@ def test_gzip_and_lz4_fast_path_cannot_pass_the_bound() -> None:
     # worst-case ratios: a batch at most limit / ratio bytes long is decompressed directly
     for codec in (R.Compression.GZIP, R.Compression.LZ4):
         payload = R.compress(codec, b"\0" * (64 * MiB))
-        assert len(payload) * R._MAX_RATIO[codec] > 64 * MiB
+        assert len(payload) * Z._MAX_RATIO[codec] > 64 * MiB
 
 
 def test_process_wide_default_bound() -> None:
@@ -169,15 +170,15 @@ def _section(n: int) -> bytes:
 def test_frame_walks_bound_the_output_from_above(size: int) -> None:
     body = _section(size)
     lz4 = R.compress(R.Compression.LZ4, body)
-    b = R._lz4_size_bound(memoryview(lz4), 1 << 40)
+    b = Z._lz4_size_bound(memoryview(lz4), 1 << 40)
     assert b is not None and len(body) <= b < len(body) + 2 * (1 << 22)
     c = cramjam.zstd.Compressor()
     c.compress(body)
     zstd = bytes(c.finish()) + bytes(cramjam.zstd.compress(body))  # two frames, the first without a size
-    b = R._zstd_size_bound(memoryview(zstd), 1 << 40)
-    assert b is not None and 2 * len(body) <= b <= 2 * len(body) + 2 * R._ZSTD_BLOCK_MAX + len(body)
-    assert R._zstd_size_bound(memoryview(zstd[:-3]), 1 << 40) is None  # truncated: no hint
-    assert R._lz4_size_bound(memoryview(b"garbage-not-a-frame"), 1 << 40) is None
+    b = Z._zstd_size_bound(memoryview(zstd), 1 << 40)
+    assert b is not None and 2 * len(body) <= b <= 2 * len(body) + 2 * Z._ZSTD_BLOCK_MAX + len(body)
+    assert Z._zstd_size_bound(memoryview(zstd[:-3]), 1 << 40) is None  # truncated: no hint
+    assert Z._lz4_size_bound(memoryview(b"garbage-not-a-frame"), 1 << 40) is None
     # decoded through the bounded path (each is beyond its codec's fast-path size) and intact
     for codec, payload in ((R.Compression.LZ4, lz4), (R.Compression.ZSTD, zstd)):
         assert bytes(R.decompress_bounded(codec, payload, 8 * MiB)) == (body * (2 if payload is zstd else 1))
@@ -187,15 +188,15 @@ def test_frame_walks_bound_the_output_from_above(size: int) -> None:
 def test_gzip_with_a_lying_size_trailer_is_decided_by_the_bound(isize: int) -> None:
     body = _section(2 * MiB)
     gz = bytearray(cramjam.gzip.compress(body))
-    assert len(gz) * R._MAX_RATIO[R.Compression.GZIP] > 4 * MiB  # not the fast path
+    assert len(gz) * Z._MAX_RATIO[R.Compression.GZIP] > 4 * MiB  # not the fast path
     gz[-4:] = isize.to_bytes(4, "little")
     try:
         out = R.decompress_bounded(R.Compression.GZIP, bytes(gz), 4 * MiB)
     except Exception as e:  # the codec may check the trailer: then it is corrupt, never unbounded
-        assert not isinstance(e, R._TooLarge)
+        assert not isinstance(e, Z.TooLarge)
     else:
         assert bytes(out) == body
-    with pytest.raises(R._TooLarge):
+    with pytest.raises(Z.TooLarge):
         R.decompress_bounded(R.Compression.GZIP, bytes(gz), MiB)
 
 

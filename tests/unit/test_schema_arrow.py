@@ -16,14 +16,8 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 from google.protobuf import descriptor_pb2
 
-from service.schemas.arrow import (
-    ArrowMappingError,
-    ReaderCache,
-    avro_mapping,
-    decode_column,
-    jsonschema_mapping,
-    pick_reader_id,
-)
+from service.schemas.arrow import ReaderCache, decode_column, pick_reader_id
+from service.schemas.arrow_types import ArrowMappingError, avro_mapping, jsonschema_mapping
 from service.schemas.codecs import Codecs
 from service.schemas.formats import ResolvedSchema
 from service.schemas.registry import Schema

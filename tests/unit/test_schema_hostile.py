@@ -397,7 +397,8 @@ def orjson_loads(b: bytes) -> Any:
 
 # -- typed range reads -----------------------------------------------------------------------------------------
 def test_typed_jsonschema_reader_refuses_a_schema_that_did_not_compile() -> None:
-    from service.schemas.arrow import ArrowMappingError, decode_column
+    from service.schemas.arrow import decode_column
+    from service.schemas.arrow_types import ArrowMappingError
     from service.schemas.formats import ResolvedSchema
     from service.schemas.registry import Schema
     from service.schemas.wire import frame

@@ -2,7 +2,7 @@
 
 It reads Apache Kafka's JSON message schemas (wire facts only: names, types, version ranges,
 nullability, tags, defaults) and writes our compact DSL for the versions this project implements.
-The JSON files are never copied into the repository; tests/unit/test_conformance.py re-reads them
+The JSON files are never copied into the repository; tests/unit/protocol/test_conformance.py re-reads them
 and fails when a definition drifts.
 
 Usage: python tools/gen_protocol.py SCHEMA_DIR > service/protocol/schemas.py
@@ -136,7 +136,7 @@ def main() -> None:
         '"""Declarative definitions of the Kafka messages this gateway speaks (one per message).',
         "",
         "Generated once by tools/gen_protocol.py from Apache Kafka's wire facts, then maintained here;",
-        "tests/unit/test_conformance.py checks every field of every implemented version against Kafka's",
+        "tests/unit/protocol/test_conformance.py checks every field of every implemented version against Kafka's",
         "JSON schemas. Field names are snake_case forms of Kafka's names.",
         '"""',
         "",

@@ -6,7 +6,7 @@ partitions of payloads already encoded, and its answer is, nearly always, "no er
 
 - :func:`produce_body` writes a ProduceRequest body (v3-v11, flexible from v9) straight from
   ``(topic, [(partition, records bytes | None), ...])`` pairs, byte for byte what the generated encoder writes
-  for the same request (unit test: tests/unit/test_produce_codec.py);
+  for the same request (unit test: tests/unit/protocol/test_produce_codec.py);
 - :func:`decode_produce_ok` reads a ProduceResponse (v3-v11) when every partition answered without an error
   and nothing optional is present (no record errors, error message or tagged fields): ``[(topic, partition,
   base_offset), ...]``; anything else (an error, a tag, a malformed or unexpected answer) returns None and the

@@ -1,7 +1,7 @@
 """Declarative definitions of the Kafka messages this gateway speaks (one per message).
 
 Generated once by tools/gen_protocol.py from Apache Kafka's wire facts, then maintained here;
-tests/unit/test_conformance.py checks every field of every implemented version against Kafka's
+tests/unit/protocol/test_conformance.py checks every field of every implemented version against Kafka's
 JSON schemas. Field names are snake_case forms of Kafka's names.
 """
 

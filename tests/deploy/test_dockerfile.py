@@ -254,7 +254,7 @@ def test_the_build_context_has_what_the_wheel_needs() -> None:
 
 
 def test_dockerignore_keeps_local_state_out() -> None:
-    for path in (".venv/bin/python", ".git/HEAD", "tests/unit/test_records.py", "bench/codec.py",
+    for path in (".venv/bin/python", ".git/HEAD", "tests/unit/protocol/test_records.py", "bench/codec.py",
                  "service/protocol/_crecords.cpython-311-x86_64-linux-gnu.so",
                  "service/__pycache__/main.cpython-311.pyc",
                  "api/__pycache__/app.cpython-311.pyc", ".hypothesis/x", "helm/kafka-consumer-gateway/Chart.yaml",

@@ -1,7 +1,7 @@
 """The connection layer against the protocol-level test broker: SASL, TLS, faults, timeouts, fail-over.
 
 Tansu has no SASL, no TLS and no fault injection, so these behaviours are checked against
-``tests.broker.TestCluster``, which speaks the real wire protocol with Apache Kafka's semantics.
+``tests.fakes.broker.TestCluster``, which speaks the real wire protocol with Apache Kafka's semantics.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from service.embedded.tansu import free_port
 from service.lib.tls import build_ssl_context
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from tests.broker import TestCluster
+from tests.fakes.broker import TestCluster
 
 MetaTopic = M.struct("MetadataRequest", "MetadataRequestTopic")
 USERS = {"alice": "alice-secret", "bob": "b0b"}

@@ -26,8 +26,8 @@ from service.group.coordinator import (
 from service.group.member import GroupMember
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
-from tests.broker import TestCluster, default_registry
-from tests.broker.group_coordinator import GroupPhase, group_coordinator
+from tests.fakes.broker import TestCluster, default_registry
+from tests.fakes.broker.group_coordinator import GroupPhase, group_coordinator
 
 pytestmark = pytest.mark.fault  # against the test broker: stale commits, rebalances, dying tasks
 

@@ -4,7 +4,7 @@ Records are produced by confluent-kafka's own AvroSerializer / ProtobufSerialize
 real Karapace registry (``schema_registry``), then consumed through a gateway process pointed at the same registry,
 the way Confluent's v2 docs do it (create with ``"format": "avro"``, subscribe, GET with
 ``Accept: application/vnd.kafka.avro.v2+json``). Fault cases (registry down mid-poll: records given back, none
-lost) use the protocol-level test registry of ``tests/registry``.
+lost) use the protocol-level test registry of ``tests/fakes/registry``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from google.protobuf import descriptor_pb2, json_format
 
 from service.schemas.wire import frame
 from tests.conftest import AnyBroker
+from tests.fakes.registry.server import TestRegistry
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.proto_orders import order_class
-from tests.registry.server import TestRegistry
 
 V2 = "application/vnd.kafka.v2+json"
 AVRO = "application/vnd.kafka.avro.v2+json"

@@ -24,7 +24,7 @@ from service.consumer.subscription import NoOffsetForPartitionError, TopicPartit
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
 from service.protocol.records import Compression, decode_records
-from tests.broker import RequestLogEntry, TestCluster
+from tests.fakes.broker import RequestLogEntry, TestCluster
 
 TP = TopicPartition
 REPO = Path(__file__).resolve().parents[2]
@@ -436,7 +436,7 @@ from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.consumer.subscription import NoOffsetForPartitionError, TopicPartition
-from tests.broker import TestCluster
+from tests.fakes.broker import TestCluster
 
 async def main():
     async with TestCluster(topics={"t": 1}) as cluster:

@@ -1,4 +1,4 @@
-"""Group coordination against the test broker's group coordinator (tests/broker/group_coordinator.py).
+"""Group coordination against the test broker's group coordinator (tests/fakes/broker/group_coordinator.py).
 
 Part 1 drives the test broker's coordinator with raw requests of chosen versions, to pin down that it
 answers like Kafka's. Part 2 runs OUR GroupCoordinator inside the Consumer against it: coordinator
@@ -39,8 +39,8 @@ from service.group.protocol import (
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.messages import ApiKey
-from tests.broker import RequestLogEntry, TestCluster, default_registry
-from tests.broker.group_coordinator import GroupCoordinatorState, GroupPhase, group_coordinator
+from tests.fakes.broker import RequestLogEntry, TestCluster, default_registry
+from tests.fakes.broker.group_coordinator import GroupCoordinatorState, GroupPhase, group_coordinator
 
 TP = TopicPartition
 Protocol = M.struct("JoinGroupRequest", "JoinGroupRequestProtocol")

@@ -14,8 +14,8 @@ import pytest
 
 from service.instances.registry import HARD_CLOSE_GRACE_S, ConsumerInstance, Gateway, InstanceOptions
 from service.protocol.messages import ApiKey
-from tests.broker import TestCluster, default_registry
-from tests.broker.group_coordinator import group_coordinator
+from tests.fakes.broker import TestCluster, default_registry
+from tests.fakes.broker.group_coordinator import group_coordinator
 
 GROUPS = 4
 PER_GROUP = 5

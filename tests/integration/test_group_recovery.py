@@ -21,9 +21,9 @@ import pytest
 
 from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
-from tests.broker import TestCluster, default_registry
-from tests.broker.group_coordinator import group_coordinator
 from tests.conftest import AnyBroker
+from tests.fakes.broker import TestCluster, default_registry
+from tests.fakes.broker.group_coordinator import group_coordinator
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_replicas import (
     BIN,

@@ -13,8 +13,8 @@ import pytest
 from service.client.client import KafkaClient
 from service.producer import Producer, RecordMetadata
 from service.protocol import messages as M
-from tests.broker import TestCluster
-from tests.broker.handlers import default_registry
+from tests.fakes.broker import TestCluster
+from tests.fakes.broker.handlers import default_registry
 from tests.integration.test_produce_vs_test_broker import running, until
 
 pytestmark = pytest.mark.integration

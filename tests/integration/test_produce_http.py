@@ -23,8 +23,8 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 from service.client.client import KafkaClient
 from service.producer import partition_for_key
 from service.protocol import messages as M
-from tests.broker import TestCluster
 from tests.conftest import AnyBroker
+from tests.fakes.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_produce_vs_test_broker import ProduceGate
 

@@ -1,6 +1,6 @@
 """The producer engine against the protocol-level test broker: batching, leaders, retries, idempotence.
 
-The test broker (``tests.broker``) keeps Apache Kafka's idempotent-producer semantics that matter here (a
+The test broker (``tests.fakes.broker``) keeps Apache Kafka's idempotent-producer semantics that matter here (a
 batch resent with the same producer id, epoch and sequence is answered with its original offset and not
 stored again) and lets the tests inject what Tansu cannot: dropped connections, lost answers, error codes,
 leader moves, a broker that never answers.
@@ -26,10 +26,10 @@ from service.producer import (
     UnknownTopicError,
 )
 from service.protocol import messages as M
-from tests.broker import TestCluster
-from tests.broker.handlers import default_registry
-from tests.broker.handlers import produce as produce_handler
-from tests.broker.registry import CloseConnection
+from tests.fakes.broker import TestCluster
+from tests.fakes.broker.handlers import default_registry
+from tests.fakes.broker.handlers import produce as produce_handler
+from tests.fakes.broker.registry import CloseConnection
 
 pytestmark = pytest.mark.integration
 PRODUCE = M.ApiKey.PRODUCE

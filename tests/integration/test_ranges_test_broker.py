@@ -19,7 +19,7 @@ from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.fetch.session import ZERO_UUID
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
-from tests.broker import TestCluster
+from tests.fakes.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_consumer_vs_test_broker import (
     COMMITTED,

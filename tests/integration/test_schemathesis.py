@@ -41,8 +41,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance, unsuppor
 
 from service.client.client import KafkaClient
 from service.embedded.tansu import EmbeddedBroker
+from tests.fakes.registry.server import TestRegistry
 from tests.integration.gateway_proc import GatewayProcess
-from tests.registry.server import TestRegistry
 
 pytestmark = pytest.mark.integration
 

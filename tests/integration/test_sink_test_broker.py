@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.broker import TestCluster
+from tests.fakes.broker import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

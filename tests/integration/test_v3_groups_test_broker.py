@@ -25,8 +25,8 @@ from service.consumer.subscription import TopicPartition
 from service.instances.registry import ConsumerInstance, Gateway, InstanceOptions
 from service.protocol.messages import ApiKey
 from service.settings import Settings
-from tests.broker import TestCluster, default_registry
-from tests.broker.group_coordinator import GroupPhase, group_coordinator
+from tests.fakes.broker import TestCluster, default_registry
+from tests.fakes.broker.group_coordinator import GroupPhase, group_coordinator
 from tests.v3_shapes import check
 
 pytestmark = pytest.mark.integration

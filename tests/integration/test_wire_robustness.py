@@ -20,7 +20,7 @@ import pytest
 
 from service.protocol import error_codes as EC
 from service.protocol.messages import ApiKey
-from tests.broker import TestCluster
+from tests.fakes.broker import TestCluster
 from tests.integration.test_consumer_vs_test_broker import (
     TP,
     by_partition,

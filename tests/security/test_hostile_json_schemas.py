@@ -1,6 +1,6 @@
 """Hostile JSON Schemas, Protobuf payloads and JSON values against a running gateway (real sockets).
 
-One gateway process, its registry the protocol-level test registry of ``tests/registry`` (it registers any
+One gateway process, its registry the protocol-level test registry of ``tests/fakes/registry`` (it registers any
 schema, as a shared registry of many tenants may, so the gateway's own checks are what is tested):
 
 - ReDoS: a JSON Schema ``pattern`` / ``patternProperties`` of ``^(a+)+$`` against ``"a" * 30 + "!"`` (Python's
@@ -36,8 +36,8 @@ from google.protobuf import struct_pb2
 
 from service.embedded.tansu import EmbeddedBroker
 from service.schemas.wire import frame
+from tests.fakes.registry.server import TestRegistry
 from tests.integration.gateway_proc import GatewayProcess
-from tests.registry.server import TestRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,7 +17,7 @@ import pytest
 
 from service.embedded.tansu import EmbeddedBroker
 from service.protocol.messages import ApiKey
-from tests.broker import TestCluster, default_registry
+from tests.fakes.broker import TestCluster, default_registry
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -27,9 +27,9 @@ import pytest
 
 from service.embedded.tansu import free_port
 from service.protocol import messages as M
-from tests.broker.cluster import TestCluster
-from tests.broker.handlers import default_registry
-from tests.broker.registry import HandlerRegistry, RequestContext
+from tests.fakes.broker.cluster import TestCluster
+from tests.fakes.broker.handlers import default_registry
+from tests.fakes.broker.registry import HandlerRegistry, RequestContext
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from service.protocol import messages as M
-from tests.broker.cluster import TestCluster
+from tests.fakes.broker.cluster import TestCluster
 from tests.integration.gateway_proc import GatewayProcess
 
 CACHE_S = 2.0

@@ -1,2 +1,0 @@
-"""A protocol-level Schema Registry for tests (:class:`tests.registry.server.TestRegistry`): the REST subset the
-gateway's registry client uses, in memory, with fault injection (down, slow, 5xx, unknown ids)."""

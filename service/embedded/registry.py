@@ -43,7 +43,7 @@ from service.settings import Settings
 log = logging.getLogger("gateway.registry")
 
 #: the launcher beside the repository (``../shared/registry/start``)
-DEFAULT_LAUNCHER = Path(__file__).resolve().parents[1].parent / "shared" / "registry" / "start"
+DEFAULT_LAUNCHER = Path(__file__).resolve().parents[2].parent / "shared" / "registry" / "start"
 #: Tansu holds the registry's master-election JoinGroup for about half the session timeout: 6 s makes the
 #: registry ready in ~4.5 s instead of ~6.5 s (below ~5 s its 3 s heartbeats would not fit)
 SESSION_TIMEOUT_MS = "6000"

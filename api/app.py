@@ -38,6 +38,7 @@ from service.instances.registry import Gateway
 from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, brokers_ready, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.ring import TOKEN_HEADER
+from service.schemas import avro_limits
 from service.schemas.formats import SchemaService
 from service.settings import Settings
 from service.tenants import TenantError, TenantRegistry, TopicDenyList
@@ -256,8 +257,6 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)
     registry.register(collector)
     # Schema Registry formats: the gateway-wide registry; tenants may name their own
-    from service.schemas import avro_limits
-
     avro_limits.configure(max_depth=settings.schema_max_depth, max_decoded_bytes=settings.schema_max_decoded_bytes,
                           max_expansion=settings.schema_max_expansion)
     schemas = SchemaService(settings.schema_registry_config(), avro_rendering=settings.avro_json_rendering,

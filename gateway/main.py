@@ -14,8 +14,14 @@ from typing import Any
 
 import uvicorn
 
+from api.app import create_app
+from api.hosts import default_allowed_hosts
+from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
 from api.server.http import HeadLimits, OutputLimits, protocol_class, server_ssl_context, tls_problem
 from service.embedded.kafka import EmbeddedKafka
+from service.embedded.kafka import start_problem as kafka_problem
+from service.embedded.registry import EmbeddedRegistry, launcher_for
+from service.embedded.registry import start_problem as registry_problem
 from service.embedded.tansu import EmbeddedBroker
 from service.lib.logs import configure as configure_logging
 from service.settings import Settings
@@ -37,9 +43,6 @@ def tune_gc() -> None:
 
 
 async def serve(settings: Settings) -> None:
-    from api.app import create_app
-    from service.embedded.registry import EmbeddedRegistry, launcher_for
-
     broker: EmbeddedBroker | EmbeddedKafka | None = None
     registry: EmbeddedRegistry | None = None  # the embedded schema registry (service/embedded/registry.py)
     bootstrap = settings.kafka_bootstrap
@@ -169,10 +172,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_problem(settings: Settings) -> str | None:
     """A configuration the gateway refuses to start with (a clear message, exit status 2), or None."""
-    from api.replicas.peer_auth import peer_tls_problem, peer_token_problem
-    from service.embedded.kafka import start_problem as kafka_problem
-    from service.embedded.registry import start_problem as registry_problem
-
     return (peer_token_problem(settings) or tls_problem(settings.tls_cert_file, settings.tls_key_file)
             or peer_tls_problem(settings) or registry_problem(settings) or kafka_problem(settings))
 
@@ -184,8 +183,6 @@ def with_host_defaults(settings: Settings) -> Settings:
     an app built by tests (Starlette's TestClient sends Host: testserver) has no check unless asked."""
     if settings.allowed_hosts is not None or settings.tenants_file:
         return settings
-    from api.hosts import default_allowed_hosts
-
     peers = (settings.peers or "").split(",") if settings.peers else []
     # the public URL's host is this gateway's own name (base_uri points clients at it)
     urls = [*peers, settings.public_url] if settings.public_url else peers

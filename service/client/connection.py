@@ -33,6 +33,7 @@ from service.client.errors import (
     KafkaError,
     RequestTimeoutError,
 )
+from service.client.sasl import SaslAuthenticationError, create_mechanism, respond_off_loop
 from service.client.versions import NegotiatedVersions, VersionRange
 from service.lib.aio import LightEvent
 from service.lib.native import load
@@ -421,8 +422,6 @@ class BrokerConnection:
 
     # -- SASL ------------------------------------------------------------------------------------
     async def _authenticate(self, sasl_cfg: SaslConfig) -> None:
-        from service.client.sasl import SaslAuthenticationError, create_mechanism, respond_off_loop
-
         mech = create_mechanism(sasl_cfg.mechanism, sasl_cfg.username, sasl_cfg.password)
         hs = await self.send(M.SaslHandshakeRequest(mechanism=sasl_cfg.mechanism))
         if hs.error_code == EC.UNSUPPORTED_SASL_MECHANISM:

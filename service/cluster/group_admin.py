@@ -33,7 +33,9 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
+from service.client.metadata import BrokerInfo
 from service.cluster.topic_admin import ResourceNotFound
+from service.cluster.topics import read_offsets
 from service.consumer.subscription import TopicPartition
 from service.group.protocol import decode_assignment
 from service.protocol import error_codes as EC
@@ -361,8 +363,6 @@ class GroupAdmin:
             if code:
                 raise BrokerResponseError(code, f"FindCoordinator({key!r})", msg)
             if self.client.metadata.broker(node) is None:
-                from service.client.metadata import BrokerInfo
-
                 self.client.metadata.brokers[node] = BrokerInfo(node, host, port)
             out[key] = node
         missing = [g for g in group_ids if g not in out]
@@ -396,8 +396,6 @@ class GroupAdmin:
         tps = sorted(set(partitions))
         read = self._read_log_end
         if read is None:
-            from service.cluster.topics import read_offsets
-
             async def read(client: KafkaClient, tp: TopicPartition) -> int:
                 return (await read_offsets(client, tp)).last_stable_offset
 

@@ -47,7 +47,7 @@ from service.group.member import GroupMember
 from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.protocol.records import Record
+from service.protocol.records import Record, decode_records
 
 log = logging.getLogger(__name__)
 
@@ -607,8 +607,6 @@ class Consumer:
     async def _search_timestamp(self, node: int, tp: TopicPartition, target: int) -> int | None:
         """First offset whose record timestamp is >= ``target``, by binary search over fetched batches
         (log2(n) small fetches); None when every record is older."""
-        from service.protocol.records import decode_records
-
         first = (await self._list_offsets_node(node, {tp: EARLIEST_TIMESTAMP}))[tp] or 0
         end = (await self._probe_end_offsets(node, {tp: first}))[tp]
         lo, hi = first, end

@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from service.client.client import KafkaClient
+from service.client.connection import ConnectionConfig
+from service.client.errors import KafkaError
 from service.embedded.tansu import EmbeddedBrokerError, _set_pdeathsig, free_port
 
 if TYPE_CHECKING:
@@ -194,10 +197,6 @@ def sweep_stale_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
 async def probe(bootstrap: str, timeout: float = 2.0) -> str | None:
     """One readiness check with our own client: ApiVersions (the connection's negotiation) and a Metadata
     request that lists at least one broker. The cluster id when ready, None when not (yet)."""
-    from service.client.client import KafkaClient
-    from service.client.connection import ConnectionConfig
-    from service.client.errors import KafkaError
-
     client = KafkaClient(bootstrap, ConnectionConfig(client_id="kcg-embedded-kafka-probe", request_timeout=timeout,
                                                      connect_timeout=timeout))
     try:

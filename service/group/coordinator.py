@@ -23,6 +23,7 @@ from typing import Any
 from service.client.client import KafkaClient
 from service.client.connection import BrokerConnection, wait_event
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
+from service.client.metadata import BrokerInfo
 from service.consumer.subscription import TopicPartition
 from service.group.heartbeats import heartbeat_wheel
 from service.group.member import Action, GroupMember, MemberState, Step
@@ -301,8 +302,6 @@ class GroupCoordinator:
         if code:
             raise BrokerResponseError(code, f"FindCoordinator({self.group_id})", msg)
         if self.client.metadata.broker(node) is None:
-            from service.client.metadata import BrokerInfo
-
             self.client.metadata.brokers[node] = BrokerInfo(node, host, port)
         return node
 

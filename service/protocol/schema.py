@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from service.protocol import primitives as P
-from service.protocol.errors import ProtocolDecodeError
+from service.protocol.errors import ProtocolDecodeError, UnsupportedVersionError
 
 VersionRange = tuple[int, int]
 _OPEN = 1 << 15
@@ -226,8 +226,6 @@ class CompiledMessage:
     def _check_version(self, version: int) -> None:
         lo, hi = self.schema.versions
         if not lo <= version <= hi:
-            from service.protocol.errors import UnsupportedVersionError
-
             raise UnsupportedVersionError(f"{self.schema.name} v{version} is outside v{lo}-v{hi}")
 
     def encode(self, obj: Any, version: int) -> bytes:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.client.client import parse_bootstrap
 from service.client.connection import ConnectionConfig, SaslConfig
 from service.lib.tls import build_ssl_context
 from service.schemas.registry import RegistryConfig
@@ -113,8 +114,6 @@ class KafkaModel(_Model):
     @classmethod
     def _bootstrap(cls, value: str | None) -> str | None:
         if value is not None:
-            from service.client.client import parse_bootstrap
-
             parse_bootstrap(value)
         return value
 

@@ -17,6 +17,7 @@ from service.client.client import KafkaClient
 from service.embedded.tansu import EmbeddedBroker
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.http_client import poll_until
 
 pytestmark = pytest.mark.integration
 V2 = "application/vnd.kafka.v2+json"
@@ -49,17 +50,6 @@ async def create(http: httpx.AsyncClient, group: str, **cfg: object) -> str:
     return str(body["base_uri"]).split("/consumers/", 1)[1].join(["/consumers/", ""])
 
 
-async def poll_until(http: httpx.AsyncClient, base: str, n: int, accept: str = BIN, timeout: float = 20.0
-                     ) -> list[dict[str, object]]:
-    got: list[dict[str, object]] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        r = await http.get(f"{base}/records", params={"timeout": 1000}, headers={"Accept": accept})
-        assert r.status_code == 200, r.text
-        got += r.json()
-    return got
-
-
 async def commit_all(http: httpx.AsyncClient, base: str, timeout: float = 20.0) -> None:
     """Commit everything consumed. A commit while the group rebalances is refused (409/40903, "retry after
     the next poll"), as a Kafka client's would be: poll, then retry, as the error says."""
@@ -88,7 +78,7 @@ async def test_confluent_binary_flow(broker: AnyBroker, bclient: KafkaClient, ht
     assert r.status_code == 204, r.text
     r = await http.get(f"{base}/subscription")
     assert r.json() == {"topics": [topic_name]}
-    recs = await poll_until(http, base, 10)
+    recs = await poll_until(http, base, 10, timeout=20)
     assert sorted(base64.b64decode(r["value"]) for r in recs) == sorted(b"value-%d" % i for i in range(10))  # type: ignore[arg-type]
     one = recs[0]
     assert set(one) == {"topic", "key", "value", "partition", "offset", "timestamp", "headers"}
@@ -129,7 +119,7 @@ async def test_json_format_and_manual_assignment(broker: AnyBroker, bclient: Kaf
     r = await http.post(f"{base}/positions/beginning", json={"partitions": [{"topic": topic_name, "partition": 0}]},
                         headers=H)
     assert r.status_code == 204, r.text
-    recs = await poll_until(http, base, 6, accept=JSN)
+    recs = await poll_until(http, base, 6, accept=JSN, timeout=20)
     assert [r["value"] for r in recs[:5]] == [{"n": i, "s": "é"} for i in range(5)]
     assert recs[0]["key"] == "k0" or recs[0]["key"] is None or recs[0].get("key_error")
     bad = recs[5]
@@ -139,7 +129,7 @@ async def test_json_format_and_manual_assignment(broker: AnyBroker, bclient: Kaf
     r = await http.post(f"{base}/positions", json={"offsets": [{"topic": topic_name, "partition": 0, "offset": 3}]},
                         headers=H)
     assert r.status_code == 204
-    recs = await poll_until(http, base, 1, accept=JSN)
+    recs = await poll_until(http, base, 1, accept=JSN, timeout=20)
     assert recs[0]["offset"] == 3
     # wrong Accept for a json instance
     r = await http.get(f"{base}/records", headers={"Accept": BIN})
@@ -346,7 +336,7 @@ async def test_read_committed_shows_committed_records_once_and_no_aborted_one(
         base = await create(http, f"{group}-{level}", **{"auto.offset.reset": "earliest", "isolation.level": level})
         r = await http.post(f"{base}/subscription", json={"topics": [topic_name]}, headers=H)
         assert r.status_code == 204, r.text
-        recs = await poll_until(http, base, len(want))
+        recs = await poll_until(http, base, len(want), timeout=20)
         # one more poll: nothing further arrives (a record shown late, or twice, would show here)
         r = await http.get(f"{base}/records", params={"timeout": 500}, headers={"Accept": BIN})
         recs += r.json()

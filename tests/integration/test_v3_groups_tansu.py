@@ -18,6 +18,7 @@ from confluent_kafka import Producer as CKProducer
 from service.client.client import KafkaClient
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.http_client import poll_until
 from tests.v3_shapes import check
 
 pytestmark = pytest.mark.integration
@@ -39,17 +40,6 @@ def produce(bootstrap: str, topic: str) -> None:
         for i in range(n):
             p.produce(topic, value=b"p%d-%d" % (partition, i), partition=partition)
     assert p.flush(30) == 0
-
-
-async def poll_until(http: httpx.AsyncClient, base: str, done: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while not done(got):
-        assert time.monotonic() < deadline, f"consumed only {len(got)} records"
-        r = await http.get(f"{base}/records", params={"timeout": 1000}, headers={"Accept": BIN})
-        assert r.status_code == 200, r.text
-        got += r.json()
-    return got
 
 
 async def commit(http: httpx.AsyncClient, base: str, body: dict[str, Any] | None = None) -> None:

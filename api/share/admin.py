@@ -39,7 +39,7 @@ router = APIRouter(tags=["v3"])
 GROUPS = "share-groups"
 GROUP_ID_NOT_FOUND = 69  # Kafka's error code
 READ_ERRORS = documented_errors(ErrorBody, 401, 403, 404, 422, 429, 500, 503)
-WRITE_ERRORS = documented_errors(ErrorBody, 401, 403, 404, 409, 422, 429, 500, 503)
+WRITE_ERRORS = documented_errors(ErrorBody, 400, 401, 403, 404, 409, 422, 429, 500, 503)
 ClusterId = Annotated[str, Path(description="The Kafka cluster id (GET /v3/clusters lists the tenant's)")]
 GroupId = Annotated[str, Path(description="The share group id")]
 

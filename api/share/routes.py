@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_tenant
 from api.deps import ERRORS, INT32_MAX, MEDIA_OF_FORMAT, OFFSET_MAX, V2, base_url, gateway, runtime, v2
@@ -46,14 +46,22 @@ from service.tenants import Tenant
 router = APIRouter(tags=["share-groups"])
 
 BASE = "/share-groups/{group}/instances/{instance_id}"
-#: group configs a create request may set (IncrementalAlterConfigs on the group)
-GROUP_CONFIGS = ("share.auto.offset.reset", "share.record.lock.duration.ms", "share.isolation.level",
-                 "share.delivery.count.limit", "share.session.timeout.ms", "share.heartbeat.interval.ms")
 #: the most offsets one acknowledgements request may name (ranges expanded)
 MAX_ACK_OFFSETS = 100_000
 
 ShareGroupId = Annotated[str, Path(description="Share group id: up to 249 characters, no control characters",
                                    json_schema_extra={"maxLength": 249, "pattern": GROUP_ID_PATTERN})]
+
+
+class ShareGroupConfigs(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    auto_offset_reset: str | None = Field(None, alias="share.auto.offset.reset",
+                                          description="earliest, latest or by_duration:<ISO-8601 duration>")
+    record_lock_duration_ms: str | None = Field(None, alias="share.record.lock.duration.ms")
+    isolation_level: str | None = Field(None, alias="share.isolation.level")
+    delivery_count_limit: str | None = Field(None, alias="share.delivery.count.limit")
+    session_timeout_ms: str | None = Field(None, alias="share.session.timeout.ms")
+    heartbeat_interval_ms: str | None = Field(None, alias="share.heartbeat.interval.ms")
 
 
 class CreateShareConsumer(BaseModel):
@@ -67,10 +75,11 @@ class CreateShareConsumer(BaseModel):
         "explicit", alias="acknowledgement.mode",
         description="explicit: each record is acknowledged by POST .../acknowledgements (or its lock runs out); "
                     "implicit: each records request accepts every record the previous one returned")
-    configs: dict[str, str] | None = Field(
-        None, description="share-group configs set on the group before joining (they apply to every member): "
-                          + ", ".join(GROUP_CONFIGS) + "; e.g. {\"share.auto.offset.reset\": \"earliest\"} "
-                          "(a new share group starts at the latest offset)")
+    configs: ShareGroupConfigs | None = Field(
+        None, description="share-group configs set on the group before joining (they apply to every member; Kafka "
+                          "checks the values: 422/42206 when it refuses one); e.g. "
+                          "{\"share.auto.offset.reset\": \"earliest\"} (a new share group starts at the latest "
+                          "offset)")
 
 
 class CreateShareConsumerResponse(BaseModel):
@@ -90,7 +99,9 @@ class ShareSubscriptionTopics(BaseModel):
 class Acknowledgement(BaseModel):
     """One record (``offset``) or a range of them (``first_offset`` to ``last_offset``, inclusive)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "description": "Give `offset`, or `first_offset` and `last_offset` (a range, inclusive): anything else "
+                       "is 422/42207."})
     topic: str = Field(min_length=1, max_length=249)
     partition: int = Field(ge=0, le=INT32_MAX)
     offset: int | None = Field(None, ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"})
@@ -100,20 +111,16 @@ class Acknowledgement(BaseModel):
         "accept", description="accept: done; release: deliver it again (delivery_count + 1); reject: never "
                               "deliver it again; renew: keep it locked for another acquisition lock duration")
 
-    @model_validator(mode="after")
-    def _one_form(self) -> Acknowledgement:
-        ranged = self.first_offset is not None or self.last_offset is not None
-        if (self.offset is None) == (not ranged) or (ranged and (self.first_offset is None
-                                                                 or self.last_offset is None)):
-            raise ValueError("give either offset, or first_offset and last_offset")
-        if ranged and self.last_offset < self.first_offset:  # type: ignore[operator]
-            raise ValueError("last_offset is below first_offset")
-        return self
-
     def offsets(self) -> range:
-        if self.offset is not None:
+        """The offsets named: ``offset``, or ``first_offset`` to ``last_offset`` (422/42207 otherwise)."""
+        ranged = self.first_offset is not None or self.last_offset is not None
+        if self.offset is not None and not ranged:
             return range(self.offset, self.offset + 1)
-        return range(self.first_offset or 0, (self.last_offset or 0) + 1)
+        if self.offset is None and self.first_offset is not None and self.last_offset is not None \
+                and self.first_offset <= self.last_offset:
+            return range(self.first_offset, self.last_offset + 1)
+        raise GatewayError(f"{self.topic}-{self.partition}: give either offset, or first_offset and last_offset "
+                           "(first_offset <= last_offset)", status=422, error_code=42207)
 
 
 class Acknowledgements(BaseModel):
@@ -233,18 +240,16 @@ async def create_share_consumer(request: Request, group: ShareGroupId,
     validate_group_id(group)
     tenant.require_group(group)
     base = base_url(request)
-    configs = body.configs or {}
-    unknown = sorted(set(configs) - set(GROUP_CONFIGS))
-    if unknown:
-        raise GatewayError(f"unknown share-group config {unknown[0]!r}; allowed: {', '.join(GROUP_CONFIGS)}",
-                           status=422, error_code=42204)
+    client = runtime(request, tenant).client
+    await require_share_groups(client)  # 409/40912 on a cluster without share groups (Tansu)
+    configs: dict[str, str | None] = {}
+    if body.configs is not None:
+        configs = {k: v for k, v in body.configs.model_dump(by_alias=True).items() if v is not None}
     if body.format in SCHEMA_FORMATS and not schema_service(request).available(tenant.schema_registry):
         raise RegistryNotConfigured(body.format)
-    client = runtime(request, tenant).client
-    await require_share_groups(client)  # 422/42230 on a cluster without share groups (Tansu)
     if configs:
         try:
-            await alter_group_config(client, group, dict(configs))
+            await alter_group_config(client, group, configs)
         except BrokerResponseError as exc:  # an invalid value: the broker's error name
             raise GatewayError(f"share-group configs refused by Kafka: {exc.name}", status=422,
                                error_code=42206) from None

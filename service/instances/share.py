@@ -66,12 +66,12 @@ class ShareInstanceExpired(GatewayError):
 
 
 class ShareGroupsUnsupported(GatewayError):
-    status = 422
-    error_code = 42230
+    status = 409
+    error_code = 40912
 
 
 async def require_share_groups(client: KafkaClient) -> None:
-    """Raise 422/42230 unless the cluster's brokers speak the share-group APIs (ApiVersions: ShareGroupHeartbeat
+    """Raise 409/40912 unless the cluster's brokers speak the share-group APIs (ApiVersions: ShareGroupHeartbeat
     and ShareFetch; Tansu and Kafka before 4.x have none)."""
     conn = await client.any_connection()
     versions = conn.versions

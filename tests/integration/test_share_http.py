@@ -1,5 +1,5 @@
 """Share groups (KIP-932) over HTTP through a real gateway process against Apache Kafka 4.4 (Tansu has no share
-groups: a clear 422/42230). Every record produced is counted: delivered to exactly one worker at a time and
+groups: a clear 409/40912). Every record produced is counted: delivered to exactly one worker at a time and
 accepted once; released ones come back with delivery_count + 1, rejected ones never; an acknowledgement of a
 record the instance does not hold is reported not applied."""
 
@@ -64,7 +64,8 @@ async def poll(http: httpx.AsyncClient, path: str, max_records: int = 500, timeo
     return r.json()
 
 
-async def ack(http: httpx.AsyncClient, path: str, acks: list[dict[str, Any]], wait: bool = True) -> list[dict[str, Any]]:
+async def ack(http: httpx.AsyncClient, path: str, acks: list[dict[str, Any]],
+              wait: bool = True) -> list[dict[str, Any]]:
     r = await http.post(f"{path}/acknowledgements", json={"acknowledgements": acks, "wait": wait}, headers=JSON)
     assert r.status_code == 200, r.text
     return r.json()["acknowledgements"]
@@ -225,7 +226,7 @@ async def test_implicit_mode_accepts_on_the_next_poll(kafka: EmbeddedKafka, gw: 
 def test_tansu_has_no_share_groups(tansu: Any, tmp_path: Path) -> None:
     with GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gw.log") as g:
         r = httpx.post(f"{g.url}/share-groups/sg-tansu", json={"name": "x"}, headers=JSON)
-        assert r.status_code == 422 and r.json()["error_code"] == 42230, r.text
+        assert r.status_code == 409 and r.json()["error_code"] == 40912, r.text
         assert "share groups" in r.json()["message"]
         r = httpx.get(f"{g.url}/share-groups/sg-tansu/instances/x/records")
         assert r.status_code == 404 and r.json()["error_code"] == 40410

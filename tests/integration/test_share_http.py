@@ -6,6 +6,8 @@ record the instance does not hold is reported not applied."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 import uuid
 from collections import Counter
@@ -19,7 +21,9 @@ from confluent_kafka import Producer as CKProducer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.embedded.kafka import EmbeddedKafka
+from tests.conftest import REPO
 from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.test_readme import FENCE, HTTP_LINE, curl_wrapper, expected_outputs, section
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +234,24 @@ def test_tansu_has_no_share_groups(tansu: Any, tmp_path: Path) -> None:
         assert "share groups" in r.json()["message"]
         r = httpx.get(f"{g.url}/share-groups/sg-tansu/instances/x/records")
         assert r.status_code == 404 and r.json()["error_code"] == 40410
+
+
+def test_the_guide_runs_verbatim(gw: GatewayProcess, tmp_path: Path) -> None:
+    """docs/share-groups.md's "Try it" block, run with bash against the Kafka gateway (its BASE line naming
+    the gateway's port): every request answers 2xx and every ``# → ...`` output it shows is printed."""
+    blocks = FENCE.findall(section((REPO / "docs" / "share-groups.md").read_text(), "Try it"))
+    assert len(blocks) == 1
+    base = "BASE=http://127.0.0.1:8080"
+    lines = [f"BASE={gw.url}" if line.strip() == base else line for line in blocks[0].splitlines()]
+    assert f"BASE={gw.url}" in lines
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env["PATH"] = f"{curl_wrapper(tmp_path)}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + "\n".join(lines) + "\n"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    report = f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == 0, report
+    requests = HTTP_LINE.findall(done.stderr)
+    assert len(requests) == 13 and all(s.startswith("2") for s, _, _ in requests), report
+    for fragments in expected_outputs(blocks):
+        for fragment in fragments:
+            assert fragment in done.stdout, (fragment, report)

@@ -33,8 +33,11 @@ EARLIEST = {"share.auto.offset.reset": "earliest"}
 
 @pytest.fixture(scope="module")
 def gw(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    with GatewayProcess(kafka.bootstrap, log_file=tmp_path_factory.mktemp("share-gw") / "gw.log") as g:
+    log = tmp_path_factory.mktemp("share-gw") / "gw.log"
+    with GatewayProcess(kafka.bootstrap, log_file=log) as g:
         yield g
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, f"the gateway logged an unexpected exception:\n{text[-4000:]}"
 
 
 def new_topic(bootstrap: str, partitions: int) -> str:
@@ -195,6 +198,8 @@ async def test_release_reject_renew_not_held_and_admin(kafka: EmbeddedKafka, gw:
         r = await http.post(f"{offsets}/reset", json={"to": "earliest"})
         assert r.status_code == 200, r.text
         assert [(o["partition_id"], o["start_offset"]) for o in r.json()["data"]] == [(0, 0)]
+        r = await http.post(f"{offsets}/reset", json={"to": "timestamp", "timestamp": 0, "topics": [topic]})
+        assert r.status_code == 200 and [o["start_offset"] for o in r.json()["data"]] == [0], r.text
         assert (await http.delete(offsets)).status_code == 204
         assert (await http.get(offsets)).json()["data"] == []
 
@@ -225,6 +230,36 @@ async def test_implicit_mode_accepts_on_the_next_poll(kafka: EmbeddedKafka, gw: 
         other = await create(http, group, "after", topic)
         assert await poll(http, other, timeout=1000) == []
         assert (await http.delete(other)).status_code == 204
+
+
+async def test_an_expired_lock_is_reported_and_the_record_redelivered(kafka: EmbeddedKafka,
+                                                                      gw: GatewayProcess) -> None:
+    """With the group's lock at 1 s (the broker's minimum here), a record left alone past it is refused as
+    LOCK_EXPIRED (never sent as if still held) and comes back with delivery_count 2."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, 1, 1)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        path = await create(http, group, "slow", topic,
+                            configs={**EARLIEST, "share.record.lock.duration.ms": "1000"})
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while not got:
+            assert time.monotonic() < deadline
+            got = await poll(http, path)
+        assert [(r["offset"], r["delivery_count"]) for r in got] == [(0, 1)]
+        # the lock deadline is a wall-clock time: wait until it passed (no event to await for a lock running out)
+        await asyncio.sleep(max(0.0, got[0]["lock_expires_at"] / 1000 - time.time()) + 0.2)
+        [late] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": 0}])
+        assert (late["applied"], late["error"]) == (False, "LOCK_EXPIRED")
+        back: list[dict[str, Any]] = []
+        while not back:
+            assert time.monotonic() < deadline + 10
+            back = await poll(http, path)
+        assert [(r["offset"], r["delivery_count"]) for r in back] == [(0, 2)]
+        [done] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": 0}])
+        assert done["applied"] is True
+        assert (await http.delete(path)).status_code == 204
 
 
 def test_tansu_has_no_share_groups(tansu: Any, tmp_path: Path) -> None:

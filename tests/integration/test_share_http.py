@@ -24,6 +24,7 @@ from service.embedded.kafka import EmbeddedKafka
 from tests.conftest import REPO
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_readme import FENCE, HTTP_LINE, curl_wrapper, expected_outputs, section
+from tests.registry.server import TestRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,8 @@ EARLIEST = {"share.auto.offset.reset": "earliest"}
 @pytest.fixture(scope="module")
 def gw(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     log = tmp_path_factory.mktemp("share-gw") / "gw.log"
-    with GatewayProcess(kafka.bootstrap, log_file=log) as g:
+    with TestRegistry() as registry, GatewayProcess(
+            kafka.bootstrap, env={"GATEWAY_SCHEMA_REGISTRY_URL": registry.url}, log_file=log) as g:
         yield g
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, f"the gateway logged an unexpected exception:\n{text[-4000:]}"
@@ -259,6 +261,29 @@ async def test_an_expired_lock_is_reported_and_the_record_redelivered(kafka: Emb
         assert [(r["offset"], r["delivery_count"]) for r in back] == [(0, 2)]
         [done] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": 0}])
         assert done["applied"] is True
+        assert (await http.delete(path)).status_code == 204
+
+
+async def test_avro_records_decoded(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
+    """A share consumer instance of format avro answers the records decoded with the writer's schema, with its
+    delivery count and lock deadline beside them."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    schema = '{"type":"record","name":"Job","fields":[{"name":"id","type":"int"}]}'
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        r = await http.post(f"/topics/{topic}", headers={"content-type": "application/vnd.kafka.avro.v2+json"},
+                            json={"value_schema": schema, "records": [{"value": {"id": 1}}, {"value": {"id": 2}}]})
+        assert r.status_code == 200, r.text
+        path = await create(http, group, "avro", topic, format="avro")
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2:
+            assert time.monotonic() < deadline, got
+            got += await poll(http, path)
+        assert [(r["offset"], r["value"], r["delivery_count"]) for r in got] == [(0, {"id": 1}, 1), (1, {"id": 2}, 1)]
+        assert all(r["lock_expires_at"] > time.time() * 1000 for r in got)
+        answers = await ack(http, path, [{"topic": topic, "partition": 0, "first_offset": 0, "last_offset": 1}])
+        assert [a["applied"] for a in answers] == [True, True]
         assert (await http.delete(path)).status_code == 204
 
 

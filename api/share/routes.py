@@ -17,7 +17,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_tenant
-from api.deps import ERRORS, INT32_MAX, MEDIA_OF_FORMAT, OFFSET_MAX, V2, base_url, gateway, runtime, v2
+from api.deps import ERRORS, INT32_MAX, OFFSET_MAX, V2, base_url, gateway, runtime, v2
 from api.v2.render import Rendered, chunk_schema_ids, render_binary, render_json, render_schema_chunks
 from api.v2.schema_records import schema_service
 from service.client.errors import BrokerResponseError
@@ -318,7 +318,8 @@ async def share_records(request: Request, group: str, instance_id: str,
     finally:
         inst.active_requests -= 1
         inst.touch()
-    return Response(body, media_type=MEDIA_OF_FORMAT[inst.options.format])
+    # one media type whatever the format (the instance's format says how keys and values are rendered)
+    return Response(body, media_type=V2)
 
 
 @router.post(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,
@@ -349,5 +350,3 @@ async def share_ack_outcomes(request: Request, group: str, instance_id: str,
     inst = share_instance(request, tenant, group, instance_id)
     return v2({"acknowledgements": [outcome_json(o) for o in inst.take_outcomes()]})
 
-
-__all__ = ["V2", "router"]

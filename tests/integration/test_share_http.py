@@ -6,6 +6,7 @@ record the instance does not hold is reported not applied."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import subprocess
 import time
@@ -285,6 +286,68 @@ async def test_avro_records_decoded(kafka: EmbeddedKafka, gw: GatewayProcess) ->
         answers = await ack(http, path, [{"topic": topic, "partition": 0, "first_offset": 0, "last_offset": 1}])
         assert [a["applied"] for a in answers] == [True, True]
         assert (await http.delete(path)).status_code == 204
+
+
+KEY_A, KEY_B = "share-tenant-a-key-0001", "share-tenant-b-key-0002"
+
+
+def _sha(k: str) -> str:
+    return "sha256:" + hashlib.sha256(k.encode()).hexdigest()
+
+
+async def test_tenants(kafka: EmbeddedKafka, tmp_path: Path) -> None:
+    """Share groups and topics follow the tenant's patterns as consumer groups do: no credentials 401, another
+    tenant's group or topic 403, the v3 list shows only the tenant's share groups."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(f"""
+version: 1
+tenants:
+  - id: a
+    api_keys: ["{_sha(KEY_A)}"]
+    topics: ["sa-*"]
+    groups: ["sga-*"]
+  - id: b
+    api_keys: ["{_sha(KEY_B)}"]
+    topics: ["sb-*"]
+    groups: ["sgb-*"]
+""")
+    suffix = uuid.uuid4().hex[:8]
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for t in (f"sa-{suffix}", f"sb-{suffix}"):
+        admin.create_topics([NewTopic(t, 1, 1)])[t].result(15)
+    a, b = {"Authorization": f"Bearer {KEY_A}", **JSON}, {"Authorization": f"Bearer {KEY_B}", **JSON}
+    with GatewayProcess(kafka.bootstrap, env={"GATEWAY_TENANTS_FILE": str(tmp_path / "tenants.yaml")},
+                        log_file=tmp_path / "gw.log") as g:
+        async with httpx.AsyncClient(base_url=g.url, timeout=30) as http:
+            r = await http.post(f"/share-groups/sga-{suffix}", json={"name": "w"}, headers=JSON)
+            assert r.status_code == 401 and r.json()["error_code"] == 40101
+            r = await http.post(f"/share-groups/sgb-{suffix}", json={"name": "w"}, headers=a)
+            assert r.status_code == 403 and r.json()["error_code"] == 40301
+            for key, group in ((a, f"sga-{suffix}"), (b, f"sgb-{suffix}")):
+                r = await http.post(f"/share-groups/{group}", json={"name": "w"}, headers=key)
+                assert r.status_code == 200, r.text
+            path = f"/share-groups/sga-{suffix}/instances/w"
+            r = await http.post(f"{path}/subscription", json={"topics": [f"sb-{suffix}"]}, headers=a)
+            assert r.status_code == 403 and r.json()["error_code"] == 40301
+            # b cannot see a's instance: it is not b's
+            r = await http.get(f"{path}/subscription", headers=b)
+            assert r.status_code == 404 and r.json()["error_code"] == 40410
+            r = await http.post(f"{path}/subscription", json={"topics": [f"sa-{suffix}"]}, headers=a)
+            assert r.status_code == 204, r.text
+            cid = (await http.get("/v3/clusters", headers=a)).json()["data"][0]["cluster_id"]
+            deadline = time.monotonic() + 20
+            while True:  # the group exists once its member's first heartbeat was answered
+                listed = {x["share_group_id"] for x in (await http.get(f"/v3/clusters/{cid}/share-groups",
+                                                                       headers=a)).json()["data"]}
+                if f"sga-{suffix}" in listed:
+                    break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            assert all(x.startswith("sga-") for x in listed), listed
+            r = await http.get(f"/v3/clusters/{cid}/share-groups/sga-{suffix}", headers=b)
+            assert r.status_code == 403 and r.json()["error_code"] == 40301
+            for key, group in ((a, f"sga-{suffix}"), (b, f"sgb-{suffix}")):
+                assert (await http.delete(f"/share-groups/{group}/instances/w", headers=key)).status_code == 204
 
 
 def test_tansu_has_no_share_groups(tansu: Any, tmp_path: Path) -> None:

@@ -93,7 +93,8 @@ class ObserveMiddleware:
                 if too_big:
                     rejected = error_response(413, 41301, f"request body larger than {self.max_body_bytes} bytes")
         method = scope["method"]
-        if rejected is None and method in ("POST", "PUT", "PATCH", "GET") and scope["path"].startswith("/consumers/"):
+        if rejected is None and method in ("POST", "PUT", "PATCH", "GET") and scope["path"].startswith(
+                ("/consumers/", "/share-groups/")):
             ct = headers.get("content-type", "").split(";")[0].strip().lower()
             has_body = (length not in (None, "0")) or "transfer-encoding" in headers
             if has_body and ct and not acceptable_content_type(ct):

@@ -205,6 +205,8 @@ async def test_release_reject_renew_not_held_and_admin(kafka: EmbeddedKafka, gw:
         assert r.status_code == 200 and [o["start_offset"] for o in r.json()["data"]] == [0], r.text
         assert (await http.delete(offsets)).status_code == 204
         assert (await http.get(offsets)).json()["data"] == []
+        r = await http.get(f"/v3/clusters/{cid}/share-groups/sg-never-{uuid.uuid4().hex[:8]}")
+        assert r.status_code == 404 and r.json()["error_code"] == 404, r.text
 
 
 async def test_implicit_mode_accepts_on_the_next_poll(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:

@@ -26,6 +26,7 @@ from api.responses import OrjsonResponse
 from api.server.fastpath import LeanProduce, RecordsFastPath
 from api.server.gcpolicy import GcPolicy
 from api.server.http import held_send
+from api.share import router as share_router
 from api.v2.consumers import router as consumers_router
 from api.v2.produce import router as produce_router
 from api.v2.records import router as records_router
@@ -35,6 +36,7 @@ from service.client.client import KafkaClient
 from service.client.errors import KafkaError
 from service.instances.budget import BudgetExhausted, MemoryBudget
 from service.instances.registry import Gateway
+from service.instances.share import ShareRegistry
 from service.metrics import GatewayCollector, GatewayMetrics, SchemaCacheCollector, brokers_ready, labelled
 from service.protocol.records import set_max_inflated_bytes
 from service.ring import TOKEN_HEADER
@@ -92,7 +94,8 @@ class ObserveMiddleware:
                 if too_big:
                     rejected = error_response(413, 41301, f"request body larger than {self.max_body_bytes} bytes")
         method = scope["method"]
-        if rejected is None and method in ("POST", "PUT", "PATCH", "GET") and scope["path"].startswith("/consumers/"):
+        if rejected is None and method in ("POST", "PUT", "PATCH", "GET") and scope["path"].startswith(
+                ("/consumers/", "/share-groups/")):
             ct = headers.get("content-type", "").split(";")[0].strip().lower()
             has_body = (length not in (None, "0")) or "transfer-encoding" in headers
             if has_body and ct and not acceptable_content_type(ct):
@@ -254,6 +257,9 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "client_rack": "",
         },
     )
+    shares = ShareRegistry(idle_timeout=settings.instance_idle_timeout_s,
+                           max_poll_timeout=settings.max_poll_timeout_ms / 1000, max_instances=settings.max_instances,
+                           replica_id=settings.replica_id, metrics=metrics)
     collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)
     registry.register(collector)
     # Schema Registry formats: the gateway-wide registry; tenants may name their own
@@ -266,6 +272,8 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.start()
+        shares.start()
+        gateway.on_drain(lambda: setattr(shares, "draining", True))
         if routing is not None:
             await routing.start()  # peer discovery (api/replicas/peers.py)
         lag_task = asyncio.create_task(metrics.watch_event_loop())
@@ -282,6 +290,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
                 gc_task.cancel()
             if routing is not None:
                 await routing.stop()
+            await shares.close(settings.shutdown_timeout_s)  # before the tenants' clients close
             await gateway.close()
             await schemas.close()
 
@@ -295,6 +304,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     set_max_inflated_bytes(settings.max_batch_inflated_bytes)  # every decode of this process: bounded decompression
     app.state.tenants = tenants
     app.state.gateway = gateway
+    app.state.shares = shares
     app.state.schemas = schemas
     app.state.metrics = metrics
     app.state.trusted_proxies = TrustedProxies(settings.forwarded_allow_ips)
@@ -415,6 +425,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     app.include_router(topics_router)
     app.include_router(produce_router)
     app.include_router(v3_router)
+    app.include_router(share_router)
     install_openapi(app)
     install_docs(app)  # /docs and /redoc from packaged assets, with a Content-Security-Policy
     return app

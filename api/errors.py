@@ -57,6 +57,7 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (404, 40401, 'topic not found'),
     (404, 40402, 'partition not found'),
     (404, 40403, 'consumer instance not found'),
+    (404, 40410, 'share consumer instance not found'),
     (405, 40501, 'method not allowed'),
     (406, 40601, "the Accept header does not match the instance's format"),
     (408, 40801, 'the request head (request line and headers) was not complete within '
@@ -64,7 +65,12 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (409, 40901, 'consumer already subscribed (subscription vs. assignment conflict)'),
     (409, 40902, 'consumer instance with this name already exists in the group'),
     (409, 40903, 'illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)'),
+    (409, 40910, 'share consumer instance with this name already exists in the share group'),
+    (409, 40911, 'share group has members: its start offsets cannot be reset or deleted until every member left'),
+    (409, 40912, "the tenant's Kafka cluster has no share groups (its brokers' ApiVersions lack "
+                 "ShareGroupHeartbeat / ShareFetch: e.g. Tansu, Kafka before 4.x, or share groups disabled)"),
     (410, 41001, 'consumer instance expired after its idle timeout'),
+    (410, 41010, 'share consumer instance expired after its idle timeout'),
     (413, 41301, 'request body too large'),
     (413, 41302, 'produce: a key/value schema (posted, or named by id) over GATEWAY_SCHEMA_MAX_BYTES'),
     (413, 41303, 'produce: more records in one request than GATEWAY_PRODUCE_MAX_RECORDS (nothing written)'),

@@ -63,6 +63,8 @@ TAGS = {
     "v3": "Confluent REST Proxy v3 subset: clusters, topics, partitions, topic configs, consumer groups and "
           "their lag, produce",
     "ops": "Health, readiness and Prometheus metrics (no credentials)",
+    "share-groups": "Share consumer instances (Kafka share groups, KIP-932): records acquired one by one, "
+                    "acknowledged per record (docs/share-groups.md)",
 }
 LICENSE = {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"}
 
@@ -75,6 +77,13 @@ _REASONS = {400: "Bad request", 401: "Unauthenticated", 403: "Forbidden", 404: "
 
 #: Stable operation ids by route function name (anything else keeps the function name).
 OPERATION_IDS = {
+    # share groups (api/share/)
+    "create_share_consumer": "createShareConsumer", "delete_share_consumer": "deleteShareConsumer",
+    "share_subscribe": "shareSubscribe", "share_subscription": "getShareSubscription",
+    "share_records": "getShareRecords", "share_acknowledge": "acknowledgeShareRecords",
+    "share_ack_outcomes": "getShareAcknowledgementOutcomes", "list_share_groups_v3": "listShareGroups",
+    "get_share_group": "getShareGroup", "get_share_group_offsets": "getShareGroupOffsets",
+    "reset_share_group_offsets": "resetShareGroupOffsets", "delete_share_group_offsets_v3": "deleteShareGroupOffsets",
     "healthz": "healthz", "readyz": "readyz", "prom_metrics": "metrics",
     "create_consumer": "createConsumer", "delete_consumer": "deleteConsumer",
     "subscribe": "subscribe", "get_subscription": "getSubscription", "unsubscribe": "unsubscribe",
@@ -450,7 +459,7 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             op["operationId"] = OPERATION_IDS.get(name, name)
             if op["operationId"] in _OPERATION_NOTES:
                 op["description"] = _OPERATION_NOTES[op["operationId"]]
-            consumer = path.startswith(("/consumers/", "/topics"))
+            consumer = path.startswith(("/consumers/", "/topics", "/share-groups/"))
             authenticated = consumer or path.startswith("/v3/")
             op["security"] = copy.deepcopy(_SECURITY) if authenticated else []
             media_type = JSON if path.startswith("/v3/") else V2  # v3 answers and takes plain JSON

@@ -93,6 +93,19 @@ class GatewayMetrics:
                                                    "Polls and streams of schema'd consumers that failed (503/50307) "
                                                    "because the schema registry could not answer; their records "
                                                    "were given back", ["tenant"], registry=registry)
+        # share groups (KIP-932; service/instances/share.py)
+        self.share_acquired = Counter("kcg_share_records_acquired_total",
+                                      "Records acquired by share consumer instances and delivered over HTTP",
+                                      ["tenant"], registry=registry)
+        self.share_redelivered = Counter("kcg_share_records_redelivered_total",
+                                         "Share records delivered again (delivery_count > 1: released earlier, "
+                                         "or their acquisition lock ran out)", ["tenant"], registry=registry)
+        self.share_acks = Counter("kcg_share_acknowledgements_total",
+                                  "Share record acknowledgements by type (accept, release, reject, renew) and "
+                                  "outcome (applied, refused)", ["tenant", "type", "outcome"], registry=registry)
+        self.share_lock_expiries = Counter("kcg_share_lock_expiries_total",
+                                           "Records whose acquisition lock ran out while a share consumer instance "
+                                           "held them unacknowledged", ["tenant"], registry=registry)
         # The largest lag since the previous scrape (reset by each scrape), so that a stall shorter than
         # the scrape interval is still visible; 0 when no tick ended since the previous scrape.
         self._loop_lag_max = 0.0

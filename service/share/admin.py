@@ -138,3 +138,45 @@ async def alter_group_config(client: KafkaClient, group_id: str, configs: dict[s
     for r in resp.responses:
         if r.error_code:
             raise BrokerResponseError(r.error_code, f"IncrementalAlterConfigs(group {group_id})", r.error_message)
+
+
+_ListTopic = M.struct("ListOffsetsRequest", "ListOffsetsTopic")
+_ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")
+EARLIEST, LATEST = -2, -1
+
+
+async def offsets_at(client: KafkaClient, partitions: list[tuple[str, int]],
+                     timestamp: int) -> dict[tuple[str, int], int]:
+    """Each partition's offset at ``timestamp`` (ListOffsets to its leader): EARLIEST (-2), LATEST (-1), or the
+    first record at or after a time in ms (the end of the partition when there is none)."""
+    await client.ensure_metadata({t for t, _ in partitions})
+    by_leader: dict[int, list[tuple[str, int]]] = {}
+    for t, p in partitions:
+        leader = await client.leader_id(t, p)
+        by_leader.setdefault(leader, []).append((t, p))
+
+    async def ask(node: int, tps: list[tuple[str, int]], ts: int) -> dict[tuple[str, int], int]:
+        topics: dict[str, list[Any]] = {}
+        for t, p in tps:
+            topics.setdefault(t, []).append(_ListPartition(partition_index=p, timestamp=ts, current_leader_epoch=-1))
+        resp = await client.send(node, M.ListOffsetsRequest(
+            replica_id=-1, isolation_level=0, topics=[_ListTopic(name=t, partitions=ps) for t, ps in topics.items()]))
+        out = {}
+        for rt in resp.topics:
+            for rp in rt.partitions:
+                if rp.error_code:
+                    raise BrokerResponseError(rp.error_code, f"ListOffsets {rt.name}-{rp.partition_index}")
+                out[(rt.name, rp.partition_index)] = rp.offset
+        return out
+
+    found: dict[tuple[str, int], int] = {}
+    for got in await asyncio.gather(*(ask(n, tps, timestamp) for n, tps in by_leader.items())):
+        found.update(got)
+    missing = [tp for tp, o in found.items() if o < 0]
+    if missing and timestamp >= 0:  # no record at or after the time: the end of the partition
+        by_node: dict[int, list[tuple[str, int]]] = {}
+        for t, p in missing:
+            by_node.setdefault(await client.leader_id(t, p), []).append((t, p))
+        for got in await asyncio.gather(*(ask(n, tps, LATEST) for n, tps in by_node.items())):
+            found.update(got)
+    return found

@@ -76,6 +76,13 @@ class ShareConsumer:
             raise self.member.error
         self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"share-heartbeat-{self.member_id}")
 
+    async def subscribe(self, topics: Iterable[str]) -> None:
+        """Change the subscribed topics: the next heartbeat (sent now) carries them."""
+        topics = list(topics)
+        await self.client.ensure_metadata(topics)
+        self.member.subscribe(topics)
+        self._hb_wake.set()
+
     async def wait_assigned(self, timeout: float) -> None:
         """Until the coordinator assigned this member at least one partition."""
         async with asyncio.timeout(timeout):

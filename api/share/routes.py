@@ -1,0 +1,352 @@
+"""Share consumer instances over HTTP (share groups, KIP-932), in the style of the v2 consumer API.
+
+``POST /share-groups/{group}`` creates an instance (a member of the share group), ``.../subscription`` names
+its topics, ``GET .../records`` long-polls for acquired records (each with its ``delivery_count`` and the
+deadline of its acquisition lock), ``POST .../acknowledgements`` settles them per record (accept, release,
+reject; renew extends the lock) and answers, per record, whether the broker applied it. The registry and its
+rules are in :mod:`service.instances.share`; docs/share-groups.md is the guide.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import current_tenant
+from api.deps import ERRORS, INT32_MAX, OFFSET_MAX, V2, base_url, gateway, runtime, v2
+from api.v2.render import Rendered, chunk_schema_ids, render_binary, render_json, render_schema_chunks
+from api.v2.schema_records import schema_service
+from service.client.errors import BrokerResponseError
+from service.cluster.topics import require_legal_topic_name
+from service.consumer.subscription import TopicPartition
+from service.errors import GatewayError
+from service.instances.registry import GROUP_ID_PATTERN, validate_group_id
+from service.instances.share import (
+    ACK_TYPES,
+    AckOutcome,
+    ShareInstance,
+    ShareOptions,
+    ShareRegistry,
+    require_share_groups,
+)
+from service.lib.logs import bind
+from service.protocol.records import Record
+from service.schemas.formats import SCHEMA_FORMATS, RegistryNotConfigured
+from service.schemas.registry import RegistryUnavailable
+from service.schemas.subjects import tenant_view
+from service.share.admin import alter_group_config
+from service.share.consumer import ShareRecord
+from service.share.session import AckType
+from service.tenants import Tenant
+
+router = APIRouter(tags=["share-groups"])
+
+BASE = "/share-groups/{group}/instances/{instance_id}"
+#: the most offsets one acknowledgements request may name (ranges expanded)
+MAX_ACK_OFFSETS = 100_000
+
+ShareGroupId = Annotated[str, Path(description="Share group id: up to 249 characters, no control characters",
+                                   json_schema_extra={"maxLength": 249, "pattern": GROUP_ID_PATTERN})]
+
+
+class ShareGroupConfigs(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    auto_offset_reset: str | None = Field(None, alias="share.auto.offset.reset",
+                                          description="earliest, latest or by_duration:<ISO-8601 duration>")
+    record_lock_duration_ms: str | None = Field(None, alias="share.record.lock.duration.ms")
+    isolation_level: str | None = Field(None, alias="share.isolation.level")
+    delivery_count_limit: str | None = Field(None, alias="share.delivery.count.limit")
+    session_timeout_ms: str | None = Field(None, alias="share.session.timeout.ms")
+    heartbeat_interval_ms: str | None = Field(None, alias="share.heartbeat.interval.ms")
+
+
+class CreateShareConsumer(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,200}$",
+                             description="the instance's name (its id in URLs); generated when absent")
+    format: Literal["binary", "json", "avro", "protobuf", "jsonschema"] = Field(
+        "binary", description="binary: base64 keys and values; json: embedded JSON; avro, protobuf, jsonschema: "
+        "decoded with the writer's schema from the schema registry (as consumer instances)")
+    acknowledgement_mode: Literal["explicit", "implicit"] = Field(
+        "explicit", alias="acknowledgement.mode",
+        description="explicit: each record is acknowledged by POST .../acknowledgements (or its lock runs out); "
+                    "implicit: each records request accepts every record the previous one returned")
+    configs: ShareGroupConfigs | None = Field(
+        None, description="share-group configs set on the group before joining (they apply to every member; Kafka "
+                          "checks the values: 422/42206 when it refuses one); e.g. "
+                          "{\"share.auto.offset.reset\": \"earliest\"} (a new share group starts at the latest "
+                          "offset)")
+
+
+class CreateShareConsumerResponse(BaseModel):
+    instance_id: str
+    base_uri: str
+
+
+class ShareSubscription(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topics: list[Annotated[str, Field(min_length=1, max_length=249)]] = Field(min_length=1)
+
+
+class ShareSubscriptionTopics(BaseModel):
+    topics: list[str]
+
+
+class Acknowledgement(BaseModel):
+    """One record (``offset``) or a range of them (``first_offset`` to ``last_offset``, inclusive)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "description": "Give `offset`, or `first_offset` and `last_offset` (a range, inclusive): anything else "
+                       "is 422/42207."})
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0, le=INT32_MAX)
+    offset: int | None = Field(None, ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"})
+    first_offset: int | None = Field(None, ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"})
+    last_offset: int | None = Field(None, ge=0, le=OFFSET_MAX, json_schema_extra={"format": "int64"})
+    type: Literal["accept", "release", "reject", "renew"] = Field(
+        "accept", description="accept: done; release: deliver it again (delivery_count + 1); reject: never "
+                              "deliver it again; renew: keep it locked for another acquisition lock duration")
+
+    def offsets(self) -> range:
+        """The offsets named: ``offset``, or ``first_offset`` to ``last_offset`` (422/42207 otherwise)."""
+        ranged = self.first_offset is not None or self.last_offset is not None
+        if self.offset is not None and not ranged:
+            return range(self.offset, self.offset + 1)
+        if self.offset is None and self.first_offset is not None and self.last_offset is not None \
+                and self.first_offset <= self.last_offset:
+            return range(self.first_offset, self.last_offset + 1)
+        raise GatewayError(f"{self.topic}-{self.partition}: give either offset, or first_offset and last_offset "
+                           "(first_offset <= last_offset)", status=422, error_code=42207)
+
+
+class Acknowledgements(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    acknowledgements: list[Acknowledgement]
+    wait: bool = Field(True, description="true: send now and answer the broker's word per record; false: answer "
+                       "at once (only the records refused locally), the rest ride on the next records request or "
+                       "go out alone within ~100 ms; their outcomes are in GET .../acknowledgements")
+
+
+class AckOutcomeModel(BaseModel):
+    topic: str
+    partition: int
+    offset: int = Field(json_schema_extra={"format": "int64"})
+    type: str
+    applied: bool
+    error: str | None = Field(None, description="why it was not applied: NOT_HELD (this instance does not hold "
+                              "it: never delivered here, or already acknowledged), LOCK_EXPIRED (its acquisition "
+                              "lock ran out), or the broker's error name (INVALID_RECORD_STATE, ...)")
+    lock_expires_at: int | None = Field(None, description="renew: the new lock deadline (ms since the epoch)")
+
+
+class AckOutcomes(BaseModel):
+    acknowledgements: list[AckOutcomeModel]
+
+
+class ShareRecordModel(BaseModel):
+    topic: str
+    partition: int
+    offset: int = Field(json_schema_extra={"format": "int64"})
+    timestamp: int = Field(json_schema_extra={"format": "int64"})
+    key: Any = None
+    value: Any = None
+    headers: list[dict[str, Any]]
+    delivery_count: int = Field(description="1 on the first delivery, one more on each redelivery")
+    lock_expires_at: int = Field(description="when the acquisition lock runs out (ms since the epoch): "
+                                             "acknowledge (or renew) before then")
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+def shares(request: Request) -> ShareRegistry:
+    return request.app.state.shares
+
+
+def share_instance(request: Request, tenant: Tenant, group: str, instance_id: str) -> ShareInstance:
+    bind(tenant.id, group, instance_id)
+    return shares(request).get(tenant.id, group, instance_id)
+
+
+def wall_ms(deadline: float) -> int:
+    """A monotonic deadline as ms since the epoch."""
+    return int((time.time() + (deadline - time.monotonic())) * 1000)
+
+
+def outcome_json(o: AckOutcome) -> dict[str, Any]:
+    out: dict[str, Any] = {"topic": o.topic, "partition": o.partition, "offset": o.offset, "type": o.type,
+                           "applied": o.applied, "error": o.error}
+    if o.lock_deadline is not None:
+        out["lock_expires_at"] = wall_ms(o.lock_deadline)
+    return out
+
+
+_SEP = b"\x00"  # no rendered record holds a NUL byte (JSON escapes it): the records are split on it
+
+
+def _chunks(records: list[ShareRecord]) -> list[tuple[TopicPartition, list[Record]]]:
+    chunks: dict[tuple[str, int], list[Record]] = {}
+    for r in records:
+        chunks.setdefault((r.topic, r.partition), []).append(Record(r.offset, r.timestamp, r.key, r.value, r.headers))
+    return [(TopicPartition(t, p), recs) for (t, p), recs in chunks.items()]
+
+
+async def render_share_records(request: Request, inst: ShareInstance, tenant: Tenant,
+                               records: list[ShareRecord]) -> bytes:
+    """The records as a JSON array in the instance's format, each with ``delivery_count`` and
+    ``lock_expires_at``. A schema registry that cannot answer: the records are released (delivered again at
+    once) and 503/50307 is raised."""
+    if not records:
+        return b"[]"
+    chunks = _chunks(records)
+    fmt = inst.options.format
+    rendered: Rendered
+    if fmt in SCHEMA_FORMATS:
+        resolver = tenant_view(schema_service(request).resolver(tenant.schema_registry, fmt), tenant)
+        try:
+            await resolver.prepare(chunk_schema_ids(chunks), inst.options.avro_rendering, programs=fmt == "avro",
+                                   tenant=inst.tenant)
+        except RegistryUnavailable:
+            await inst.acknowledge([(r.topic, r.partition, r.offset, AckType.RELEASE) for r in records], wait=False,
+                                   linger=0.0)
+            request.app.state.metrics.schema_registry_unavailable.labels(inst.tenant).inc()
+            raise
+        rendered = render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, _SEP)
+    elif fmt == "json":
+        rendered = render_json(chunks, _SEP)
+    else:
+        rendered = render_binary(chunks, _SEP)
+    extra = {(r.topic, r.partition, r.offset): b',"delivery_count":%d,"lock_expires_at":%d}' % (
+        r.delivery_count, wall_ms(r.lock_deadline)) for r in records}
+    pieces: list[bytes] = []
+    for (tp, recs), part in zip(((tp, recs) for tp, recs in chunks if recs), rendered.parts, strict=True):
+        for rec, text in zip(recs, part.split(_SEP), strict=True):
+            pieces.append(text[:-1] + extra[(tp.topic, tp.partition, rec.offset)])
+    metrics = request.app.state.metrics
+    metrics.records.labels(tenant.id).inc(rendered.count)
+    metrics.bytes.labels(tenant.id).inc(rendered.payload)
+    return b"[" + b",".join(pieces) + b"]"
+
+
+# -- endpoints ------------------------------------------------------------------------------------------------------
+@router.post("/share-groups/{group}", response_model=CreateShareConsumerResponse, responses=ERRORS,
+             summary="Create a share consumer instance (a member of the share group)")
+async def create_share_consumer(request: Request, group: ShareGroupId,
+                                body: CreateShareConsumer | None = Body(None),
+                                tenant: Tenant = Depends(current_tenant)) -> Response:
+    body = body or CreateShareConsumer()
+    validate_group_id(group)
+    tenant.require_group(group)
+    base = base_url(request)
+    client = runtime(request, tenant).client
+    await require_share_groups(client)  # 409/40912 on a cluster without share groups (Tansu)
+    configs: dict[str, str | None] = {}
+    if body.configs is not None:
+        configs = {k: v for k, v in body.configs.model_dump(by_alias=True).items() if v is not None}
+    if body.format in SCHEMA_FORMATS and not schema_service(request).available(tenant.schema_registry):
+        raise RegistryNotConfigured(body.format)
+    if configs:
+        try:
+            await alter_group_config(client, group, configs)
+        except BrokerResponseError as exc:  # an invalid value: the broker's error name
+            raise GatewayError(f"share-group configs refused by Kafka: {exc.name}", status=422,
+                               error_code=42206) from None
+    inst = await shares(request).create(
+        tenant.id, client, group, ShareOptions(format=body.format, ack_mode=body.acknowledgement_mode),
+        body.name, tenant_max_instances=tenant.quotas.max_instances)
+    uri = f"{base}/share-groups/{quote(group, safe='')}/instances/{quote(inst.name, safe='')}"
+    return v2({"instance_id": inst.name, "base_uri": uri})
+
+
+@router.delete(BASE, status_code=204, responses=ERRORS,
+               summary="Delete a share consumer instance (releases what it holds, leaves the share group)")
+async def delete_share_consumer(request: Request, group: str, instance_id: str,
+                                tenant: Tenant = Depends(current_tenant)) -> Response:
+    bind(tenant.id, group, instance_id)
+    await shares(request).delete(tenant.id, group, instance_id)
+    return Response(status_code=204)
+
+
+@router.post(BASE + "/subscription", status_code=204, responses=ERRORS,
+             summary="Subscribe the share consumer instance to topics (replaces its subscription)")
+async def share_subscribe(request: Request, group: str, instance_id: str, body: ShareSubscription,
+                          tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = share_instance(request, tenant, group, instance_id)
+    tenant.check_subscription_size(len(set(body.topics)))
+    for t in body.topics:
+        tenant.require_topic(t)
+        require_legal_topic_name(t)
+    inst.active_requests += 1
+    try:
+        await inst.subscribe(body.topics)
+    finally:
+        inst.active_requests -= 1
+        inst.touch()
+    return Response(status_code=204)
+
+
+@router.get(BASE + "/subscription", response_model=ShareSubscriptionTopics, responses=ERRORS,
+            summary="Topics the share consumer instance is subscribed to")
+async def share_subscription(request: Request, group: str, instance_id: str,
+                             tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = share_instance(request, tenant, group, instance_id)
+    return v2({"topics": list(inst.topics)})
+
+
+@router.get(BASE + "/records", response_model=list[ShareRecordModel], responses=ERRORS,
+            summary="Acquire records: long-poll until some arrive or the timeout passes")
+async def share_records(request: Request, group: str, instance_id: str,
+                        timeout: Annotated[int | None, Query(ge=0, le=INT32_MAX,
+                                                             description="milliseconds to wait for data")] = None,
+                        max_bytes: Annotated[int | None, Query(ge=1, le=INT32_MAX)] = None,
+                        max_records: Annotated[int | None, Query(
+                            ge=1, le=100000, description="at most this many records per partition leader "
+                            "(acquired records are locked for this instance: ask for what you can handle)")] = None,
+                        tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = share_instance(request, tenant, group, instance_id)
+    reg = shares(request)
+    gw = gateway(request)
+    wait = min(reg.max_poll_timeout, (1000 if timeout is None else timeout) / 1000)
+    inst.active_requests += 1
+    try:
+        async with tenant.poll_slot():
+            recs = [] if gw.draining else await inst.poll(max_records or 500, max_bytes, wait,
+                                                          stop=lambda: gw.draining or inst.closed)
+            body = await render_share_records(request, inst, tenant, recs)
+    finally:
+        inst.active_requests -= 1
+        inst.touch()
+    # one media type whatever the format (the instance's format says how keys and values are rendered)
+    return Response(body, media_type=V2)
+
+
+@router.post(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,
+             summary="Acknowledge records (accept, release, reject, renew); the answer says per record whether "
+                     "it was applied")
+async def share_acknowledge(request: Request, group: str, instance_id: str, body: Acknowledgements,
+                            tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = share_instance(request, tenant, group, instance_id)
+    total = sum(len(a.offsets()) for a in body.acknowledgements)
+    if total > MAX_ACK_OFFSETS:
+        raise GatewayError(f"{total} offsets in one request; at most {MAX_ACK_OFFSETS}", status=422,
+                           error_code=42206)
+    acks = [(a.topic, a.partition, o, ACK_TYPES[a.type]) for a in body.acknowledgements for o in a.offsets()]
+    inst.active_requests += 1
+    try:
+        got = await inst.acknowledge(acks, wait=body.wait, linger=shares(request).ack_linger)
+    finally:
+        inst.active_requests -= 1
+        inst.touch()
+    return v2({"acknowledgements": [outcome_json(o) for o in got]})
+
+
+@router.get(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,
+            summary="Outcomes of acknowledgements answered since the last call that no request waited for "
+                    "(wait: false, implicit mode)")
+async def share_ack_outcomes(request: Request, group: str, instance_id: str,
+                             tenant: Tenant = Depends(current_tenant)) -> Response:
+    inst = share_instance(request, tenant, group, instance_id)
+    return v2({"acknowledgements": [outcome_json(o) for o in inst.take_outcomes()]})
+

@@ -35,8 +35,8 @@ from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
 from service.client.metadata import BrokerInfo
 from service.cluster.topic_admin import ResourceNotFound
-from service.cluster.topics import read_offsets
 from service.consumer.subscription import TopicPartition
+from service.fetch.offsets import read_offsets
 from service.group.protocol import decode_assignment
 from service.protocol import error_codes as EC
 from service.protocol import messages as M

@@ -32,6 +32,7 @@ from service.consumer.subscription import (
     TopicPartition,
 )
 from service.fetch.fetcher import FetchConfig, Fetcher
+from service.fetch.offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED
 from service.group.assignors import Assignor, get_assignor
@@ -51,8 +52,6 @@ from service.protocol.records import Record, decode_records
 
 log = logging.getLogger(__name__)
 
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
 
 ListTopic = M.struct("ListOffsetsRequest", "ListOffsetsTopic")
 ListPartition = M.struct("ListOffsetsRequest", "ListOffsetsPartition")

@@ -61,6 +61,7 @@ from service.client.client import KafkaClient
 from service.client.errors import BrokerResponseError, KafkaError
 from service.consumer.subscription import TopicPartition
 from service.errors import GatewayError
+from service.fetch.offsets import LEADER_RETRY_PAUSES, read_offsets
 from service.fetch.oneshot import probe_fetch
 from service.fetch.read_committed import READ_COMMITTED, READ_UNCOMMITTED, filter_batches
 from service.fetch.session import FetchSessionHandler
@@ -88,9 +89,6 @@ MAX_MAX_BYTES = 52428800  # Kafka's fetch.max.bytes default
 MAX_ROUNDS = 8  # fetches per page while they bring only control / aborted batches
 FETCH_WAIT_MS = 5
 MAX_RETRY_WAIT_MS = 500  # an empty answer below the end is asked again with a longer wait
-#: pauses (s) before asking a partition's leader again after NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH and
-#: the like, each time with fresh metadata: the first at once, 1.5 s in all
-LEADER_RETRY_PAUSES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 class OffsetOutOfRange(GatewayError):
@@ -307,8 +305,6 @@ async def _out_of_range_with_bounds(client: KafkaClient, tp: TopicPartition, off
     if (getattr(part, "log_start_offset", -1) not in (None, -1)
             and getattr(part, "high_watermark", -1) not in (None, -1)):
         return _out_of_range(tp, offset, part)
-    from service.cluster.topics import read_offsets  # service.cluster.topics imports the fetch package
-
     try:
         bounds = await read_offsets(client, tp)
     except KafkaError:

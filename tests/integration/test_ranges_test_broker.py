@@ -254,7 +254,7 @@ async def test_a_partition_whose_leader_does_not_know_its_epoch_yet_is_asked_aga
     """Apache Kafka answers a fetch of a partition it created a moment ago with UNKNOWN_LEADER_EPOCH (75) for a
     while (seen right after CreateTopics): read_page and read_offsets ask again with fresh metadata, after short
     pauses, instead of failing the range read with a 503."""
-    from service.cluster.topics import read_offsets
+    from service.fetch.offsets import read_offsets
 
     async with TestCluster(topics={"t": 1}) as cluster:
         for v in (b"a", b"b", b"c"):

@@ -13,8 +13,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.cluster.topics import PartitionNotFound, TopicCatalog, TopicNotFound, read_offsets, visible_topic_names
+from service.cluster.topics import PartitionNotFound, TopicCatalog, TopicNotFound, visible_topic_names
 from service.consumer.subscription import TopicPartition
+from service.fetch.offsets import read_offsets
 from service.protocol import messages as M
 from tests.conftest import AnyBroker
 

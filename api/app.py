@@ -251,6 +251,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "fetch_active_max_wait_ms": settings.long_poll_fetch_wait_ms(),
             "poll_linger_ms": settings.poll_linger_ms,
             "client_rack": "",
+            "group_protocol": settings.group_protocol,
         },
     )
     collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)

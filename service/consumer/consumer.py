@@ -140,6 +140,12 @@ class ConsumerStats:
     last_commit_latency: float | None = None
     poll_wait_seconds: float = 0.0
     wakeups: int = 0
+    #: partitions this member gave up in hand-overs (revocations; not losses): under the classic protocol's eager
+    #: rebalances every member gives up everything at each change, under the consumer protocol only what moves
+    partitions_revoked: int = 0
+    #: seconds the latest change of the assignment took to settle (classic: from the first revocation to the
+    #: new assignment; consumer protocol: from a new target to stable again); None before the first change
+    last_converge_seconds: float | None = None
     #: unexpected errors of background tasks by task (fetcher, membership, positions, autocommit, pattern);
     #: each was logged and the task restarted
     task_failures: dict[str, int] = field(default_factory=dict)
@@ -226,6 +232,7 @@ class Consumer:
             )
         self.fetcher.on_error = self._fetcher_failed  # (a bound method: ~130 B less per instance than a closure)
         self._started = False
+        self._change_started: float | None = None  # the first revocation of a classic rebalance in progress
 
     def _consumer_protocol_member(self, group_id: str) -> None:
         """Membership under the consumer protocol (KIP-848): the broker assigns (``group_remote_assignor``),
@@ -425,6 +432,9 @@ class Consumer:
         # is committed below must cover everything handed out, or records would be delivered twice.
         self.subs.pause([tp for tp in partitions if self.subs.is_assigned(tp)])
         self._revoking = self._revoking.union(partitions)  # refused to commits from now on
+        self.stats.partitions_revoked += len(partitions)
+        if self._change_started is None:
+            self._change_started = time.monotonic()
         try:
             await self._revoke_commit(partitions)
             if self._user_revoke is not None:
@@ -464,6 +474,9 @@ class Consumer:
 
     async def _on_assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
+        started, self._change_started = self._change_started, None
+        if started is not None and self.group_protocol == "classic":
+            self.stats.last_converge_seconds = time.monotonic() - started
         allowed = self.subs.topic_filter
         pattern = self.subs.type is SubscriptionType.PATTERN
         if (allowed is not None or pattern) and any(

@@ -115,6 +115,8 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         self._answered = asyncio.Event()
         self.hand_overs = 0  # reconciliations carried out
         self.converged_at: float | None = None  # monotonic time the member last became stable
+        self._unstable_since: float | None = None  # when the member last left STABLE (a new target, fencing)
+        self.converge_seconds: float | None = None  # how long the latest change took to become stable again
 
     # -- what the consumer reads -------------------------------------------------------------------
     @property
@@ -257,11 +259,16 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         if m.state is ConsumerMemberState.STABLE:
             if not self._stable.is_set():
                 self.converged_at = time.monotonic()
+                if self._unstable_since is not None:
+                    self.converge_seconds = self.converged_at - self._unstable_since
+                    self._unstable_since = None
                 log.info("%s: stable with %s", self._describe(), _tps(m.owned))
             self.last_error = None
             self._failed.clear()
             self._stable.set()
         else:
+            if self._stable.is_set() or self._unstable_since is None:
+                self._unstable_since = time.monotonic()
             self._stable.clear()
 
     async def _lose_partitions(self) -> None:

@@ -16,6 +16,7 @@ keeps Kafka's 5 s minimum); classic instances heartbeat every second (GATEWAY_CO
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import threading
 import time
@@ -62,7 +63,8 @@ def gw(fast_kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> I
     log = tmp_path_factory.mktemp("kip848-gw") / "gw.log"
     g = GatewayProcess(fast_kafka.bootstrap, log_file=log, env={
         "GATEWAY_CONSUMER_HEARTBEAT_INTERVAL_MS": str(CLASSIC_HEARTBEAT_MS),
-        "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000", "GATEWAY_LOG_LEVEL": "info"})
+        "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000", "GATEWAY_LOG_LEVEL": "info",
+        "GATEWAY_DENIED_TOPICS": "*-secret"})
     g.start()
     try:
         yield g
@@ -132,7 +134,7 @@ class Group:
         self.gone: list[Instance] = []
 
     async def add(self, count: int) -> list[Instance]:
-        added = []
+        added: list[Instance] = []
         for _ in range(count):
             name = f"m{len(self.members) + len(self.gone) + len(added)}"
             r = await self.http.post(f"{self.gw.url}/consumers/{self.name}", headers=V2, json={
@@ -205,9 +207,7 @@ async def revoked_by_protocol(http: httpx.AsyncClient, gw: GatewayProcess) -> di
 def longest_silence(inst: Instance, start: float, end: float) -> float:
     """The longest time between two deliveries to ``inst`` (or the window's ends) within [start, end]."""
     times = [start, *(t for t, _, _ in inst.deliveries if start < t < end), end]
-    gap, at = max((b - a, a) for a, b in zip(times, times[1:], strict=False))
-    print(f"  {inst.name}: {gap:.2f} s from {at - start:.2f} s")
-    return gap
+    return max(b - a for a, b in itertools.pairwise(times))
 
 
 async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members(
@@ -257,7 +257,6 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
         survivors = [m for m in first[g.protocol] if m in g.members]
         assert len(survivors) == 3
         silences = sorted(longest_silence(m, changes_start, changes_end) for m in survivors)
-        print(g.protocol, ["%.2f" % x for x in silences])
         silence[g.protocol] = silences[-1]
         # every record delivered; a record twice only on a partition that changed owner (uncommitted when it moved)
         seen: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -268,7 +267,7 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
         assert set(seen) >= want
         dup_partitions = {p for (p, _), names in seen.items() if len(names) > 1}
         assert all(len(owners[p]) > 1 for p in dup_partitions), (g.protocol, dup_partitions)
-        print(f"{g.protocol}: longest silence of a surviving member {silence[g.protocol]:.2f} s; "
+        print(f"{g.protocol}: longest silences of the surviving members {[round(x, 2) for x in silences]} s; "
               f"{sum(len(n) - 1 for n in seen.values())} redelivered; join phase {joined - changes_start:.1f} s, "
               f"leave phase {changes_end - joined:.1f} s")
     # What the changes cost, counted by the gateway (kcg_group_partitions_revoked_total; an instance's count is
@@ -288,3 +287,91 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
     # rebalance at once): its pause (~0.3-1 s here) is printed, not compared; the revocations above are the
     # robust measure of who stopped.
     assert silence["consumer"] < 2 * HEARTBEAT_S + 1.5, silence
+
+
+def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:
+    p = CKProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for part in range(partitions):
+        for i in range(per_partition):
+            p.produce(topic, value=b"%d" % i, partition=part)
+    assert p.flush(30) == 0
+
+
+async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kafka: EmbeddedKafka,
+                                                                         gw: GatewayProcess) -> None:
+    """A consumer-protocol instance subscribed by pattern: the broker evaluates the regex (sent in RE2 syntax) and
+    assigns every matching topic, the gateway never fetches one the tenant may not read (here the operator's
+    deny-list) and logs it; commits carry the member epoch, committed offsets read back, seek rewinds."""
+    uid = uuid.uuid4().hex[:6]
+    prefix = f"kip848-p-{uid}"
+    for name, parts in ((f"{prefix}-a", 2), (f"{prefix}-b", 1), (f"{prefix}-secret", 1)):
+        await create_topic(fast_kafka.bootstrap, name, parts)
+        await asyncio.to_thread(produce, fast_kafka.bootstrap, name, parts, 5)
+    group = f"kip848-pattern-{uid}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{gw.url}/consumers/{group}", headers=V2, json={
+            "name": "c", "format": "binary", "auto.offset.reset": "earliest", "auto.commit.enable": "false",
+            "group.protocol": "consumer", "group.remote.assignor": "range"})
+        assert r.status_code == 200, r.text
+        base = r.json()["base_uri"]
+        # Java syntax: \p{Alnum} is rewritten for RE2 (the broker runs RE2/J)
+        r = await http.post(f"{base}/subscription", headers=V2, json={"topic_pattern": prefix + "-\\p{Alnum}+"})
+        assert r.status_code == 204, r.text
+        got: list[tuple[str, int, int]] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 15:
+            assert time.monotonic() < deadline, got
+            r = await http.get(f"{base}/records", params={"timeout": 500}, headers=BINARY)
+            assert r.status_code == 200, r.text
+            got += [(rec["topic"], rec["partition"], rec["offset"]) for rec in r.json()]
+        r = await http.get(f"{base}/records", params={"timeout": 300}, headers=BINARY)
+        got += [(rec["topic"], rec["partition"], rec["offset"]) for rec in r.json()]
+        assert sorted(got) == sorted((f"{prefix}-{t}", p, o) for t, ps in (("a", 2), ("b", 1))
+                                     for p in range(ps) for o in range(5)), got
+        r = await http.get(f"{base}/assignments")
+        assert sorted((p["topic"], p["partition"]) for p in r.json()["partitions"]) == [
+            (f"{prefix}-a", 0), (f"{prefix}-a", 1), (f"{prefix}-b", 0)]
+
+        # commit one partition (offset 2: 3 is committed, as Confluent), then everything consumed
+        a0 = {"topic": f"{prefix}-a", "partition": 0}
+        r = await http.post(f"{base}/offsets", headers=V2, json={"offsets": [{**a0, "offset": 2}]})
+        assert r.status_code == 200, r.text
+        r = await http.request("GET", f"{base}/offsets", headers=V2, json={"partitions": [a0]})
+        assert r.status_code == 200 and r.json()["offsets"] == [{**a0, "offset": 3, "metadata": ""}], r.text
+        r = await http.post(f"{base}/offsets", headers=V2, json={})
+        assert r.status_code == 200, r.text
+        r = await http.get(f"{base}/offsets")
+        assert sorted((o["topic"], o["partition"], o["offset"]) for o in r.json()["offsets"]) == [
+            (f"{prefix}-a", 0, 5), (f"{prefix}-a", 1, 5), (f"{prefix}-b", 0, 5)], r.text
+        # seek back: the partition's records again
+        r = await http.post(f"{base}/positions", headers=V2, json={"offsets": [{**a0, "offset": 1}]})
+        assert r.status_code == 204, r.text
+        again: list[int] = []
+        while len(again) < 4:
+            assert time.monotonic() < deadline
+            r = await http.get(f"{base}/records", params={"timeout": 500}, headers=BINARY)
+            again += [rec["offset"] for rec in r.json() if rec["topic"] == a0["topic"] and rec["partition"] == 0]
+        assert again == [1, 2, 3, 4]
+        metrics = (await http.get(f"{gw.url}/metrics")).text
+        assert re.search(rf'^kcg_group_member_epoch{{group="{group}",tenant="default"}} [1-9]', metrics, re.M), metrics
+        assert (await http.delete(base, headers=V2)).status_code == 204
+    assert gw.log_file is not None
+    log = gw.log_file.read_text()
+    assert f"the broker assigned topics this consumer may not read; ignored (never fetched): ['{prefix}-secret']" in log
+
+
+def test_a_consumer_instance_is_refused_on_tansu(tansu: EmbeddedBroker, tmp_path: Path) -> None:
+    """Tansu has no ConsumerGroupHeartbeat: a consumer-protocol instance is refused when it is created (422/42220),
+    whether the body asks for it or the gateway's default (GATEWAY_GROUP_PROTOCOL) gives it; classic works."""
+    env = {"GATEWAY_GROUP_PROTOCOL": "consumer"}
+    with GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log") as g, httpx.Client(timeout=30) as http:
+        for body in ({"group.protocol": "consumer"}, {}):
+            r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json=body)
+            assert r.status_code == 422, r.text
+            err = r.json()
+            assert err["error_code"] == 42220 and "group.protocol 'classic'" in err["message"], err
+            assert "ConsumerGroupHeartbeat" in err["message"], err
+        r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json={"group.protocol": "classic"})
+        assert r.status_code == 200, r.text
+        r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json={"group.protocol": "eager"})
+        assert r.status_code == 422 and r.json()["error_code"] == 42206, r.text

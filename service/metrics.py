@@ -341,11 +341,12 @@ class GatewayCollector(Collector):
                           "wakeups": c.stats.wakeups, "rebalances": c.stats.rebalances, "heartbeats": 0}
                 for task, n in c.stats.task_failures.items():
                     counts["task:" + task] = n
-                proto = c.group_protocol
+                proto = getattr(c, "group_protocol", "classic")
                 if c.coordinator is not None:
-                    counts["revoked:" + proto] = c.stats.partitions_revoked
+                    counts["revoked:" + proto] = getattr(c.stats, "partitions_revoked", 0)
                     counts["changes:" + proto] = c.stats.rebalances
-                    took = getattr(c.coordinator, "converge_seconds", None) or c.stats.last_converge_seconds
+                    took = (getattr(c.coordinator, "converge_seconds", None)
+                            or getattr(c.stats, "last_converge_seconds", None))
                     if took is not None:
                         slowest[proto] = max(slowest.get(proto, 0.0), took)
                     if proto == "consumer" and c.member is not None:

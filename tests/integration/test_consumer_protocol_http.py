@@ -354,6 +354,19 @@ async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kaf
         assert again == [1, 2, 3, 4]
         metrics = (await http.get(f"{gw.url}/metrics")).text
         assert re.search(rf'^kcg_group_member_epoch{{group="{group}",tenant="default"}} [1-9]', metrics, re.M), metrics
+        # v3: the group is a consumer-protocol group (ConsumerGroupDescribe), with the broker's assignor
+        cid = (await http.get(f"{gw.url}/v3/clusters")).json()["data"][0]["cluster_id"]
+        r = await http.get(f"{gw.url}/v3/clusters/{cid}/consumer-groups/{group}")
+        assert r.status_code == 200, r.text
+        g = r.json()
+        assert (g["group_type"], g["partition_assignor"], g["state"], g["is_simple"]) == (
+            "consumer", "range", "STABLE", False), g
+        r = await http.get(f"{gw.url}/v3/clusters/{cid}/consumer-groups/{group}/consumers")
+        (member,) = r.json()["data"]
+        r = await http.get(f"{gw.url}/v3/clusters/{cid}/consumer-groups/{group}/consumers/{member['consumer_id']}"
+                           "/assignments")
+        assert sorted((a["topic_name"], a["partition_id"]) for a in r.json()["data"]) == [
+            (f"{prefix}-a", 0), (f"{prefix}-a", 1), (f"{prefix}-b", 0)], r.text  # not the denied topic
         assert (await http.delete(base, headers=V2)).status_code == 204
     assert gw.log_file is not None
     log = gw.log_file.read_text()

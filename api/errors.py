@@ -99,9 +99,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'GATEWAY_MAX_PARTITIONS_PER_TOPIC (also with validate_only)'),
     (422, 42214, "v3 topic create: a topic config outside GATEWAY_TOPIC_CONFIGS_ALLOWED (or the tenant's "
                  "admin_topic_configs); the message names it"),
-    (422, 42220, "group.protocol 'consumer' (KIP-848) on a Kafka cluster without the consumer group protocol "
-                 "(ConsumerGroupHeartbeat v1+ and OffsetCommit v9+, Apache Kafka 4.0+; e.g. Tansu has none): "
-                 "use 'classic' (docs/consumer-protocol.md)"),
+    (422, 42220, "group.protocol 'consumer' on a broker without the consumer group protocol (KIP-848; e.g. "
+                 "Tansu): use 'classic'"),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import re
 import threading
 import time
@@ -301,7 +302,8 @@ async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kaf
                                                                          gw: GatewayProcess) -> None:
     """A consumer-protocol instance subscribed by pattern: the broker evaluates the regex (sent in RE2 syntax) and
     assigns every matching topic, the gateway never fetches one the tenant may not read (here the operator's
-    deny-list) and logs it; commits carry the member epoch, committed offsets read back, seek rewinds."""
+    deny-list) and logs it; commits carry the member epoch, committed offsets read back, seek rewinds (read on a
+    stream); v3 describes the group as a consumer-protocol group."""
     uid = uuid.uuid4().hex[:6]
     prefix = f"kip848-p-{uid}"
     for name, parts in ((f"{prefix}-a", 2), (f"{prefix}-b", 1), (f"{prefix}-secret", 1)):
@@ -343,14 +345,21 @@ async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kaf
         r = await http.get(f"{base}/offsets")
         assert sorted((o["topic"], o["partition"], o["offset"]) for o in r.json()["offsets"]) == [
             (f"{prefix}-a", 0, 5), (f"{prefix}-a", 1, 5), (f"{prefix}-b", 0, 5)], r.text
-        # seek back: the partition's records again
+        # seek back: the partition's records again, here through an NDJSON stream
         r = await http.post(f"{base}/positions", headers=V2, json={"offsets": [{**a0, "offset": 1}]})
         assert r.status_code == 204, r.text
         again: list[int] = []
-        while len(again) < 4:
-            assert time.monotonic() < deadline
-            r = await http.get(f"{base}/records", params={"timeout": 500}, headers=BINARY)
-            again += [rec["offset"] for rec in r.json() if rec["topic"] == a0["topic"] and rec["partition"] == 0]
+        async with http.stream("GET", f"{base}/records", headers={"Accept": "application/x-ndjson"},
+                               params={"max_records": 10}) as resp:
+            assert resp.status_code == 200, (await resp.aread()).decode()
+            async for line in resp.aiter_lines():
+                assert time.monotonic() < deadline, again
+                rec = json.loads(line) if line else {}
+                assert "error_code" not in rec, rec
+                if rec.get("topic") == a0["topic"] and rec.get("partition") == 0:
+                    again.append(rec["offset"])
+                if len(again) >= 4:
+                    break
         assert again == [1, 2, 3, 4]
         metrics = (await http.get(f"{gw.url}/metrics")).text
         assert re.search(rf'^kcg_group_member_epoch{{group="{group}",tenant="default"}} [1-9]', metrics, re.M), metrics

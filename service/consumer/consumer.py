@@ -245,7 +245,9 @@ class Consumer:
         member = ConsumerGroupMember(
             group_id, group_instance_id=config.group_instance_id, rack_id=config.client_rack or None,
             rebalance_timeout_ms=config.rebalance_timeout_ms or config.max_poll_interval_ms,
-            server_assignor=config.group_remote_assignor, retry_backoff_s=config.retry_backoff_ms / 1000)
+            server_assignor=config.group_remote_assignor, retry_backoff_s=config.retry_backoff_ms / 1000,
+            # a durable instance re-created after its replica was killed joins under the same static id
+            wait_for_instance_release=config.group_instance_id is not None)
         self.member = member  # type: ignore[assignment]  # the classic member's interface, as the consumer uses it
         self.coordinator = ConsumerProtocolCoordinator(
             self.client, member, max_poll_interval_ms=config.max_poll_interval_ms,

@@ -16,6 +16,7 @@ keeps Kafka's 5 s minimum); classic instances heartbeat every second (GATEWAY_CO
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import re
@@ -397,3 +398,67 @@ def test_a_consumer_instance_is_refused_on_tansu(tansu: EmbeddedBroker, tmp_path
         assert r.status_code == 200, r.text
         r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json={"group.protocol": "eager"})
         assert r.status_code == 422 and r.json()["error_code"] == 42206, r.text
+
+
+async def test_a_durable_consumer_instance_survives_kill_9_of_its_gateway(fast_kafka: EmbeddedKafka,
+                                                                          tmp_path: Path) -> None:
+    """A durable, static consumer-protocol instance (the protocol from GATEWAY_GROUP_PROTOCOL) whose gateway is
+    killed with -9: the restarted gateway re-creates it from its descriptor under the same group.instance.id and it
+    takes the partitions over (Kafka 4.4 lets it replace the killed member at once; a broker that answers
+    UNRELEASED_INSTANCE_ID until it expires that one is retried, see wait_for_instance_release). No 404; everything
+    after the last commit is delivered again, nothing is lost."""
+    uid = uuid.uuid4().hex[:6]
+    topic, group = f"kip848-durable-{uid}", f"kip848-durable-{uid}"
+    await create_topic(fast_kafka.bootstrap, topic, 2)
+    env = {"GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true", "GATEWAY_REPLICA_ID": "k848",
+           "GATEWAY_GROUP_PROTOCOL": "consumer", "GATEWAY_LOG_LEVEL": "info"}
+
+    def feed(start: int, n: int) -> None:
+        p = CKProducer({"bootstrap.servers": fast_kafka.bootstrap, "linger.ms": 5})
+        for i in range(start, start + n):
+            p.produce(topic, value=b"%d" % i, partition=i % 2)
+        assert p.flush(30) == 0
+
+    async def poll_until(http: httpx.AsyncClient, base: str, want: int) -> list[int]:
+        got: list[int] = []
+        deadline = time.monotonic() + 40
+        while len(got) < want:
+            assert time.monotonic() < deadline, got
+            r = await http.get(f"{base}/records", params={"timeout": 1000}, headers=BINARY)
+            assert r.status_code == 200, r.text  # never a 404: the instance is re-created on demand
+            got += [int(base64.b64decode(rec["value"])) for rec in r.json()]
+        return got
+
+    g1 = GatewayProcess(fast_kafka.bootstrap, env=env, log_file=tmp_path / "gw1.log")
+    g1.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(f"{g1.url}/consumers/{group}", headers=V2, json={
+                "name": "c", "format": "binary", "auto.offset.reset": "earliest", "auto.commit.enable": "false"})
+            assert r.status_code == 200, r.text
+            base = f"{g1.url}/consumers/{group}/instances/c"
+            assert (await http.post(f"{base}/subscription", headers=V2, json={"topics": [topic]})).status_code == 204
+            await asyncio.to_thread(feed, 0, 20)
+            assert sorted(await poll_until(http, base, 20)) == list(range(20))
+            assert (await http.post(f"{base}/offsets", headers=V2, json={})).status_code == 200
+            await asyncio.to_thread(feed, 20, 10)
+            assert sorted(await poll_until(http, base, 10)) == list(range(20, 30))  # delivered, not committed
+    finally:
+        g1.kill()
+    g2 = GatewayProcess(fast_kafka.bootstrap, env=env, log_file=tmp_path / "gw2.log")
+    g2.start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            base = f"{g2.url}/consumers/{group}/instances/c"
+            await asyncio.to_thread(feed, 30, 10)
+            again = await poll_until(http, base, 20)
+            assert sorted(again) == list(range(20, 40)), again  # the uncommitted 10 again, then the new ones
+            cid = (await http.get(f"{g2.url}/v3/clusters")).json()["data"][0]["cluster_id"]
+            r = await http.get(f"{g2.url}/v3/clusters/{cid}/consumer-groups/{group}/consumers")
+            (member,) = r.json()["data"]
+            assert member["instance_id"] == "k848.default.c", member
+            assert (await http.delete(base, headers=V2)).status_code == 204
+    finally:
+        g2.stop()
+    log = (tmp_path / "gw2.log").read_text()
+    assert "re-created consumer instance c" in log and "coordinator_consumer" in log

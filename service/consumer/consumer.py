@@ -412,7 +412,11 @@ class Consumer:
         return self.subs.assigned()
 
     def subscription(self) -> set[str]:
-        return set(self.subs.topics)
+        topics = set(self.subs.topics)
+        if self.group_protocol == "consumer" and self.subs.type is SubscriptionType.PATTERN:
+            # the broker matches the pattern as topics come and go: what it assigned counts too
+            topics.update(tp.topic for tp in self.subs.assignment)
+        return topics
 
     def _group_topics(self) -> Sequence[str]:
         return sorted(self.subs.topics) if self.subs.is_group_managed else []

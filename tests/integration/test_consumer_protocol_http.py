@@ -331,6 +331,8 @@ async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kaf
         got += [(rec["topic"], rec["partition"], rec["offset"]) for rec in r.json()]
         assert sorted(got) == sorted((f"{prefix}-{t}", p, o) for t, ps in (("a", 2), ("b", 1))
                                      for p in range(ps) for o in range(5)), got
+        r = await http.get(f"{base}/subscription")
+        assert r.json() == {"topics": [f"{prefix}-a", f"{prefix}-b"]}, r.text
         r = await http.get(f"{base}/assignments")
         assert sorted((p["topic"], p["partition"]) for p in r.json()["partitions"]) == [
             (f"{prefix}-a", 0), (f"{prefix}-a", 1), (f"{prefix}-b", 0)]

@@ -96,3 +96,16 @@ async def test_the_resolved_protocol_is_kept_in_the_options() -> None:
     plain = await gw.create_instance(rt, "g", InstanceOptions(), "c")
     assert plain.options.overrides["group_protocol"] == "classic"
     await gw.close()
+
+
+def test_a_member_refused_later_answers_42220() -> None:
+    """A consumer instance created while no broker answered learns at its first poll (the member checks its
+    coordinator): that error is answered as the create would have been."""
+    import orjson
+
+    from api.errors import kafka_error_response
+    from service.group.coordinator_consumer import ConsumerProtocolUnsupportedError
+
+    resp = kafka_error_response(ConsumerProtocolUnsupportedError("group 'g' cannot use the consumer protocol"))
+    body = orjson.loads(resp.body)
+    assert resp.status_code == 422 and body["error_code"] == 42220 and "classic" in body["message"]

@@ -281,7 +281,8 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
     leave = {p: revoked_after[p] - revoked_mid[p] for p in revoked_mid}
     print(f"partitions revoked: join {join}, leave {leave}")
     assert join["classic"] >= PARTITIONS and leave["classic"] >= 6, (join, leave)
-    assert join["consumer"] <= 4 and leave["consumer"] == 0, (join, leave)
+    # (at most 2 per newcomer in the end; 6 leaves room for a partition handed on between the two joins)
+    assert join["consumer"] <= 6 and leave["consumer"] == 0, (join, leave)
     assert 'kcg_group_member_epoch{group="' in metrics and 'kcg_group_converge_seconds{protocol="consumer"' in metrics
     # consumer: nobody waited more than ~2 heartbeat intervals (plus the poll cadence of a loaded machine): the
     # partitions that did not move flowed on. Classic: the rebalances stopped every member, but in one gateway a

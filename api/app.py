@@ -255,6 +255,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
             "fetch_active_max_wait_ms": settings.long_poll_fetch_wait_ms(),
             "poll_linger_ms": settings.poll_linger_ms,
             "client_rack": "",
+            "group_protocol": settings.group_protocol,
         },
     )
     shares = ShareRegistry(idle_timeout=settings.instance_idle_timeout_s,

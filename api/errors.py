@@ -27,6 +27,7 @@ from service.client.errors import (
 from service.consumer.subscription import InvalidPatternError, NoOffsetForPartitionError, SubscriptionError
 from service.errors import GatewayError
 from service.group.coordinator import CommitFailedError
+from service.group.coordinator_consumer import ConsumerProtocolUnsupportedError
 from service.instances.budget import BudgetExhausted
 from service.protocol import error_codes as EC
 from service.protocol.records import InflatedSizeError
@@ -104,6 +105,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'GATEWAY_MAX_PARTITIONS_PER_TOPIC (also with validate_only)'),
     (422, 42214, "v3 topic create: a topic config outside GATEWAY_TOPIC_CONFIGS_ALLOWED (or the tenant's "
                  "admin_topic_configs); the message names it"),
+    (422, 42220, "group.protocol 'consumer' on a broker without the consumer group protocol (KIP-848; e.g. "
+                 "Tansu): use 'classic'"),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),
@@ -162,6 +165,9 @@ def kafka_error_response(exc: KafkaError) -> OrjsonResponse:
     text = client_text(exc)
     if isinstance(exc, CommitFailedError):
         return error_response(409, 40903, text)
+    if isinstance(exc, ConsumerProtocolUnsupportedError):
+        return error_response(422, 42220, "group.protocol 'consumer' (KIP-848) is not available on this Kafka "
+                              "cluster: delete the instance and create it with group.protocol 'classic'")
     if isinstance(exc, BrokerResponseError):
         if exc.code == EC.UNKNOWN_TOPIC_OR_PARTITION:
             return error_response(404, 40401, f"topic or partition not found: {text}")

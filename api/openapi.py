@@ -164,9 +164,11 @@ mean the instance's format; another format is 406 (40601). One `ConsumerRecord` 
   they apply per instance (`session.timeout.ms`, `heartbeat.interval.ms`, `max.poll.interval.ms`,
   `fetch.max.wait.ms`, `fetch.max.bytes`, `max.partition.fetch.bytes`, `auto.commit.interval.ms`,
   `max.poll.records`, `consumer.request.max.bytes`, `partition.assignment.strategy`, `client.id`,
-  `client.rack`, `metadata.max.age.ms`, ...), accepted and ignored when they only shape a client process
-  (deserializers, socket buffers, librdkafka queue sizes, ...), and refused (422, 42204) when only the
-  operator may set them (brokers, security, group id) or when they are not Kafka consumer properties.
+  `client.rack`, `metadata.max.age.ms`, `group.protocol` (`classic` | `consumer`, KIP-848:
+  docs/consumer-protocol.md; default `GATEWAY_GROUP_PROTOCOL`), `group.remote.assignor`, ...), accepted and
+  ignored when they only shape a client process (deserializers, socket buffers, librdkafka queue sizes, ...),
+  and refused (422, 42204) when only the operator may set them (brokers, security, group id) or when they are
+  not Kafka consumer properties.
 
 ## Authentication
 With a tenants file (`GATEWAY_TENANTS_FILE`) every `/consumers` and `/topics` request needs `Authorization: Bearer

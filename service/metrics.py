@@ -319,6 +319,20 @@ class GatewayCollector(Collector):
                                             "restarted)", labels=["tenant", "task"])
         lag = GaugeMetricFamily("kcg_consumer_lag", "Records behind the end (LSO under read_committed)",
                                 labels=["tenant", "group", "topic", "partition"])
+        # group protocols (docs/consumer-protocol.md): what a join or leave costs each protocol's members
+        revoked = CounterMetricFamily("kcg_group_partitions_revoked", "Partitions group members gave up in "
+                                      "hand-overs, by group protocol (classic: every member gives up everything "
+                                      "at each rebalance; consumer: only the partitions that move)",
+                                      labels=["tenant", "protocol"])
+        changes = CounterMetricFamily("kcg_group_assignment_changes", "Assignments group members took (a "
+                                      "rebalance, or a consumer-protocol reconciliation), by group protocol",
+                                      labels=["tenant", "protocol"])
+        converge = GaugeMetricFamily("kcg_group_converge_seconds", "How long the latest assignment change of a "
+                                     "member took to settle (max per tenant and group protocol; classic: first "
+                                     "revocation to new assignment, consumer: new target to stable)",
+                                     labels=["tenant", "protocol"])
+        epoch = GaugeMetricFamily("kcg_group_member_epoch", "Highest member epoch of the consumer-protocol "
+                                  "(KIP-848) members of a group in this replica", labels=["tenant", "group"])
         live: dict[int, tuple[object, str, dict[str, int]]] = {}
         per_tenant: list[tuple[str, dict[str, int], float, float, int]] = []
         for tid, rt in list(self.gateway.tenants.items()):
@@ -328,6 +342,8 @@ class GatewayCollector(Collector):
             hb_max = age_max = 0.0
             pre = 0
             lags: dict[tuple[str, str, int], int] = {}
+            slowest: dict[str, float] = {}
+            epochs: dict[str, int] = {}
             for inst in list(rt.instances.values()):
                 yield
                 c = inst.consumer
@@ -338,6 +354,16 @@ class GatewayCollector(Collector):
                           "wakeups": c.stats.wakeups, "rebalances": c.stats.rebalances, "heartbeats": 0}
                 for task, n in c.stats.task_failures.items():
                     counts["task:" + task] = n
+                proto = getattr(c, "group_protocol", "classic")
+                if c.coordinator is not None:
+                    counts["revoked:" + proto] = getattr(c.stats, "partitions_revoked", 0)
+                    counts["changes:" + proto] = c.stats.rebalances
+                    took = (getattr(c.coordinator, "converge_seconds", None)
+                            or getattr(c.stats, "last_converge_seconds", None))
+                    if took is not None:
+                        slowest[proto] = max(slowest.get(proto, 0.0), took)
+                    if proto == "consumer" and c.member is not None:
+                        epochs[inst.group] = max(epochs.get(inst.group, 0), int(getattr(c.member, "member_epoch", 0)))
                 pre += c.fetcher.buffered_bytes
                 if c.coordinator is not None:
                     if c.coordinator.heartbeat_latency is not None:
@@ -357,6 +383,10 @@ class GatewayCollector(Collector):
                     if v is not None:
                         lags[(inst.group, tp.topic, tp.partition)] = v
             per_tenant.append((tid, sums, hb_max, age_max, pre))
+            for proto, took in sorted(slowest.items()):
+                converge.add_metric([tid, proto], took)
+            for g, e in sorted(epochs.items()):
+                epoch.add_metric([tid, g], e)
             unassigned.add_metric([tid], stuck)
             for (g, t, p), v in lags.items():
                 lag.add_metric([tid, g, t, str(p)], v)
@@ -387,12 +417,16 @@ class GatewayCollector(Collector):
             for key, n in sorted(totals.items()):
                 if key.startswith("task:"):
                     task_failures.add_metric([tid, key[5:]], n)
+                elif key.startswith("revoked:"):
+                    revoked.add_metric([tid, key[8:]], n)
+                elif key.startswith("changes:"):
+                    changes.add_metric([tid, key[8:]], n)
             prefetch.add_metric([tid], pre)
         self._heartbeats = seen
         self._families = [instances, fetch, session_err, session_resets, wakeups, rebalances, aborted, hb, heartbeats,
                           hb_age,
                           prefetch, lag, task_failures, unassigned, stalls, *self._readiness(), *self._budget(),
-                          *self._durable()]
+                          *self._durable(), revoked, changes, converge, epoch]
 
 
 def brokers_ready(reachable: Mapping[str, bool], policy: str = "all") -> bool:

@@ -94,6 +94,10 @@ class Settings(BaseSettings):
         False, description="Instances created without group.instance.id get one derived from this replica's "
         "stable identity ('<replica_id>.<tenant>.<instance name>'), so a restarted pod whose clients recreate "
         "their instances within the session timeout rejoins without a rebalance (KIP-345)")
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description="Group protocol of consumer instances whose create body sets no group.protocol: "
+        "classic (JoinGroup/SyncGroup) or consumer (KIP-848: the broker assigns, joins and leaves move only the "
+        "partitions that must move; needs Apache Kafka 4.0+, not Tansu). docs/consumer-protocol.md")
     durable_instances: bool = Field(
         False, description="Durable consumer instances: each instance has a descriptor in the tenant's cluster "
         "(instances_topic); an instance a replica is asked for but nobody holds (its replica died, stopped or "

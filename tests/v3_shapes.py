@@ -72,7 +72,8 @@ RESOURCES: dict[str, dict[str, Field]] = {
     "KafkaConsumerGroup": {
         "cluster_id": _req(STR), "consumer_group_id": _req(STR), "is_simple": _req(BOOL),
         "partition_assignor": _req(STR), "state": _req(GROUP_STATE), "coordinator": _req(REL),
-        "consumers": _req(REL), "lag_summary": _req(REL)},
+        "consumers": _req(REL), "lag_summary": _req(REL),
+        "group_type": _opt(STR, nullable=False)},  # our extension: the group protocol (classic | consumer)
     "KafkaConsumer": {
         "cluster_id": _req(STR), "consumer_group_id": _req(STR), "consumer_id": _req(STR), "instance_id": _opt(STR),
         "client_id": _req(STR), "assignments": _req(REL)},

@@ -84,6 +84,21 @@ def _assignors(key: str, v: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _group_protocol(key: str, v: Any) -> str:
+    if not isinstance(v, str) or v.strip().lower() not in ("classic", "consumer"):
+        raise ConfigError(f"{key}: must be classic or consumer", 42206)
+    return v.strip().lower()
+
+
+def _remote_assignor(key: str, v: Any) -> str:
+    name = v.strip().lower() if isinstance(v, str) else None
+    name = {"org.apache.kafka.coordinator.group.assignor.uniformassignor": "uniform",
+            "org.apache.kafka.coordinator.group.assignor.rangeassignor": "range"}.get(name or "", name)
+    if name not in ("uniform", "range"):
+        raise ConfigError(f"{key}: must be uniform or range (the broker's assignors)", 42206)
+    return name
+
+
 #: Kafka's legal characters for names and ids (topics, group.instance.id): ASCII letters, digits, '.', '_', '-'
 _KAFKA_ID = re.compile(r"[A-Za-z0-9._-]+")
 MAX_CLIENT_ID_LENGTH = 200
@@ -138,6 +153,9 @@ HONOURED: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "partition.assignment.strategy": ("assignment_strategies", _assignors),
     "client.id": ("client_id", _client_id),
     "client.rack": ("client_rack", _rack),
+    # the group membership protocol (docs/consumer-protocol.md); default: GATEWAY_GROUP_PROTOCOL
+    "group.protocol": ("group_protocol", _group_protocol),
+    "group.remote.assignor": ("group_remote_assignor", _remote_assignor),
 }
 
 #: Properties the create body has as first-class fields (see api/consumers.CreateConsumer).
@@ -155,8 +173,8 @@ IGNORED = frozenset({
     "receive.buffer.bytes", "send.buffer.bytes", "exclude.internal.topics", "allow.auto.create.topics",
     "interceptor.classes", "metric.reporters", "metrics.num.samples", "metrics.recording.level",
     "metrics.sample.window.ms", "auto.include.jmx.reporter", "enable.metrics.push", "client.dns.lookup",
-    "socket.connection.setup.timeout.ms", "socket.connection.setup.timeout.max.ms", "group.protocol",
-    "group.remote.assignor", "internal.leave.group.on.close", "internal.throw.on.fetch.stable.offset.unsupported",
+    "socket.connection.setup.timeout.ms", "socket.connection.setup.timeout.max.ms",
+    "internal.leave.group.on.close", "internal.throw.on.fetch.stable.offset.unsupported",
     "consumer.id", "security.providers", "metadata.recovery.strategy", "metadata.recovery.rebootstrap.trigger.ms",
     "share.acknowledgement.mode",
     # librdkafka consumer properties
@@ -189,6 +207,14 @@ _STRING_SCHEMAS: dict[str, dict[str, Any]] = {
         "description": "range, roundrobin, cooperative-sticky or their Java class names, comma-separated"},
     "client.id": {"type": "string", "pattern": "^(?!\\.\\.?$)[A-Za-z0-9._-]{1,200}$"},
     "client.rack": {"type": "string", "maxLength": 200, "pattern": "^[^\\x00-\\x1f\\x7f]*$"},
+    "group.protocol": {
+        "type": "string", "enum": ["classic", "consumer"],
+        "description": "classic (JoinGroup/SyncGroup) or consumer (KIP-848: the broker assigns and a member "
+                       "joining or leaving moves only the partitions that must move; Apache Kafka 4.0+). "
+                       "Default: GATEWAY_GROUP_PROTOCOL"},
+    "group.remote.assignor": {
+        "type": "string", "enum": ["uniform", "range"],
+        "description": "group.protocol consumer: the broker-side assignor (default: the broker's first, uniform)"},
 }
 
 

@@ -10,9 +10,10 @@ topics outside its topic patterns are left out of assignments, lags and the summ
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request, Response
+from pydantic import Field
 
 from api.auth import current_tenant
 from api.deps import ErrorBody, runtime
@@ -62,6 +63,9 @@ class ConsumerGroupData(Resource):
     is_simple: bool
     partition_assignor: str
     state: str
+    group_type: Literal["classic", "consumer"] = Field(
+        description="our extension: the group protocol, classic (JoinGroup/SyncGroup) or consumer (KIP-848; "
+                    "partition_assignor is then the broker's assignor)")
     coordinator: Relationship
     consumers: Relationship
     lag_summary: Relationship
@@ -151,7 +155,7 @@ def group_json(request: Request, cid: str, g: GroupView) -> dict[str, Any]:
         "KafkaConsumerGroup", v3_url(request, "clusters", cid, GROUPS, g.group_id),
         crn(cid, ("consumer-group", g.group_id)),
         cluster_id=cid, consumer_group_id=g.group_id, is_simple=g.is_simple,
-        partition_assignor=g.partition_assignor, state=g.state,
+        partition_assignor=g.partition_assignor, state=g.state, group_type=g.group_type,
         coordinator=related(v3_url(request, "clusters", cid, "brokers", g.coordinator)),
         consumers=related(v3_url(request, "clusters", cid, GROUPS, g.group_id, "consumers")),
         lag_summary=related(v3_url(request, "clusters", cid, GROUPS, g.group_id, "lag-summary")),

@@ -96,6 +96,9 @@ class GroupView:
     state: str  # Confluent's enum name: STABLE, EMPTY, ...
     coordinator: int
     members: tuple[MemberView, ...]  # sorted by consumer id
+    #: the group protocol: "classic" (JoinGroup/SyncGroup; DescribeGroups) or "consumer" (KIP-848; described by
+    #: ConsumerGroupDescribe, which Kafka answers for those groups instead)
+    group_type: str = "classic"
 
     def member(self, consumer_id: str) -> MemberView | None:
         return next((m for m in self.members if m.consumer_id == consumer_id), None)
@@ -190,6 +193,25 @@ def group_view(described: Any, coordinator: int, local: Mapping[str, LocalMember
         coordinator=coordinator,
         members=tuple(sorted(members, key=lambda m: m.consumer_id)),
     )
+
+
+def consumer_group_view(described: Any, coordinator: int,
+                        allows_topic: Callable[[str], bool] | None = None) -> GroupView | None:
+    """A view of one ConsumerGroupDescribe group (the consumer protocol, KIP-848); None when it is not one
+    (GROUP_ID_NOT_FOUND: unknown, or a classic group)."""
+    if described.error_code == GROUP_ID_NOT_FOUND:
+        return None
+    if described.error_code:
+        raise BrokerResponseError(described.error_code, f"ConsumerGroupDescribe {described.group_id!r}")
+    members = []
+    for m in described.members:
+        parts = tuple(sorted(TopicPartition(t.topic_name, p) for t in m.assignment.topic_partitions
+                             for p in t.partitions if allows_topic is None or allows_topic(t.topic_name)))
+        members.append(MemberView(m.member_id, m.instance_id, m.client_id or "", m.client_host or "", parts))
+    return GroupView(
+        group_id=described.group_id, is_simple=False, partition_assignor=described.assignor_name or "",
+        state=confluent_state(described.group_state), coordinator=coordinator,
+        members=tuple(sorted(members, key=lambda m: m.consumer_id)), group_type="consumer")
 
 
 def may_be_unknown(group: GroupView) -> bool:
@@ -307,17 +329,26 @@ class GroupAdmin:
             retry: list[str] = []
             last_code = 0
             results = await asyncio.gather(*(self._describe_at(node, gs) for node, gs in by_node.items()))
+            not_classic: dict[int, list[str]] = {}
             for node, resp in zip(by_node, results, strict=True):
                 for d in resp.groups:
                     if d.error_code in _COORDINATOR_RETRY:
                         retry.append(d.group_id)
                         last_code = d.error_code
                         continue
-                    if d.error_code == GROUP_ID_NOT_FOUND or (
-                            skip_unauthorized and d.error_code == EC.GROUP_AUTHORIZATION_FAILED):
+                    if d.error_code == GROUP_ID_NOT_FOUND:
+                        not_classic.setdefault(node, []).append(d.group_id)  # unknown, or a consumer group
+                        views[d.group_id] = None
+                        continue
+                    if skip_unauthorized and d.error_code == EC.GROUP_AUTHORIZATION_FAILED:
                         views[d.group_id] = None
                         continue
                     views[d.group_id] = group_view(d, node, self._local_members(d.group_id), allows_topic)
+                    if views[d.group_id] is None:  # (DescribeGroups before v6 answers Dead for those too)
+                        not_classic.setdefault(node, []).append(d.group_id)
+            for node, gs in not_classic.items():
+                for view in await self._describe_consumer_groups(node, gs, allows_topic):
+                    views[view.group_id] = view
             if not retry:
                 break
             pending = retry
@@ -339,6 +370,19 @@ class GroupAdmin:
         if not found:
             raise GroupNotFound(f"Consumer Group {group_id} could not be found.")
         return found[0]
+
+    async def _describe_consumer_groups(self, node: int, group_ids: list[str],
+                                        allows_topic: Callable[[str], bool] | None) -> list[GroupView]:
+        """Views of those of ``group_ids`` that are consumer-protocol groups (none on a broker without
+        ConsumerGroupDescribe)."""
+        conn = await self.client.connection(node).get()
+        if not conn.versions or not conn.versions.has(M.ApiKey.CONSUMER_GROUP_DESCRIBE):
+            return []
+        resp = await conn.send(M.ConsumerGroupDescribeRequest(group_ids=group_ids, include_authorized_operations=False),
+                               conn.version_for(M.ApiKey.CONSUMER_GROUP_DESCRIBE))
+        views = [consumer_group_view(d, node, allows_topic) for d in resp.groups
+                 if d.error_code != EC.GROUP_AUTHORIZATION_FAILED]
+        return [v for v in views if v is not None]
 
     async def _describe_at(self, node: int, group_ids: list[str]) -> Any:
         conn = await self.client.connection(node).get()

@@ -101,6 +101,11 @@ class ConsumerConfig:
     # Once a poll has records to hand out, it gathers for at most this long while fetches that may bring
     # records of other assigned partitions are outstanding (see poll_batches); 0: return at once.
     poll_linger_ms: float = 0.0
+    # The group membership protocol, as the Java client's group.protocol: "classic" (JoinGroup/SyncGroup,
+    # client-side assignors) or "consumer" (KIP-848: the broker assigns, members converge by heartbeats)
+    group_protocol: str = "classic"
+    # group.remote.assignor: the broker-side assignor of a "consumer" member (uniform | range; None: the broker's)
+    group_remote_assignor: str | None = None
 
     @property
     def isolation(self) -> int:
@@ -134,6 +139,12 @@ class ConsumerStats:
     last_commit_latency: float | None = None
     poll_wait_seconds: float = 0.0
     wakeups: int = 0
+    #: partitions this member gave up in hand-overs (revocations; not losses): under the classic protocol's eager
+    #: rebalances every member gives up everything at each change, under the consumer protocol only what moves
+    partitions_revoked: int = 0
+    #: seconds the latest change of the assignment took to settle (classic: from the first revocation to the
+    #: new assignment; consumer protocol: from a new target to stable again); None before the first change
+    last_converge_seconds: float | None = None
     #: unexpected errors of background tasks by task (fetcher, membership, positions, autocommit, pattern);
     #: each was logged and the task restarted
     task_failures: dict[str, int] = field(default_factory=dict)
@@ -193,7 +204,11 @@ class Consumer:
         self._revoking: frozenset[TopicPartition] = _NONE_REVOKING
         self.coordinator: GroupCoordinator | None = None
         self.member: GroupMember | None = None
-        if config.group_id is not None:
+        if config.group_id is not None and config.group_protocol == "consumer":
+            self._consumer_protocol_member(config.group_id)
+        elif config.group_id is not None:
+            if config.group_protocol != "classic":
+                raise ValueError(f"group.protocol must be classic or consumer, not {config.group_protocol!r}")
             assignors = _assignors(tuple(config.assignment_strategies))
             self.member = GroupMember(
                 config.group_id, assignors, group_instance_id=config.group_instance_id,
@@ -216,6 +231,32 @@ class Consumer:
             )
         self.fetcher.on_error = self._fetcher_failed  # (a bound method: ~130 B less per instance than a closure)
         self._started = False
+        self._change_started: float | None = None  # the first revocation of a classic rebalance in progress
+
+    def _consumer_protocol_member(self, group_id: str) -> None:
+        """Membership under the consumer protocol (KIP-848): the broker assigns (``group_remote_assignor``),
+        the session timeout and heartbeat interval are the group's (broker configs), a pattern subscription
+        is sent to the broker as a regular expression (RE2 syntax, see :meth:`_group_regex`)."""
+        from service.group.coordinator_consumer import ConsumerProtocolCoordinator
+        from service.group.member_consumer import ConsumerGroupMember
+
+        config = self.config
+        member = ConsumerGroupMember(
+            group_id, group_instance_id=config.group_instance_id, rack_id=config.client_rack or None,
+            rebalance_timeout_ms=config.rebalance_timeout_ms or config.max_poll_interval_ms,
+            server_assignor=config.group_remote_assignor, retry_backoff_s=config.retry_backoff_ms / 1000,
+            # a durable instance re-created after its replica was killed joins under the same static id
+            wait_for_instance_release=config.group_instance_id is not None)
+        self.member = member  # type: ignore[assignment]  # the classic member's interface, as the consumer uses it
+        self.coordinator = ConsumerProtocolCoordinator(
+            self.client, member, max_poll_interval_ms=config.max_poll_interval_ms,
+            retry_backoff_ms=config.retry_backoff_ms, on_revoke=self._on_revoke, on_assign=self._on_assign,
+            on_lost=self._on_lost, on_fatal=self._on_group_fatal, topics=self._group_topics,
+            regex=self._group_regex, on_task_failure=self._task_failed)
+
+    @property
+    def group_protocol(self) -> str:
+        return self.config.group_protocol if self.config.group_id is not None else "none"
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def _ensure_started(self) -> None:
@@ -313,7 +354,9 @@ class Consumer:
             md = await self.client.refresh_metadata(all_topics=True)
             self.subs.match_pattern(md.topics)
             changed = True
-            if self._pattern_task is None or self._pattern_task.done():
+            # (a consumer-protocol member sends the pattern itself: the broker re-evaluates it as topics come
+            # and go, so no local re-matching loop)
+            if self.group_protocol != "consumer" and (self._pattern_task is None or self._pattern_task.done()):
                 self._pattern_task = asyncio.create_task(self._supervise("pattern", self._pattern_loop),
                                                          name="pattern")
         else:
@@ -368,10 +411,20 @@ class Consumer:
         return self.subs.assigned()
 
     def subscription(self) -> set[str]:
-        return set(self.subs.topics)
+        topics = set(self.subs.topics)
+        if self.group_protocol == "consumer" and self.subs.type is SubscriptionType.PATTERN:
+            # the broker matches the pattern as topics come and go: what it assigned counts too
+            topics.update(tp.topic for tp in self.subs.assignment)
+        return topics
 
     def _group_topics(self) -> Sequence[str]:
         return sorted(self.subs.topics) if self.subs.is_group_managed else []
+
+    def _group_regex(self) -> str | None:
+        """A pattern subscription of a consumer-protocol member: the pattern in RE2 syntax (Java spellings
+        rewritten, validated by RE2 at subscribe), which the broker evaluates (RE2/J) over the cluster's topics."""
+        pattern = self.subs.pattern if self.subs.type is SubscriptionType.PATTERN else None
+        return None if pattern is None else str(pattern.pattern)
 
     # -- group hooks --------------------------------------------------------------------------------
     async def _partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
@@ -384,6 +437,9 @@ class Consumer:
         # is committed below must cover everything handed out, or records would be delivered twice.
         self.subs.pause([tp for tp in partitions if self.subs.is_assigned(tp)])
         self._revoking = self._revoking.union(partitions)  # refused to commits from now on
+        self.stats.partitions_revoked += len(partitions)
+        if self._change_started is None:
+            self._change_started = time.monotonic()
         try:
             await self._revoke_commit(partitions)
             if self._user_revoke is not None:
@@ -423,14 +479,26 @@ class Consumer:
 
     async def _on_assign(self, assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
         self.stats.rebalances += 1
+        started, self._change_started = self._change_started, None
+        if started is not None and self.group_protocol == "classic":
+            self.stats.last_converge_seconds = time.monotonic() - started
         allowed = self.subs.topic_filter
-        if allowed is not None and any(not allowed(tp.topic) for tp in assigned):
+        pattern = self.subs.type is SubscriptionType.PATTERN
+        if (allowed is not None or pattern) and any(
+                (allowed is not None and not allowed(tp.topic)) or (pattern and tp.topic.startswith("__"))
+                for tp in assigned):
             # A group leader outside the gateway (any Kafka client in the group) may hand out topics this
-            # tenant may not read (or internal ones): never fetch them.
-            refused = sorted({tp.topic for tp in assigned if not allowed(tp.topic)})
-            log.warning("group %s: the leader assigned topics this consumer may not read; ignored: %s",
-                        self.config.group_id, refused)
-            assigned = [tp for tp in assigned if allowed(tp.topic)]
+            # tenant may not read (or internal ones), and under the consumer protocol the broker matches a
+            # pattern over every topic of the cluster: never fetch them.
+            def ok(topic: str) -> bool:
+                return (allowed is None or allowed(topic)) and not (pattern and topic.startswith("__"))
+
+            refused = sorted({tp.topic for tp in assigned if not ok(tp.topic)})
+            who = "the broker" if self.group_protocol == "consumer" else "the leader"
+            log.warning("group %s: %s assigned topics this consumer may not read; ignored (never fetched): %s",
+                        self.config.group_id, who, refused)
+            self.stats.extra["refused_topics"] = refused
+            assigned = [tp for tp in assigned if ok(tp.topic)]
         keep = set(assigned)
         stale = [tp for tp in self.subs.assigned() if tp not in keep]
         if stale:

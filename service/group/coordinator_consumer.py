@@ -57,6 +57,10 @@ LEAVE_TIMEOUT_S = 5.0
 SESSION_TIMEOUT_S = 45.0
 
 
+class ConsumerProtocolUnsupportedError(GroupFatalError):
+    """The broker cannot host a member of the consumer protocol (e.g. Tansu: no ConsumerGroupHeartbeat)."""
+
+
 def consumer_protocol_problem(versions: NegotiatedVersions | None) -> str | None:
     """Why a broker cannot host members of this driver (None: it can): ConsumerGroupHeartbeat v1 (the member id
     made by the client, KIP-1082: Apache Kafka 4.0+) and OffsetCommit v9 (commits with a member epoch)."""
@@ -111,6 +115,8 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         self._answered = asyncio.Event()
         self.hand_overs = 0  # reconciliations carried out
         self.converged_at: float | None = None  # monotonic time the member last became stable
+        self._unstable_since: float | None = None  # when the member last left STABLE (a new target, fencing)
+        self.converge_seconds: float | None = None  # how long the latest change took to become stable again
 
     # -- what the consumer reads -------------------------------------------------------------------
     @property
@@ -195,7 +201,8 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         conn = await self.client.connection(node).get()
         problem = consumer_protocol_problem(conn.versions)
         if problem is not None:
-            raise GroupFatalError(f"group {self.group_id!r} cannot use the consumer protocol (KIP-848): {problem}")
+            raise ConsumerProtocolUnsupportedError(
+                f"group {self.group_id!r} cannot use the consumer protocol (KIP-848): {problem}")
 
     async def _heartbeat(self) -> None:
         m = self.member
@@ -207,8 +214,8 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
             resp = await self._send(req, timeout=max(1.0, m.heartbeat_interval_s))
         except NoCommonVersionError as exc:
             m.on_heartbeat_failure(time.monotonic(), coordinator_lost=False)
-            raise GroupFatalError(f"the broker does not support the consumer group protocol (KIP-848): {exc}"
-                                  ) from None
+            raise ConsumerProtocolUnsupportedError(
+                f"the broker does not support the consumer group protocol (KIP-848): {exc}") from None
         except KafkaError as exc:
             step = m.on_heartbeat_failure(time.monotonic(), coordinator_lost=exc.retriable)
             log.info("%s: heartbeat failed: %s", self._describe(), exc)
@@ -252,11 +259,16 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         if m.state is ConsumerMemberState.STABLE:
             if not self._stable.is_set():
                 self.converged_at = time.monotonic()
+                if self._unstable_since is not None:
+                    self.converge_seconds = self.converged_at - self._unstable_since
+                    self._unstable_since = None
                 log.info("%s: stable with %s", self._describe(), _tps(m.owned))
             self.last_error = None
             self._failed.clear()
             self._stable.set()
         else:
+            if self._stable.is_set() or self._unstable_since is None:
+                self._unstable_since = time.monotonic()
             self._stable.clear()
 
     async def _lose_partitions(self) -> None:

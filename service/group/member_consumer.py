@@ -145,8 +145,15 @@ class ConsumerGroupMember:
         server_assignor: str | None = None,
         retry_backoff_s: float = 0.1,
         retry_backoff_max_s: float = 1.0,
+        wait_for_instance_release: bool = False,
     ) -> None:
         self.group_id = group_id
+        #: a static member joining while its group.instance.id is still held by a predecessor that did not leave
+        #: (a process killed with -9) is answered UNRELEASED_INSTANCE_ID until the broker expires that one (its
+        #: session timeout): with this set it keeps trying to join (backing off) instead of failing for good, as a
+        #: successor re-created under the same identity must (durable gateway instances)
+        self.wait_for_instance_release = wait_for_instance_release
+        self.unreleased_retries = 0
         self.member_id = member_id or new_member_id()
         self.group_instance_id = group_instance_id
         self.rack_id = rack_id
@@ -382,6 +389,11 @@ class ConsumerGroupMember:
             self._backoff(now)  # short: the rediscovery has its own pace
             return Step(Action.REDISCOVER)
         if code == EC.COORDINATOR_LOAD_IN_PROGRESS:
+            self._backoff(now)
+            return Step(Action.RETRY)
+        if (code == UNRELEASED_INSTANCE_ID and self.wait_for_instance_release
+                and self.state is ConsumerMemberState.JOINING):
+            self.unreleased_retries += 1
             self._backoff(now)
             return Step(Action.RETRY)
         if code in FENCING_ERRORS:

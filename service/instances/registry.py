@@ -88,6 +88,18 @@ def static_group_instance_id(replica_id: str, tenant: str, name: str) -> str:
     return f"{clean}-{digest}"
 
 
+class GroupProtocolUnsupported(GatewayError):
+    """group.protocol=consumer on a broker without the consumer group protocol (KIP-848), e.g. Tansu."""
+
+    status = 422
+    error_code = 42220
+
+
+#: how long the create of a group.protocol=consumer instance waits for the broker's API versions
+PROTOCOL_PROBE_TIMEOUT_S = 5.0
+GROUP_PROTOCOLS = ("classic", "consumer")
+
+
 class InstanceExpired(GatewayError):
     status = 410
     error_code = 41001
@@ -432,6 +444,12 @@ class Gateway:
         if self.max_instances is not None and self.instance_count >= self.max_instances:
             raise TooManyInstances(f"this gateway replica reached its limit of {self.max_instances} instances",
                                    headers={"Retry-After": "1"})
+        # the protocol is resolved here (the gateway's default unless the client set one) and kept in the
+        # options, so the instance's descriptor records it and a re-created instance keeps it
+        protocol = options.overrides.get("group_protocol") or self.consumer_defaults.get("group_protocol", "classic")
+        options.overrides["group_protocol"] = protocol
+        if protocol == "consumer":
+            await self._check_consumer_protocol(rt)
         token = None
         if limit is not None and self.instance_quota is not None:
             # one of the tenant's slots across the replica set, from its owner of record (429 / 503)
@@ -457,6 +475,24 @@ class Gateway:
         if not recreated:
             await self.describe(rt, inst)
         return inst
+
+    async def _check_consumer_protocol(self, rt: TenantRuntime) -> None:
+        """Refuse a consumer-protocol instance (422/42220) when the tenant's broker lacks the protocol (its API
+        versions). A broker not reachable now does not refuse it: the instance's first records request then
+        reports the same problem (the member checks its coordinator before joining)."""
+        from service.client.errors import KafkaError
+        from service.group.coordinator_consumer import consumer_protocol_supported
+
+        try:
+            problem = await asyncio.wait_for(consumer_protocol_supported(rt.client), PROTOCOL_PROBE_TIMEOUT_S)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            log.info("tenant %s: could not probe the broker for the consumer group protocol (%s); the instance's "
+                     "first poll will tell", rt.tenant_id, exc)
+            return
+        if problem is not None:
+            raise GroupProtocolUnsupported(
+                f"group.protocol 'consumer' (KIP-848) is not available on this Kafka cluster: {problem}; "
+                "create the instance with group.protocol 'classic'")
 
     def _new_instance(self, rt: TenantRuntime, group: str, name: str, options: InstanceOptions) -> ConsumerInstance:
         defaults = dict(self.consumer_defaults)

@@ -220,15 +220,13 @@ async def test_static_member_gets_its_partitions_back_after_a_restart(fast_kafka
 
 
 def kip848_consumer(client: KafkaClient, group: str) -> Consumer:
-    """A Consumer whose group membership is the consumer protocol's driver instead of the classic one (what a
-    ``group.protocol=consumer`` setting is to build): the same hooks, commits and committed lookups."""
+    """A Consumer of ``group.protocol=consumer``: its group membership is the consumer protocol's driver (the same
+    hooks, commits and committed lookups as the classic one)."""
     c = Consumer(client, ConsumerConfig(group_id=group, auto_offset_reset="earliest", fetch_max_wait_ms=100,
-                                        enable_auto_commit=True, auto_commit_interval_ms=200))
-    member = ConsumerGroupMember(group, server_assignor="uniform", rebalance_timeout_ms=10000)
-    c.member = member  # type: ignore[assignment]
-    c.coordinator = ConsumerProtocolCoordinator(
-        client, member, retry_backoff_ms=50, on_revoke=c._on_revoke, on_assign=c._on_assign, on_lost=c._on_lost,
-        on_fatal=c._on_group_fatal, topics=c._group_topics, on_task_failure=c._task_failed)
+                                        enable_auto_commit=True, auto_commit_interval_ms=200,
+                                        group_protocol="consumer", group_remote_assignor="uniform",
+                                        rebalance_timeout_ms=10000, retry_backoff_ms=50))
+    assert isinstance(c.coordinator, ConsumerProtocolCoordinator)
     return c
 
 

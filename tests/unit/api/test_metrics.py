@@ -294,3 +294,32 @@ def test_counters_do_not_go_down_when_instances_close() -> None:
     assert counters() == (6, 16, 2, 11)
     assert samples(registry, "kcg_consumer_instances") == {
         ("kcg_consumer_instances", frozenset({("tenant", "t1")})): 0}
+
+
+def test_group_protocol_series() -> None:
+    """kcg_group_*: revocations and assignment changes by group protocol, the slowest latest convergence, and the
+    highest member epoch of a group's consumer-protocol members; a deleted instance's counts stay."""
+    classic = fake_instance(FakeCoordinator())
+    classic.consumer.group_protocol = "classic"
+    classic.consumer.stats.partitions_revoked, classic.consumer.stats.rebalances = 12, 2
+    classic.consumer.stats.last_converge_seconds = 0.8
+    coord = FakeCoordinator()
+    coord.converge_seconds = 0.3  # type: ignore[attr-defined]
+    new = fake_instance(coord)
+    new.consumer.group_protocol = "consumer"
+    new.consumer.member = SimpleNamespace(member_epoch=7)
+    new.consumer.stats.partitions_revoked, new.consumer.stats.rebalances = 2, 3
+    rt = SimpleNamespace(instances={"a": classic, "b": new})
+    registry = CollectorRegistry()
+    registry.register(GatewayCollector(SimpleNamespace(tenants={"t1": rt})))  # type: ignore[arg-type]
+
+    def by(prefix: str) -> dict[str, float]:
+        return {dict(labels).get("protocol") or dict(labels)["group"]: v
+                for (_, labels), v in samples(registry, prefix).items()}
+
+    assert by("kcg_group_partitions_revoked_total") == {"classic": 12, "consumer": 2}
+    assert by("kcg_group_assignment_changes_total") == {"classic": 2, "consumer": 3}
+    assert by("kcg_group_converge_seconds") == {"classic": 0.8, "consumer": 0.3}
+    assert by("kcg_group_member_epoch") == {"g": 7}
+    del rt.instances["b"]
+    assert by("kcg_group_partitions_revoked_total") == {"classic": 12, "consumer": 2}

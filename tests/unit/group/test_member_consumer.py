@@ -456,3 +456,16 @@ def test_a_join_refused_as_fenced_backs_off() -> None:
     assert step.action is Action.FENCED and step.lost == []
     m.partitions_lost_released()
     assert m.state is S.JOINING and not m.heartbeat_due(0.05) and m.heartbeat_due(0.1)
+
+
+def test_a_successor_waits_for_its_instance_id_to_be_released() -> None:
+    """With wait_for_instance_release, UNRELEASED_INSTANCE_ID while joining is retried after a backoff (the broker
+    expires a killed predecessor after the session timeout), not fatal; without it, fatal (above)."""
+    m = ConsumerGroupMember("g", group_instance_id="pod-a", wait_for_instance_release=True)
+    m.subscribe(["t"])
+    m.heartbeat_request(0.0)
+    step = m.on_heartbeat_response(answer(0, error=EC.BY_NAME["UNRELEASED_INSTANCE_ID"]), 0.0)
+    assert step.action is Action.RETRY and m.state is S.JOINING and m.unreleased_retries == 1
+    assert not m.heartbeat_due(0.05) and m.heartbeat_due(0.2)
+    req = m.heartbeat_request(0.2)
+    assert req.member_epoch == 0 and req.instance_id == "pod-a"

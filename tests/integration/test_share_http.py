@@ -23,9 +23,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.embedded.kafka import EmbeddedKafka
 from tests.conftest import REPO
+from tests.fakes.registry.server import TestRegistry
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_readme import FENCE, HTTP_LINE, curl_wrapper, expected_outputs, section
-from tests.registry.server import TestRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,14 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
+from service.cluster.topics import TopicCatalog
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
 from service.durable.descriptors import InstanceDescriptor
 from service.durable.store import DescriptorStore
 from service.errors import GatewayError
 from service.instances.budget import MemoryBudget
+from service.producer.producer import Producer
 from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
@@ -181,9 +183,9 @@ class TenantRuntime:
     instances: dict[tuple[str, str], ConsumerInstance] = field(default_factory=dict)  # (group, id)
     # The tenant's producer (created on the first produce request; see service/producer); closed with the
     # gateway before the client.
-    producer: Any = None
+    producer: Producer | None = None
     # The tenant's TopicCatalog (service/cluster/topics.py: cached topic metadata for /topics), created on first use.
-    topics: Any = None
+    topics: TopicCatalog | None = None
     # The tenant's instance descriptors (service/durable: durable instances), started on first use.
     descriptors: DescriptorStore | None = None
 
@@ -555,7 +557,7 @@ class Gateway:
         await self._forget(rt, group, instance_id)
 
     # -- durable instances ----------------------------------------------------------------------------
-    def descriptors(self, rt: TenantRuntime) -> Any:
+    def descriptors(self, rt: TenantRuntime) -> DescriptorStore | None:
         """The tenant's descriptor store (in the tenant's own cluster), started on first use; None without
         durable instances."""
         if not self.durable_instances:

@@ -1,11 +1,11 @@
-"""Developer tool: emit the declarative message definitions in service/protocol/schemas.py.
+"""Developer tool: emit the declarative message definitions in service/protocol/definitions.py.
 
 It reads Apache Kafka's JSON message schemas (wire facts only: names, types, version ranges,
 nullability, tags, defaults) and writes our compact DSL for the versions this project implements.
 The JSON files are never copied into the repository; tests/unit/protocol/test_conformance.py re-reads them
 and fails when a definition drifts.
 
-Usage: python tools/gen_protocol.py SCHEMA_DIR > service/protocol/schemas.py
+Usage: python tools/gen_protocol.py SCHEMA_DIR > service/protocol/definitions.py
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main() -> None:
         "JSON schemas. Field names are snake_case forms of Kafka's names.",
         '"""',
         "",
-        "from service.protocol.schema import F, MessageSchema",
+        "from service.protocol.dsl import F, MessageSchema",
         "",
     ]
     names = []

@@ -29,7 +29,7 @@ from service.client.errors import (
 from service.client.metadata import ClusterMetadata
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
-from service.protocol.schema import Struct
+from service.protocol.dsl import Struct
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from service.protocol import error_codes as EC
 from service.protocol import frames
 from service.protocol import messages as M
 from service.protocol import primitives as P
+from service.protocol.dsl import Struct
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError
-from service.protocol.schema import Struct
 
 log = logging.getLogger(__name__)
 

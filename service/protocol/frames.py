@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.protocol import primitives as P
+from service.protocol.dsl import Struct
 from service.protocol.errors import ProtocolDecodeError, UnsupportedVersionError
 from service.protocol.messages import REQUESTS, RESPONSES, ApiKey, compiled_for
-from service.protocol.schema import Struct
 
 _HDR = struct.Struct(">ihhi")  # size, api key, api version, correlation id
 _RESP_HDR = struct.Struct(">ii")  # size, correlation id

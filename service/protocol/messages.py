@@ -1,6 +1,6 @@
 """Compiled message classes and the registry keyed by API key.
 
-Every request/response class is derived from its declarative schema in :mod:`service.protocol.schemas`.
+Every request/response class is derived from its declarative schema in :mod:`service.protocol.definitions`.
 Nested struct classes are reachable as ``compiled(XXX).classes["StructName"]`` or through
 ``Message.struct("StructName")``.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.protocol import schemas as S
-from service.protocol.schema import CompiledMessage, MessageSchema, Struct
+from service.protocol import definitions as S
+from service.protocol.dsl import CompiledMessage, MessageSchema, Struct
 
 _BY_NAME: dict[str, CompiledMessage] = {}
 REQUESTS: dict[int, CompiledMessage] = {}

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from service.protocol.dsl import Struct
 from service.protocol.frames import RequestHeader
 from service.protocol.messages import REQUESTS, RESPONSES
-from service.protocol.schema import Struct
 
 if TYPE_CHECKING:
     from tests.fakes.broker.cluster import TestCluster

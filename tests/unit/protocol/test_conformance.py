@@ -1,4 +1,4 @@
-"""Conformance of our declarative schemas (service/protocol/schemas.py) with Apache Kafka's JSON schemas.
+"""Conformance of our declarative schemas (service/protocol/definitions.py) with Apache Kafka's JSON schemas.
 
 For every message in ``ALL_SCHEMAS`` and every version in its range, the fields present in that version
 (name, type, nullability, tag, default, nested structs; in order) must equal what Kafka's JSON schema says
@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from service.embedded.kafka import KAFKA_VERSION, cache_dir
-from service.protocol.schema import PRIMITIVES, F, MessageSchema, _default_value, in_range, parse_versions
-from service.protocol.schemas import ALL_SCHEMAS
+from service.protocol.definitions import ALL_SCHEMAS
+from service.protocol.dsl import PRIMITIVES, F, MessageSchema, _default_value, in_range, parse_versions
 
 # -- locating and loading Kafka's JSON schemas -----------------------------------------------------
 

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from service.protocol import frames
 from service.protocol import primitives as P
+from service.protocol.definitions import ALL_SCHEMAS
+from service.protocol.dsl import CompiledMessage, F, MessageSchema, Struct, _default_value
 from service.protocol.messages import compiled
-from service.protocol.schema import CompiledMessage, F, MessageSchema, Struct, _default_value
-from service.protocol.schemas import ALL_SCHEMAS
 from tests.unit.protocol.test_roundtrip import message_strategy
 
 with warnings.catch_warnings():

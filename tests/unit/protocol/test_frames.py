@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.protocol import frames
+from service.protocol.definitions import ALL_SCHEMAS
 from service.protocol.errors import KafkaProtocolError, ProtocolDecodeError, UnsupportedVersionError
 from service.protocol.messages import REQUESTS, RESPONSES, ApiKey, compiled
-from service.protocol.schemas import ALL_SCHEMAS
 
 # -- header version selection -----------------------------------------------------------------------------
 

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.protocol import primitives as P
+from service.protocol.definitions import ALL_SCHEMAS
+from service.protocol.dsl import CompiledMessage, F, Struct, _default_value
 from service.protocol.errors import ProtocolDecodeError, UnsupportedVersionError
 from service.protocol.messages import _BY_NAME, compiled
-from service.protocol.schema import CompiledMessage, F, Struct, _default_value
-from service.protocol.schemas import ALL_SCHEMAS
 
 INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1),

@@ -15,8 +15,8 @@ from pathlib import Path
 from hypothesis.errors import NonInteractiveExampleWarning
 
 from service.embedded.kafka import KAFKA_VERSION, cache_dir, find_java
+from service.protocol.definitions import ALL_SCHEMAS
 from service.protocol.messages import compiled
-from service.protocol.schemas import ALL_SCHEMAS
 from tests.unit.protocol.test_roundtrip import message_strategy
 
 JAR = cache_dir() / KAFKA_VERSION / "lib" / f"kafka-clients-{KAFKA_VERSION}.jar"

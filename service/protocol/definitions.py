@@ -5,7 +5,7 @@ tests/unit/protocol/test_conformance.py checks every field of every implemented 
 JSON schemas. Field names are snake_case forms of Kafka's names.
 """
 
-from service.protocol.schema import F, MessageSchema
+from service.protocol.dsl import F, MessageSchema
 
 API_VERSIONS_REQUEST = MessageSchema(
     'ApiVersionsRequest', api_key=18, kind='request', versions=(0, 4), flexible='3+', fields=(

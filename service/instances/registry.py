@@ -167,7 +167,7 @@ class ConsumerInstance:
     created_wall: float = field(default_factory=time.time)
     described_at: float = 0.0  # when its descriptor was last written (monotonic; 0: never)
     recreated: bool = False  # re-created from its descriptor (durable instances)
-    #: how many stream resumes took the instance over (an older stream ends before its next poll; api/v2/consumers.py)
+    #: how many stream resumes took the instance over (an older stream ends before its next poll; api/v2/streams.py)
     stream_epoch: int = 0
 
     def touch(self) -> None:

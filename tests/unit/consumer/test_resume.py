@@ -1,4 +1,4 @@
-"""Resume tokens (service/consumer/resume.py) and their framing in ndjson / SSE streams (api/v2/consumers.py)."""
+"""Resume tokens (service/consumer/resume.py) and their framing in ndjson / SSE streams (api/v2/streams.py)."""
 
 from __future__ import annotations
 

@@ -416,7 +416,7 @@ async def test_chunks_render_as_render_decoded(rendering: str | None) -> None:
     ids = chunk_schema_ids(chunks)
     assert ids == {1, 2, 3, 4, 99}
     await resolver.prepare(ids)
-    # the reference: resolver.decode + render_decoded (what api/v2/consumers.py does today)
+    # the reference: resolver.decode + render_decoded (what api/v2/schema_records.py does)
     for sep in (b",", NDJSON_SEP, SSE_SEP):
         render_mod.use_c_avro(False)
         try:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -100,3 +101,13 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+def tenants_gateway(bootstrap: str, tenants_yaml: str, directory: Path, *, name: str = "gw",
+                    env: dict[str, str] | None = None, **kwargs: Any) -> GatewayProcess:
+    """A gateway process (not started) serving the tenants of ``tenants_yaml``, written to
+    ``directory/<name>-tenants.yaml``; its log in ``directory/<name>.log``."""
+    path = Path(directory) / f"{name}-tenants.yaml"
+    path.write_text(tenants_yaml)
+    return GatewayProcess(bootstrap, {"GATEWAY_TENANTS_FILE": str(path), **(env or {})},
+                          Path(directory) / f"{name}.log", **kwargs)

@@ -25,7 +25,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 
 from service.client.client import KafkaClient
 from service.embedded.tansu import EmbeddedBroker
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.gateway_proc import GatewayProcess, tenants_gateway
 
 pytestmark = pytest.mark.integration
 V2 = "application/vnd.kafka.v2+json"
@@ -102,10 +102,8 @@ def seeded(broker: EmbeddedBroker) -> EmbeddedBroker:
 @pytest.fixture(scope="module")
 def gateways(seeded: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Target]]:
     d = tmp_path_factory.mktemp("internal-topics")
-    f = Path(d) / "tenants.yaml"
-    f.write_text(TENANTS)
     open_gw = GatewayProcess(seeded.bootstrap, log_file=d / "open.log")
-    tenant_gw = GatewayProcess(seeded.bootstrap, log_file=d / "tenants.log", env={"GATEWAY_TENANTS_FILE": str(f)})
+    tenant_gw = tenants_gateway(seeded.bootstrap, TENANTS, Path(d), name="tenants")
     for g in (open_gw, tenant_gw):
         g.launch()
     try:

@@ -27,7 +27,7 @@ import pytest
 from service.client.client import KafkaClient
 from service.embedded.tansu import EmbeddedBroker
 from service.ring import SERVED_BY_HEADER
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.gateway_proc import GatewayProcess, tenants_gateway
 from tests.security.test_quotas_replicas import PEER, names_on, start_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -72,10 +72,8 @@ def assert_backs_off(what: str, r: httpx.Response) -> None:
 @pytest.fixture(scope="module")
 def gateway(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     d = tmp_path_factory.mktemp("retry-after")
-    (d / "tenants.yaml").write_text(tenants_file())
-    p = GatewayProcess(tansu.bootstrap, {"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
-                                         "GATEWAY_MAX_INSTANCES": "4", "GATEWAY_AUTH_FAILURES_PER_MINUTE": "3",
-                                         "GATEWAY_ADMIN_TOKEN": ADMIN}, d / "gw.log")
+    p = tenants_gateway(tansu.bootstrap, tenants_file(), d, env={
+        "GATEWAY_MAX_INSTANCES": "4", "GATEWAY_AUTH_FAILURES_PER_MINUTE": "3", "GATEWAY_ADMIN_TOKEN": ADMIN})
     p.start()
     yield p
     p.stop()

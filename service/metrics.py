@@ -22,6 +22,8 @@ from prometheus_client import Info as PromInfo
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from service.schemas.ecma_regex import PATTERNS
+
 if TYPE_CHECKING:
     from service.instances.registry import Gateway
 
@@ -446,8 +448,6 @@ class SchemaCacheCollector(Collector):
         self.schemas = schemas
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from service.schemas.ecma_regex import PATTERNS
-
         used = GaugeMetricFamily("kcg_schema_cache_bytes", "Bytes held by the schema caches: registries (charged to "
                                  "GATEWAY_SCHEMA_CACHE_MAX_BYTES, summed over registries), patterns (compiled JSON "
                                  "Schema patterns, at most 32 MiB)", labels=["cache"])

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.client.connection import ConnectionConfig, SaslConfig
 from service.lib.tls import build_ssl_context
+from service.schemas.formats import SchemaLimits
+from service.schemas.registry import RegistryConfig
 from service.tenants.quotas import Quotas
-
-if TYPE_CHECKING:
-    from service.schemas.formats import SchemaLimits
-    from service.schemas.registry import RegistryConfig
 
 # Tansu (the embedded broker) answers a parked fetch only when its wait ends: poll it briskly while a
 # client waits for records.
@@ -373,8 +371,6 @@ class Settings(BaseSettings):
         """The gateway-wide registry's client configuration (``None`` without GATEWAY_SCHEMA_REGISTRY_URL)."""
         if not self.schema_registry_url:
             return None
-        from service.schemas.registry import RegistryConfig
-
         basic, bearer = self.schema_registry_basic_auth, self.schema_registry_bearer_token
         return RegistryConfig(
             self.schema_registry_url,
@@ -385,8 +381,6 @@ class Settings(BaseSettings):
 
     def schema_limits(self) -> SchemaLimits:
         """The bounds every registry's client and resolver get."""
-        from service.schemas.formats import SchemaLimits
-
         return SchemaLimits(max_schema_bytes=self.schema_max_bytes, cache_max_bytes=self.schema_cache_max_bytes,
                             max_concurrent_requests=self.schema_registry_max_concurrent_requests,
                             max_ids_per_poll=self.schema_registry_max_ids_per_poll)

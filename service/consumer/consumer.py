@@ -44,7 +44,9 @@ from service.group.coordinator import (
     OffsetAndMetadata,
     rebalancing_error,
 )
+from service.group.coordinator_consumer import ConsumerProtocolCoordinator
 from service.group.member import GroupMember
+from service.group.member_consumer import ConsumerGroupMember
 from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
@@ -237,9 +239,6 @@ class Consumer:
         """Membership under the consumer protocol (KIP-848): the broker assigns (``group_remote_assignor``),
         the session timeout and heartbeat interval are the group's (broker configs), a pattern subscription
         is sent to the broker as a regular expression (RE2 syntax, see :meth:`_group_regex`)."""
-        from service.group.coordinator_consumer import ConsumerProtocolCoordinator
-        from service.group.member_consumer import ConsumerGroupMember
-
         config = self.config
         member = ConsumerGroupMember(
             group_id, group_instance_id=config.group_instance_id, rack_id=config.client_rack or None,

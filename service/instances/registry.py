@@ -26,12 +26,14 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.client.connection import ConnectionConfig
+from service.client.errors import KafkaError
 from service.cluster.topics import TopicCatalog
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.durable.descriptors import DEFAULT_TOPIC as DEFAULT_INSTANCES_TOPIC
 from service.durable.descriptors import InstanceDescriptor
 from service.durable.store import DescriptorStore
 from service.errors import GatewayError
+from service.group.coordinator_consumer import consumer_protocol_supported
 from service.instances.budget import MemoryBudget
 from service.producer.producer import Producer
 from service.tenants.quotas import InstanceQuotaCoordinator
@@ -482,9 +484,6 @@ class Gateway:
         """Refuse a consumer-protocol instance (422/42220) when the tenant's broker lacks the protocol (its API
         versions). A broker not reachable now does not refuse it: the instance's first records request then
         reports the same problem (the member checks its coordinator before joining)."""
-        from service.client.errors import KafkaError
-        from service.group.coordinator_consumer import consumer_protocol_supported
-
         try:
             problem = await asyncio.wait_for(consumer_protocol_supported(rt.client), PROTOCOL_PROBE_TIMEOUT_S)
         except (KafkaError, TimeoutError, OSError) as exc:

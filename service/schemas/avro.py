@@ -45,6 +45,7 @@ import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from service.schemas import avro_limits
+from service.schemas.avro_limits import _K_ARRAY, _K_ENUM, _K_MAP, _K_NULL, _K_RECORD, _K_UNION
 from service.schemas.errors import CodecDecodeError, CodecEncodeError, CodecSchemaError
 
 RENDER_CONFLUENT = "confluent"
@@ -721,8 +722,6 @@ def _has_cycle(nodes: list[Any]) -> bool:
 def _static_bound(nodes: list[Any]) -> tuple[int, int, int] | None:
     """(depth, items, fixed JSON bytes) no value of an acyclic schema without arrays and maps exceeds, as
     service/schemas/avro_limits.py counts them; None for other schemas."""
-    from service.schemas.avro_limits import _K_ARRAY, _K_ENUM, _K_MAP, _K_NULL, _K_RECORD, _K_UNION
-
     memo: dict[int, tuple[int, int, int]] = {}
 
     def bound(i: int) -> tuple[int, int, int]:

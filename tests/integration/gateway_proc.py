@@ -111,3 +111,30 @@ def tenants_gateway(bootstrap: str, tenants_yaml: str, directory: Path, *, name:
     path.write_text(tenants_yaml)
     return GatewayProcess(bootstrap, {"GATEWAY_TENANTS_FILE": str(path), **(env or {})},
                           Path(directory) / f"{name}.log", **kwargs)
+
+
+def start_replicas(bootstrap: str, directory: Path, token: str, env: dict[str, str] | None = None,
+                   ids: str = "ab", timeout: float = 30.0) -> list[GatewayProcess]:
+    """Replicas of one gateway (ids ``a``, ``b``, ...) that know each other as peers, with the peer token;
+    returned once each is healthy and sees them all. The caller stops them (all are stopped on a failure)."""
+    procs = [GatewayProcess(bootstrap, log_file=Path(directory) / f"gw-{rid}.log") for rid in ids]
+    peers = ",".join(p.url for p in procs)
+    for rid, p in zip(ids, procs, strict=True):
+        p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
+                      "GATEWAY_PEER_TOKEN": token, **(env or {})})
+    for p in procs:
+        p.launch()
+    try:
+        for p in procs:
+            p.wait_healthy()
+        deadline = time.monotonic() + timeout
+        for p in procs:  # until each sees all
+            while httpx.get(f"{p.url}/internal/peers", headers={"x-kcg-peer-token": token}).json()["placement"] \
+                    != sorted(ids):
+                assert time.monotonic() < deadline, f"replicas {ids} did not see each other in {timeout} s"
+                time.sleep(0.05)  # polling a condition: the peer refresh runs every 0.2 s
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs

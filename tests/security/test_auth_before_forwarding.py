@@ -7,7 +7,6 @@ with no routing headers (nothing tells where the instance lives), and never reac
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from service.embedded.tansu import EmbeddedBroker
 from service.ring import owner, routing_key
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.gateway_proc import GatewayProcess, start_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TOKEN = "peer-token-auth-before-forwarding-01"
@@ -48,22 +47,9 @@ def pair(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Ite
     d = tmp_path_factory.mktemp("auth-forwarding")
     f = Path(d) / "tenants.yaml"
     f.write_text(TENANTS)
-    procs = {rid: GatewayProcess(tansu.bootstrap, log_file=d / f"gw-{rid}.log") for rid in "ab"}
-    peers = ",".join(p.url for p in procs.values())
-    for rid, p in procs.items():
-        p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
-                      "GATEWAY_PEER_TOKEN": TOKEN, "GATEWAY_TENANTS_FILE": str(f), "GATEWAY_ADMIN_TOKEN": ADMIN})
-    for p in procs.values():
-        p.launch()
+    replicas = start_replicas(tansu.bootstrap, d, TOKEN, {"GATEWAY_TENANTS_FILE": str(f), "GATEWAY_ADMIN_TOKEN": ADMIN})
+    procs = dict(zip("ab", replicas, strict=True))
     try:
-        for p in procs.values():
-            p.wait_healthy()
-        deadline = time.monotonic() + 30
-        for p in procs.values():
-            while httpx.get(f"{p.url}/internal/peers", headers={"x-kcg-peer-token": TOKEN}).json()["placement"] \
-                    != ["a", "b"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)  # polling a condition: the peer refresh runs every 0.2 s
         yield procs
     finally:
         for p in procs.values():

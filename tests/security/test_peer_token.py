@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 from service.embedded.tansu import EmbeddedBroker, free_port
-from tests.integration.gateway_proc import FAST_ENV, GatewayProcess
+from tests.integration.gateway_proc import FAST_ENV, GatewayProcess, start_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 TOKEN = "peer-token-for-security-tests-0123"
@@ -45,24 +44,9 @@ def test_peers_without_a_token_refuse_to_start(tansu: EmbeddedBroker, peers: str
 @pytest.fixture(scope="module")
 def pair(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
     """Two replicas in open mode (no tenants file), with the peer token."""
-    d = tmp_path_factory.mktemp("peer-token")
-    procs = [GatewayProcess(tansu.bootstrap, log_file=d / f"gw-{rid}.log") for rid in "ab"]
-    peers = ",".join(p.url for p in procs)
-    for rid, p in zip("ab", procs, strict=True):
-        p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
-                      "GATEWAY_PEER_TOKEN": TOKEN, "GATEWAY_FORWARDED_ALLOW_IPS": "127.0.0.1"})
-        p.env.pop("GATEWAY_TENANTS_FILE", None)
-    for p in procs:
-        p.launch()
+    procs = start_replicas(tansu.bootstrap, tmp_path_factory.mktemp("peer-token"), TOKEN,
+                           {"GATEWAY_FORWARDED_ALLOW_IPS": "127.0.0.1"})
     try:
-        for p in procs:
-            p.wait_healthy()
-        deadline = time.monotonic() + 30
-        for p in procs:  # until both see both
-            while httpx.get(f"{p.url}/internal/peers", headers={"x-kcg-peer-token": TOKEN}).json()["placement"] \
-                    != ["a", "b"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)  # polling a condition: the peer refresh runs every 0.2 s
         yield procs
     finally:
         for p in procs:

@@ -20,7 +20,7 @@ import pytest
 
 from service.embedded.tansu import EmbeddedBroker
 from service.ring import owner, routing_key
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.gateway_proc import GatewayProcess, start_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 TOKEN = "quota-replicas-peer-token-0123456789"
@@ -50,27 +50,8 @@ def auth(key: str) -> dict[str, str]:
 
 def start_pair(bootstrap: str, d: Path, tenants: str = TENANTS) -> list[GatewayProcess]:
     (d / "tenants.yaml").write_text(tenants)
-    procs = [GatewayProcess(bootstrap, log_file=d / f"gw-{rid}.log") for rid in "ab"]
-    peers = ",".join(p.url for p in procs)
-    for rid, p in zip("ab", procs, strict=True):
-        p.env.update({"GATEWAY_REPLICA_ID": rid, "GATEWAY_PEERS": peers, "GATEWAY_PEER_REFRESH_S": "0.2",
-                      "GATEWAY_PEER_TOKEN": TOKEN, "GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
-                      "GATEWAY_QUOTA_SYNC_S": "1"})
-    for p in procs:
-        p.launch()
-    try:
-        for p in procs:
-            p.wait_healthy()
-        deadline = time.monotonic() + 30
-        for p in procs:  # until both see both
-            while httpx.get(f"{p.url}/internal/peers", headers=PEER).json()["placement"] != ["a", "b"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)  # polling a condition: the peer refresh runs every 0.2 s
-    except BaseException:
-        for p in procs:
-            p.stop()
-        raise
-    return procs
+    return start_replicas(bootstrap, d, TOKEN, {"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
+                                                "GATEWAY_QUOTA_SYNC_S": "1"})
 
 
 @pytest.fixture(scope="module")

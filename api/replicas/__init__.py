@@ -32,6 +32,7 @@ from api.replicas.middleware import RoutingMiddleware
 from api.replicas.peer_auth import peer_token_problem
 from api.replicas.router import Router
 from service.instances.registry import Gateway
+from service.ring import SHARE_PREFIX
 from service.settings import Settings
 
 __all__ = ["Router", "RoutingMiddleware", "install_routing"]
@@ -48,6 +49,10 @@ def install_routing(app: FastAPI, settings: Settings, gateway: Gateway) -> Route
         raise ValueError(problem)
     router = Router(settings, gateway, app.state.metrics.registry)
     router.limiter = getattr(app.state, "auth_limiter", None)
+    shares = getattr(app.state, "shares", None)
+    if shares is not None:  # share consumer instances are routed like consumer instances (SHARE_PREFIX)
+        router.shares = shares
+        shares.name_placement = lambda group, name: router.owns(SHARE_PREFIX + group, name)
     for tenant in app.state.tenants.tenants.values():  # rates and concurrency: this replica's share
         tenant.replicas = router.replica_count
     app.add_middleware(RoutingMiddleware, router=router)

@@ -313,11 +313,7 @@ async def share_subscription(request: Request, group: str, instance_id: str,
     return v2({"topics": list(inst.topics)})
 
 
-@router.get(BASE + "/records", response_model=list[ShareRecordModel], responses={
-    200: {"description": "Records (a JSON array), or a stream with Accept: application/x-ndjson (one record per "
-                         "line) or text/event-stream (one data event per record); acknowledge them through POST "
-                         ".../acknowledgements while the stream runs (docs/share-groups.md)",
-          "content": {NDJSON: {}, SSE: {}}}, **ERRORS},
+@router.get(BASE + "/records", response_model=list[ShareRecordModel], responses=ERRORS,  # (200: api/openapi.py)
             summary="Acquire records: long-poll until some arrive or the timeout passes, or stream them")
 async def share_records(request: Request, group: str, instance_id: str,
                         timeout: Annotated[int | None, Query(ge=0, le=INT32_MAX,

@@ -339,6 +339,38 @@ async def test_sse_stream_implicit_mode(kafka: EmbeddedKafka, gw: GatewayProcess
         assert (await http.delete(path)).status_code == 204
 
 
+async def test_a_stream_closed_early_loses_nothing(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
+    """A client reads one record of an ndjson stream (explicit mode, 1 s lock), accepts it and leaves: what the
+    stream acquired and did not write is released at once, what it wrote and nobody read comes back after the
+    lock; a plain worker then gets every other record, each accepted once."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    n = 30
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 1)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        path = await create(http, group, "early", topic,
+                            configs={**EARLIEST, "share.record.lock.duration.ms": "1000"})
+        async with http.stream("GET", f"{path}/records", params={"max_records": 3},
+                               headers={"accept": "application/x-ndjson"}) as r:
+            first = json.loads(await r.aiter_lines().__anext__())
+        [a] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": first["offset"]}])
+        assert a["applied"], a
+        accepted = Counter([first["offset"]])
+        deadline = time.monotonic() + 30
+        while len(accepted) < n:
+            assert time.monotonic() < deadline, sorted(accepted)
+            got = await poll(http, path, max_records=10)
+            for rec in got:
+                assert rec["offset"] not in accepted, rec
+            if got:
+                answers = await ack(http, path, [{"topic": topic, "partition": 0, "offset": rec["offset"]}
+                                                 for rec in got])
+                assert all(x["applied"] for x in answers), answers
+                accepted.update(rec["offset"] for rec in got)
+        assert sorted(accepted) == list(range(n)) and set(accepted.values()) == {1}
+        assert (await http.delete(path)).status_code == 204
+
+
 async def test_avro_records_decoded(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
     """A share consumer instance of format avro answers the records decoded with the writer's schema, with its
     delivery count and lock deadline beside them."""

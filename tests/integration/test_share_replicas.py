@@ -7,6 +7,7 @@ Every record produced is counted: accepted once, none lost."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -75,6 +76,37 @@ async def test_share_instances_forwarded_and_a_killed_holder_loses_nothing(kafka
             assert len(accepted) == n and set(accepted.values()) == {1}, "every record accepted once, 0 lost"
             assert served["s1"] == {"s1"}, served  # forwarded by s2 to s1
             assert served["s2"] == {None}, served  # s2 holds it: served in place
+            # a stream is forwarded too (SSE through s2 from s1), acknowledged alongside; s2's worker polls
+            await asyncio.to_thread(produce, kafka.bootstrap, topic, 20, 2)  # offsets 60..69 on each partition
+            streamed: Counter[tuple[int, int]] = Counter()
+
+            async def stream_worker() -> None:
+                async with h2.stream("GET", f"{paths['s1']}/records", params={"max_records": 5},
+                                     headers={"accept": "text/event-stream"}) as r:
+                    assert r.status_code == 200 and r.headers[SERVED_BY] == "s1"
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            rec = json.loads(line[6:])
+                            [a] = await ack(h1, paths["s1"], [{"topic": topic, "partition": rec["partition"],
+                                                               "offset": rec["offset"]}])
+                            assert a["applied"], a
+                            streamed[(rec["partition"], rec["offset"])] += 1
+                        if sum(streamed.values()) + sum(accepted.values()) >= n + 20:
+                            return
+
+            async def poll_worker() -> None:
+                while sum(streamed.values()) + sum(accepted.values()) < n + 20:
+                    got, _ = await poll(h2, paths["s2"], max_records=5, timeout=200)
+                    if got:
+                        answers = await ack(h2, paths["s2"], [
+                            {"topic": topic, "partition": r["partition"], "offset": r["offset"]} for r in got])
+                        assert all(a["applied"] for a in answers), answers
+                        accepted.update((r["partition"], r["offset"]) for r in got)
+
+            await asyncio.wait_for(asyncio.gather(stream_worker(), poll_worker()), 60)
+            both = accepted + streamed
+            assert len(both) == n + 20 and set(both.values()) == {1}, "every record accepted once, 0 lost"
+            assert streamed, "the forwarded stream delivered records"
             # the other replica serves the instance too, and deletes it
             r = await h1.get(f"{paths['s2']}/subscription")
             assert r.status_code == 200 and r.json() == {"topics": [topic]} and r.headers[SERVED_BY] == "s2"
@@ -131,3 +163,5 @@ async def test_share_instances_forwarded_and_a_killed_holder_loses_nothing(kafka
     finally:
         for p in procs.values():
             p.stop()
+    text = (tmp_path / "gw-s2.log").read_text(errors="replace")
+    assert "Traceback" not in text, f"the surviving replica logged an unexpected exception:\n{text[-4000:]}"

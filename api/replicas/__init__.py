@@ -9,6 +9,7 @@ The way of one request through the replicas, module by module:
 2. :mod:`~api.replicas.route` — where it goes: served here when this replica holds the instance; else (the
    route's 404/410 held back) to the replica last seen holding it, the ring owner, then whichever peer
    answers a lookup; 404/40403 when none holds it. Creates go to the holder of the name or its ring owner.
+   Share consumer instances (``/share-groups/...``) are routed alike (:data:`service.ring.SHARE_PREFIX`).
 3. :mod:`~api.replicas.peer_auth` — before anything leaves this replica the client is authenticated here;
    forwarded requests and ``/internal`` carry the peer token; peer TLS settings and their start-up checks.
 4. :mod:`~api.replicas.forward` — one hop: the request sent to the target and its answer passed through

@@ -2,7 +2,11 @@
 route's own answer); otherwise (its 404/410 held back) it goes to the replica last seen holding it, then to
 the ring owner, then to whichever peer answers a lookup; when none holds it the client gets 404/40403 (or the
 410 of the replica where it expired). A create goes to the replica already holding that name, else to the
-ring owner of the name; a create without a name stays here when this replica takes generated names."""
+ring owner of the name; a create without a name stays here when this replica takes generated names.
+
+Share consumer instances (``/share-groups/...``) take the same ways under their routing group
+(:data:`~service.ring.SHARE_PREFIX` + share group): their "not here" answers are 404/40410 and 410/41010, and
+they are never re-created from a descriptor (not durable)."""
 
 from __future__ import annotations
 

@@ -486,6 +486,16 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
     base = "/consumers/{group}/instances/{instance_id}"
     records = schema["paths"][base + "/records"]["get"]
     records["responses"]["200"] = _records_200()
+    share = schema["paths"]["/share-groups/{group}/instances/{instance_id}/records"]["get"]["responses"]["200"]
+    share["description"] = (
+        "Records acquired, as one JSON array, or (Accept: application/x-ndjson or text/event-stream) a stream "
+        "of them; acknowledge them through POST .../acknowledgements, also while the stream runs "
+        "(docs/share-groups.md).")
+    share["content"].update({
+        NDJSON: {"schema": {"type": "string", "description": "One `ShareRecordModel` per line."}},
+        SSE: {"schema": {"type": "string", "description": "One `ShareRecordModel` per `data:` event; `: keep-alive` "
+                         "comments while idle; `event: error` / `event: shutdown` carry an error body "
+                         "(`error_code`, `message`)."}}})
     ops = schema["paths"]
     ops["/healthz"]["get"]["responses"]["200"] = {
         "description": "The process is alive", "content": {JSON: {"schema": {"$ref": "#/components/schemas/Health"}}}}

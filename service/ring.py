@@ -51,8 +51,12 @@ SERVED_BY_HEADER = "x-kcg-served-by"
 #: live replicas: it re-creates the instance from its descriptor (durable instances) before serving it.
 RECREATE_HEADER = "x-kcg-recreate"
 
-_INSTANCE_PATH = re.compile(r"^/consumers/([^/]+)/instances/([^/]+)(?:/.*)?$")
-_CREATE_PATH = re.compile(r"^/consumers/([^/]+)$")
+_INSTANCE_PATH = re.compile(r"^/(consumers|share-groups)/([^/]+)/instances/([^/]+)(?:/.*)?$")
+_CREATE_PATH = re.compile(r"^/(consumers|share-groups)/([^/]+)$")
+#: Share consumer instances (``/share-groups/...``) are routed like consumer instances, under their group with
+#: this prefix: a control character no group id may hold, so a share instance and a consumer instance of the
+#: same group and name are two keys (placed, held and looked up apart).
+SHARE_PREFIX = "\x1fshare\x1f"
 _REPLICA_ID = re.compile(r"[A-Za-z0-9-]{1,40}")
 
 
@@ -86,17 +90,28 @@ def owner(replicas: Iterable[str], key: bytes) -> str | None:
 
 # -- request parsing ---------------------------------------------------------------------------------------
 def instance_of_path(path: str) -> tuple[str, str] | None:
-    """``(group, instance name)`` of a request path under ``/consumers/{group}/instances/{name}``, else None.
+    """``(group, instance name)`` of a request path under ``/consumers/{group}/instances/{name}``, or
+    ``(SHARE_PREFIX + group, name)`` under ``/share-groups/{group}/instances/{name}``, else None.
 
     ``path`` is the ASGI (percent-decoded) path, as the routes match it."""
     m = _INSTANCE_PATH.match(path)
-    return (m.group(1), m.group(2)) if m else None
+    if m is None:
+        return None
+    return (m.group(2) if m.group(1) == "consumers" else SHARE_PREFIX + m.group(2)), m.group(3)
 
 
 def group_of_create_path(path: str) -> str | None:
-    """The group of ``POST /consumers/{group}`` (instance creation), else None."""
+    """The group of ``POST /consumers/{group}`` (instance creation), ``SHARE_PREFIX + group`` of ``POST
+    /share-groups/{group}``, else None."""
     m = _CREATE_PATH.match(path)
-    return m.group(1) if m else None
+    if m is None:
+        return None
+    return m.group(2) if m.group(1) == "consumers" else SHARE_PREFIX + m.group(2)
+
+
+def share_group_of(group: str) -> str | None:
+    """The share group of a routing group (see :data:`SHARE_PREFIX`), None for a consumer group."""
+    return group[len(SHARE_PREFIX):] if group.startswith(SHARE_PREFIX) else None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ The way of one request through the replicas, module by module:
 2. :mod:`~api.replicas.route` — where it goes: served here when this replica holds the instance; else (the
    route's 404/410 held back) to the replica last seen holding it, the ring owner, then whichever peer
    answers a lookup; 404/40403 when none holds it. Creates go to the holder of the name or its ring owner.
+   Share consumer instances (``/share-groups/...``) are routed alike (:data:`service.ring.SHARE_PREFIX`).
 3. :mod:`~api.replicas.peer_auth` — before anything leaves this replica the client is authenticated here;
    forwarded requests and ``/internal`` carry the peer token; peer TLS settings and their start-up checks.
 4. :mod:`~api.replicas.forward` — one hop: the request sent to the target and its answer passed through
@@ -32,6 +33,7 @@ from api.replicas.middleware import RoutingMiddleware
 from api.replicas.peer_auth import peer_token_problem
 from api.replicas.router import Router
 from service.instances.registry import Gateway
+from service.ring import SHARE_PREFIX
 from service.settings import Settings
 
 __all__ = ["Router", "RoutingMiddleware", "install_routing"]
@@ -48,6 +50,10 @@ def install_routing(app: FastAPI, settings: Settings, gateway: Gateway) -> Route
         raise ValueError(problem)
     router = Router(settings, gateway, app.state.metrics.registry)
     router.limiter = getattr(app.state, "auth_limiter", None)
+    shares = getattr(app.state, "shares", None)
+    if shares is not None:  # share consumer instances are routed like consumer instances (SHARE_PREFIX)
+        router.shares = shares
+        shares.name_placement = lambda group, name: router.owns(SHARE_PREFIX + group, name)
     for tenant in app.state.tenants.tenants.values():  # rates and concurrency: this replica's share
         tenant.replicas = router.replica_count
     app.add_middleware(RoutingMiddleware, router=router)

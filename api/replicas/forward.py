@@ -116,7 +116,7 @@ class Forwarding:
         except UpstreamError as exc:
             self.metrics.count("failed")
             log.warning("forwarding %s %s to gateway peer %s failed: %s", scope["method"], scope["path"], target, exc)
-            await error_response(503, 50303, f"the gateway replica {target!r} holding this consumer instance "
+            await error_response(503, 50303, f"the gateway replica {target!r} holding this instance "
                                  f"failed during the request ({exc}); retry, and if it keeps failing create the "
                                  "instance again", {"Retry-After": "1"})(scope, no_receive, send)
             return "done"
@@ -144,8 +144,8 @@ class Forwarding:
                             scope["path"], exc)
                 media = (resp.header(b"content-type") or b"").decode("latin-1")
                 msg = orjson.dumps({"error_code": 50303, "message": f"the gateway replica {target!r} holding "
-                                    "this consumer instance failed; commit what you received, then retry (create "
-                                    "the instance again if it is gone)"})
+                                    "this instance failed; commit (or acknowledge) what you received, then retry "
+                                    "(create the instance again if it is gone)"})
                 tail = (b"event: error\ndata: " + msg + b"\n\n" if media.startswith("text/event-stream") else
                         msg + b"\n" if media.startswith("application/x-ndjson") else b"")
                 await send({"type": "http.response.body", "body": tail, "more_body": False})

@@ -39,6 +39,8 @@ class InternalEndpoints:
 
         def identity(self) -> Identity: ...
 
+        def holds(self, group: str, name: str) -> bool: ...
+
         def token_ok(self, scope: Scope) -> bool: ...
 
         def refused(self, scope: Scope, message: str) -> ASGIApp: ...
@@ -67,6 +69,6 @@ class InternalEndpoints:
             if not group or not name:
                 resp = error_response(422, 42206, "group and name are required")
             else:
-                resp = OrjsonResponse({"replica_id": self.self_id, "held": self.gateway.holds(group, name)})
+                resp = OrjsonResponse({"replica_id": self.self_id, "held": self.holds(group, name)})
         await resp(scope, receive, send)
 

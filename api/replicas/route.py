@@ -2,7 +2,11 @@
 route's own answer); otherwise (its 404/410 held back) it goes to the replica last seen holding it, then to
 the ring owner, then to whichever peer answers a lookup; when none holds it the client gets 404/40403 (or the
 410 of the replica where it expired). A create goes to the replica already holding that name, else to the
-ring owner of the name; a create without a name stays here when this replica takes generated names."""
+ring owner of the name; a create without a name stays here when this replica takes generated names.
+
+Share consumer instances (``/share-groups/...``) take the same ways under their routing group
+(:data:`~service.ring.SHARE_PREFIX` + share group): their "not here" answers are 404/40410 and 410/41010, and
+they are never re-created from a descriptor (not durable)."""
 
 from __future__ import annotations
 
@@ -25,22 +29,26 @@ from api.replicas.asgi import (
 from api.replicas.metrics import RoutingMetrics
 from api.responses import OrjsonResponse
 from service.instances.registry import Gateway
+from service.instances.share import ShareRegistry
 from service.ring import (
     HintCache,
     PeerTable,
     name_of_create_body,
     owner,
     routing_key,
+    share_group_of,
 )
 
-#: error codes of a route's answer that mean "this replica does not hold the instance"
-NOT_HERE_CODES = (40403, 41001)
+#: error codes of a route's answer that mean "this replica does not hold the instance" (consumer instances,
+#: share consumer instances)
+NOT_HERE_CODES = (40403, 41001, 40410, 41010)
 
 
 class Routing:
     """The routing decisions of the :class:`~api.replicas.router.Router`."""
 
     gateway: Gateway
+    shares: ShareRegistry | None
     mode: str
     table: PeerTable
     hints: HintCache
@@ -62,6 +70,14 @@ class Routing:
 
         def redirect(self, target: str, scope: Scope) -> OrjsonResponse | None: ...
 
+    def holds(self, group: str, name: str) -> bool:
+        """Whether this replica holds the instance of a routing group (a share instance under
+        :data:`~service.ring.SHARE_PREFIX`, else a consumer instance) for some tenant."""
+        share = share_group_of(group)
+        if share is None:
+            return self.gateway.holds(group, name)
+        return self.shares is not None and self.shares.holds(share, name)
+
     # -- instance requests -------------------------------------------------------------------------------
     async def route_instance(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send, group: str,
                              name: str) -> None:
@@ -69,7 +85,7 @@ class Routing:
         local: Captured | None = None
         # (while the instance is being handed off here, this waits: then it is gone and the request goes on)
         async with self.gateway.serving(group, name):
-            if self.gateway.holds(group, name):
+            if self.holds(group, name):
                 # Here for some tenant: the route decides (authenticated), and only its 404/410 goes further
                 hold = HoldNotFound(send)
                 await app(scope, recorder.receive, hold.send)
@@ -133,7 +149,8 @@ class Routing:
         its descriptor (here, or forwarded there marked to re-create); otherwise, or when that fails, this
         replica's own answer (authentication first: a 401 stays a 401), a 410 from where it expired rather
         than a 404, and a 404 that names the unreachable replicas."""
-        if self.gateway.durable_instances and not self.gateway.draining:
+        share = share_group_of(group)
+        if self.gateway.durable_instances and not self.gateway.draining and share is None:
             live = [r for r in self.table.placement_ids() if r not in unreachable]
             target = owner(live, routing_key(group, name)) or self.self_id
             if target == self.self_id:
@@ -154,14 +171,16 @@ class Routing:
             if local is None:
                 return  # answered (401, 429, ...)
         self.metrics.count("not_found")
-        if local.status == 404 and local.error_code == 40403:
+        if local.status == 404 and local.error_code in (40403, 40410):
             if gone is not None:
                 local = gone
             elif unreachable:
                 names = ", ".join(repr(r) for r in unreachable)
-                await error_response(404, 40403, f"consumer instance {name!r} not found in group {group!r}: "
-                                     f"gateway replica {names} is unreachable (stopped or restarted) and no other "
-                                     "replica holds it; create the consumer instance again")(scope, no_receive, send)
+                what = "consumer instance" if share is None else "share consumer instance"
+                await error_response(404, 40403 if share is None else 40410, f"{what} {name!r} not found in group "
+                                     f"{(group if share is None else share)!r}: gateway replica {names} is "
+                                     "unreachable (stopped or restarted) and no other replica holds it; create the "
+                                     f"{what} again")(scope, no_receive, send)
                 return
         await local.replay(send)
 
@@ -186,7 +205,7 @@ class Routing:
             target = self.table.owner(group, uuid.uuid4().hex)  # draining: let a live replica create it
         else:
             async with self.gateway.serving(group, wanted.name):  # (waits while it is being handed off here)
-                if self.gateway.holds(group, wanted.name):
+                if self.holds(group, wanted.name):
                     await app(scope, replay, send)  # 409 for the same tenant, a new instance for another one
                     return
             if not await self.authenticated(scope, send):

@@ -28,6 +28,7 @@ from api.replicas.route import Routing
 from api.replicas.upstream import UpstreamPool
 from service.durable.moves import AliveSince
 from service.instances.registry import Gateway
+from service.instances.share import ShareRegistry
 from service.ring import (
     HintCache,
     PeerTable,
@@ -47,6 +48,7 @@ class Router(PeerSet, PeerAuth, Forwarding, Routing, QuotaTransport, InternalEnd
     def __init__(self, settings: Settings, gateway: Gateway, registry: CollectorRegistry) -> None:
         self.settings = settings
         self.gateway = gateway
+        self.shares: ShareRegistry | None = None  # install_routing: the app's share consumer instances
         self.mode = settings.routing
         self.token = settings.peer_token.get_secret_value() if settings.peer_token else None
         # peer TLS (GATEWAY_PEER_TLS_CA_FILE / GATEWAY_TLS_CERT_FILE): peers are https URLs, verified

@@ -17,9 +17,11 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import current_tenant
-from api.deps import ERRORS, INT32_MAX, OFFSET_MAX, V2, base_url, gateway, runtime, v2
+from api.deps import ERRORS, INT32_MAX, NDJSON, OFFSET_MAX, SSE, V2, base_url, gateway, runtime, v2
+from api.share.streams import stream_share_records
 from api.v2.render import Rendered, chunk_schema_ids, render_binary, render_json, render_schema_chunks
 from api.v2.schema_records import schema_service
+from api.v2.streams import SlotStreamingResponse
 from service.client.errors import BrokerResponseError
 from service.cluster.topics import require_legal_topic_name
 from service.consumer.subscription import TopicPartition
@@ -170,6 +172,16 @@ def share_instance(request: Request, tenant: Tenant, group: str, instance_id: st
     return shares(request).get(tenant.id, group, instance_id)
 
 
+def stream_media(request: Request) -> str | None:
+    """``application/x-ndjson`` or ``text/event-stream`` when the Accept header names one (a stream), else
+    None (a JSON array, whatever else it names)."""
+    for item in request.headers.get("accept", "").lower().split(","):
+        media = item.split(";")[0].strip()
+        if media in (NDJSON, SSE):
+            return media
+    return None
+
+
 def wall_ms(deadline: float) -> int:
     """A monotonic deadline as ms since the epoch."""
     return int((time.time() + (deadline - time.monotonic())) * 1000)
@@ -195,11 +207,17 @@ def _chunks(records: list[ShareRecord]) -> list[tuple[TopicPartition, list[Recor
 
 async def render_share_records(request: Request, inst: ShareInstance, tenant: Tenant,
                                records: list[ShareRecord]) -> bytes:
-    """The records as a JSON array in the instance's format, each with ``delivery_count`` and
-    ``lock_expires_at``. A schema registry that cannot answer: the records are released (delivered again at
-    once) and 503/50307 is raised."""
+    """The records as a JSON array in the instance's format (see :func:`render_share_pieces`)."""
+    return b"[" + b",".join(await render_share_pieces(request, inst, tenant, records)) + b"]"
+
+
+async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Tenant,
+                              records: list[ShareRecord]) -> list[bytes]:
+    """The records as JSON objects in the instance's format, each on one line (no line break: ndjson and SSE
+    take them as they are) with ``delivery_count`` and ``lock_expires_at``. A schema registry that cannot
+    answer: the records are released (delivered again at once) and 503/50307 is raised."""
     if not records:
-        return b"[]"
+        return []
     chunks = _chunks(records)
     fmt = inst.options.format
     rendered: Rendered
@@ -227,7 +245,7 @@ async def render_share_records(request: Request, inst: ShareInstance, tenant: Te
     metrics = request.app.state.metrics
     metrics.records.labels(tenant.id).inc(rendered.count)
     metrics.bytes.labels(tenant.id).inc(rendered.payload)
-    return b"[" + b",".join(pieces) + b"]"
+    return pieces
 
 
 # -- endpoints ------------------------------------------------------------------------------------------------------
@@ -295,8 +313,8 @@ async def share_subscription(request: Request, group: str, instance_id: str,
     return v2({"topics": list(inst.topics)})
 
 
-@router.get(BASE + "/records", response_model=list[ShareRecordModel], responses=ERRORS,
-            summary="Acquire records: long-poll until some arrive or the timeout passes")
+@router.get(BASE + "/records", response_model=list[ShareRecordModel], responses=ERRORS,  # (200: api/openapi.py)
+            summary="Acquire records: long-poll until some arrive or the timeout passes, or stream them")
 async def share_records(request: Request, group: str, instance_id: str,
                         timeout: Annotated[int | None, Query(ge=0, le=INT32_MAX,
                                                              description="milliseconds to wait for data")] = None,
@@ -308,6 +326,17 @@ async def share_records(request: Request, group: str, instance_id: str,
     inst = share_instance(request, tenant, group, instance_id)
     reg = shares(request)
     gw = gateway(request)
+    media = stream_media(request)
+    if media is not None:
+        if inst.consumer is None:
+            raise GatewayError("the share consumer instance is not subscribed to any topic", status=409,
+                               error_code=40903)
+        # a stream holds one of the tenant's stream slots (and poll slots) for its whole life: 429/42901 first
+        slot = tenant.stream_slot()
+        await slot.__aenter__()
+        return SlotStreamingResponse(
+            stream_share_records(request, inst, tenant, media, max_records or 500, max_bytes, render_share_pieces),
+            release=slot, media_type=media, headers={"cache-control": "no-cache"})
     wait = min(reg.max_poll_timeout, (1000 if timeout is None else timeout) / 1000)
     inst.active_requests += 1
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 from service.client.client import KafkaClient
 from service.errors import GatewayError
+from service.instances.registry import NAME_PLACEMENT_TRIES
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.share.consumer import ShareConsumer, ShareRecord
@@ -339,6 +340,9 @@ class ShareRegistry:
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         self.draining = False
+        #: set by the routing layer with peers: whether this replica owns (share group, name) in the ring, so
+        #: a generated name is one this replica owns (requests for it reach it without a lookup)
+        self.name_placement: Callable[[str, str], bool] | None = None
 
     @property
     def instance_count(self) -> int:
@@ -355,7 +359,7 @@ class ShareRegistry:
                                status=503, error_code=50301, headers={"Retry-After": "1"})
         shares = self.tenants.setdefault(tenant, _TenantShares())
         if name is None:
-            name = f"rest-share-{self.replica_id}-{uuid.uuid4()}"
+            name = self._generated_name(group)
         elif not NAME_RE.fullmatch(name):
             raise GatewayError("name must be 1-200 characters of letters, digits, '.', '_' or '-'",
                                status=422, error_code=42206)
@@ -372,6 +376,20 @@ class ShareRegistry:
         shares.instances[key] = inst
         self._expired.pop((tenant, group, name), None)
         return inst
+
+    def _generated_name(self, group: str) -> str:
+        name = f"rest-share-{self.replica_id}-{uuid.uuid4()}"
+        placement = self.name_placement
+        for _ in range(NAME_PLACEMENT_TRIES if placement is not None else 0):
+            if placement is not None and placement(group, name):
+                break
+            name = f"rest-share-{self.replica_id}-{uuid.uuid4()}"
+        return name
+
+    def holds(self, group: str, name: str) -> bool:
+        """Whether a share instance (group, name) of any tenant lives in this replica (routing)."""
+        key = (group, name)
+        return any(key in t.instances for t in self.tenants.values())
 
     def get(self, tenant: str, group: str, name: str) -> ShareInstance:
         shares = self.tenants.get(tenant)

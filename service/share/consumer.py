@@ -184,6 +184,11 @@ class ShareConsumer:
                     log.info("share group %s: ShareFetch to node %d failed: %s", self.group_id, node, exc)
                     self._results += session.request_failed()
                     return []
+                except asyncio.CancelledError:
+                    # the caller went away mid-request (a client that left a stream or a long poll): no answer
+                    # will be read, so the next request opens a new session rather than finding this one stuck
+                    self._results += session.request_failed()
+                    raise
                 outcome = session.handle_fetch_response(resp, time.monotonic())
                 self._results += outcome.ack_results
                 if outcome.error_code:
@@ -254,6 +259,9 @@ class ShareConsumer:
         except KafkaError as exc:
             log.info("share group %s: ShareAcknowledge to node %d failed: %s", self.group_id, node, exc)
             return session.request_failed()
+        except asyncio.CancelledError:
+            self._results += session.request_failed()  # (as a cancelled ShareFetch)
+            raise
         return session.handle_acknowledge_response(resp, time.monotonic())
 
     # -- closing --------------------------------------------------------------------------------------------------

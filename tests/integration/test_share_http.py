@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 import time
@@ -264,6 +265,109 @@ async def test_an_expired_lock_is_reported_and_the_record_redelivered(kafka: Emb
         assert [(r["offset"], r["delivery_count"]) for r in back] == [(0, 2)]
         [done] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": 0}])
         assert done["applied"] is True
+        assert (await http.delete(path)).status_code == 204
+
+
+async def test_ndjson_stream_with_acknowledgements_alongside(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
+    """An ndjson stream (explicit mode): one record per line with its delivery count, acknowledged through POST
+    .../acknowledgements on another connection while the stream runs (without waiting: they ride on the stream's
+    next ShareFetch; their outcomes are read back); every record accepted once."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 2)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    n = 60
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 2)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http, \
+            httpx.AsyncClient(base_url=gw.url, timeout=30) as acks:
+        path = await create(http, group, "nd", topic, format="json")
+        seen: Counter[tuple[int, int]] = Counter()
+        applied = 0
+        async with http.stream("GET", f"{path}/records", params={"max_records": 7},
+                               headers={"accept": "application/x-ndjson"}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+            async for line in r.aiter_lines():
+                rec = json.loads(line)
+                assert rec["topic"] == topic and rec["delivery_count"] == 1 and rec["value"] is None, rec
+                seen[(rec["partition"], rec["offset"])] += 1
+                refused = await ack(acks, path, [{"topic": topic, "partition": rec["partition"],
+                                                  "offset": rec["offset"]}], wait=False)
+                assert refused == []
+                if len(seen) == n:
+                    break
+            deadline = time.monotonic() + 20
+            while applied < n:  # the outcomes, while the stream is still open
+                assert time.monotonic() < deadline, applied
+                outcomes = (await acks.get(f"{path}/acknowledgements")).json()["acknowledgements"]
+                assert all(o["applied"] for o in outcomes), outcomes
+                applied += len(outcomes)
+                await asyncio.sleep(0.05)
+        assert len(seen) == n and set(seen.values()) == {1} and applied == n
+        assert await poll(http, path, timeout=300) == []
+        assert (await http.delete(path)).status_code == 204
+
+
+async def test_sse_stream_implicit_mode(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
+    """An SSE stream in implicit mode: one data event per record; each chunk is accepted when the stream acquires
+    the next one, so reading everything leaves nothing to redeliver (the accept outcomes are counted)."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    n = 25
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 1)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        path = await create(http, group, "sse", topic, **{"acknowledgement.mode": "implicit"})
+        seen: list[int] = []
+        async with http.stream("GET", f"{path}/records", params={"max_records": 4},
+                               headers={"accept": "text/event-stream"}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    rec = json.loads(line[6:])
+                    assert rec["delivery_count"] == 1 and rec["lock_expires_at"] > 0
+                    seen.append(rec["offset"])
+                    if len(seen) == n:
+                        break
+        assert sorted(seen) == list(range(n))
+        accepted: Counter[int] = Counter()
+        deadline = time.monotonic() + 20
+        while sum(accepted.values()) < n:  # the last chunk: accepted by the stream's next acquisition
+            assert time.monotonic() < deadline, accepted
+            for o in (await http.get(f"{path}/acknowledgements")).json()["acknowledgements"]:
+                assert o["type"] == "accept" and o["applied"], o
+                accepted[o["offset"]] += 1
+            await asyncio.sleep(0.05)
+        assert sorted(accepted) == list(range(n)) and set(accepted.values()) == {1}
+        assert await poll(http, path, timeout=300) == []
+        assert (await http.delete(path)).status_code == 204
+
+
+async def test_a_stream_closed_early_loses_nothing(kafka: EmbeddedKafka, gw: GatewayProcess) -> None:
+    """A client reads one record of an ndjson stream (explicit mode, 1 s lock), accepts it and leaves: what the
+    stream acquired and did not write is released at once, what it wrote and nobody read comes back after the
+    lock; a plain worker then gets every other record, each accepted once."""
+    topic = await asyncio.to_thread(new_topic, kafka.bootstrap, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    n = 30
+    await asyncio.to_thread(produce, kafka.bootstrap, topic, n, 1)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        path = await create(http, group, "early", topic,
+                            configs={**EARLIEST, "share.record.lock.duration.ms": "1000"})
+        async with http.stream("GET", f"{path}/records", params={"max_records": 3},
+                               headers={"accept": "application/x-ndjson"}) as r:
+            first = json.loads(await r.aiter_lines().__anext__())
+        [a] = await ack(http, path, [{"topic": topic, "partition": 0, "offset": first["offset"]}])
+        assert a["applied"], a
+        accepted = Counter([first["offset"]])
+        deadline = time.monotonic() + 30
+        while len(accepted) < n:
+            assert time.monotonic() < deadline, sorted(accepted)
+            got = await poll(http, path, max_records=10)
+            for rec in got:
+                assert rec["offset"] not in accepted, rec
+            if got:
+                answers = await ack(http, path, [{"topic": topic, "partition": 0, "offset": rec["offset"]}
+                                                 for rec in got])
+                assert all(x["applied"] for x in answers), answers
+                accepted.update(rec["offset"] for rec in got)
+        assert sorted(accepted) == list(range(n)) and set(accepted.values()) == {1}
         assert (await http.delete(path)).status_code == 204
 
 

@@ -15,9 +15,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.instances.registry import Gateway, InstanceNotFound, InstanceOptions, static_group_instance_id
+from service.instances.registry import (
+    GROUP_ID_PATTERN,
+    Gateway,
+    InstanceNotFound,
+    InstanceOptions,
+    static_group_instance_id,
+)
 from service.ring import (
     ROUTING_VERSION,
+    SHARE_PREFIX,
     CreateName,
     HintCache,
     Identity,
@@ -31,6 +38,7 @@ from service.ring import (
     parse_peers,
     rank,
     routing_key,
+    share_group_of,
     url_of_address,
     urls_of_addrinfo,
     weight,
@@ -95,6 +103,18 @@ def test_paths() -> None:
     assert group_of_create_path("/consumers/g") == "g"
     assert group_of_create_path("/consumers/g/instances/c") is None
     assert group_of_create_path("/consumers") is None
+
+
+def test_share_instance_paths_are_their_own_keys() -> None:
+    """Share consumer instances route like consumer instances, under SHARE_PREFIX + group: a share instance
+    and a consumer instance of the same group and name are two keys."""
+    assert instance_of_path("/share-groups/g/instances/w1/records") == (SHARE_PREFIX + "g", "w1")
+    assert instance_of_path("/share-groups/g/instances/w1") == (SHARE_PREFIX + "g", "w1")
+    assert instance_of_path("/share-groups/g") is None
+    assert group_of_create_path("/share-groups/g") == SHARE_PREFIX + "g"
+    assert share_group_of(SHARE_PREFIX + "g") == "g" and share_group_of("g") is None
+    assert routing_key(SHARE_PREFIX + "g", "w1") != routing_key("g", "w1")
+    assert re.match(GROUP_ID_PATTERN, "g") and not re.match(GROUP_ID_PATTERN, SHARE_PREFIX + "g")  # no group id
 
 
 @pytest.mark.parametrize(("body", "expected"), [

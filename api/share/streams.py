@@ -1,0 +1,115 @@
+"""ndjson / SSE streams of a share consumer instance (``GET .../records`` with ``Accept: application/x-ndjson``
+or ``text/event-stream``): records as the instance acquires them, one line (ndjson) or one ``data:`` event (SSE)
+per record, each with its ``delivery_count`` and ``lock_expires_at``, while the client acknowledges them
+through ``POST .../acknowledgements`` on another connection.
+
+A chunk is what one acquisition returned (at most ``max_records``); the next acquisition happens only after
+the previous chunk was written, so a slow reader stops acquiring (records it has not read are not locked for
+it). Implicit mode: the records of a chunk are accepted when the stream acquires the next chunk, which it does
+as soon as the chunk was written to the connection (handed to the socket, not necessarily read by the client).
+When the stream ends (the client left, an error, shutdown), records acquired but not written (an acquisition
+in flight, a chunk whose write did not complete) are released: delivered again with ``delivery_count`` + 1.
+Explicit mode: records written and not acknowledged stay held until their lock runs out (or are acknowledged,
+on any connection, before then), whether or not the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+from fastapi import Request
+
+from api.deps import SSE, gateway
+from api.kafka_texts import client_text
+from service.client.errors import KafkaError
+from service.instances.registry import SHUTDOWN_MESSAGE, ShuttingDown
+from service.instances.share import ShareInstance
+from service.schemas.registry import RegistryUnavailable
+from service.share.consumer import ShareRecord
+from service.share.session import AckType
+from service.tenants import Tenant
+
+log = logging.getLogger(__name__)
+
+#: how long one acquisition of a stream waits for records before an SSE keep-alive (and a disconnect check)
+STREAM_POLL_S = 1.0
+
+
+#: renders acquired records as JSON objects, one line each (api/share/routes.py: render_share_pieces)
+Renderer = Callable[[Request, ShareInstance, Tenant, list[ShareRecord]], Awaitable[list[bytes]]]
+
+
+async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[list[ShareRecord]] | None,
+                            unwritten: list[ShareRecord]) -> None:
+    """At the end of a stream: the acquisition in flight is let finish (cancelling a ShareFetch would lose the
+    share session, and with it every lock the instance holds); what it acquired and the chunk whose write did
+    not complete are released (delivered again with delivery_count + 1: the client did not get them). In
+    implicit mode the last chunk written stays accepted (its next acquisition happened)."""
+    try:
+        if acquiring is not None:
+            with contextlib.suppress(Exception):
+                unwritten = unwritten + await acquiring
+        if not unwritten or inst.closed:
+            return
+        async with inst.poll_lock:
+            keys = {(r.topic, r.partition, r.offset) for r in unwritten}
+            if inst.options.ack_mode == "implicit":
+                inst.previous = [k for k in inst.previous if k not in keys]
+            release = [k for k in keys if k in inst.held]
+            if release:
+                await inst.acknowledge([(t, p, o, AckType.RELEASE) for t, p, o in sorted(release)], wait=False,
+                                       linger=0.0)
+    except Exception:
+        log.exception("share consumer instance %s: releasing what its stream did not write failed", inst.name)
+
+
+async def stream_share_records(request: Request, inst: ShareInstance, tenant: Tenant, media: str,
+                               max_records: int, max_bytes: int | None, render: Renderer) -> AsyncIterator[bytes]:
+    """The stream's body (the caller holds the tenant's stream slot): acquire, write, acquire again."""
+    gw = gateway(request)
+    inst.active_requests += 1
+    acquiring: asyncio.Future[list[ShareRecord]] | None = None
+    unwritten: list[ShareRecord] = []
+    try:
+        while not inst.closed:
+            if gw.draining:
+                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
+                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+                break
+            if await request.is_disconnected():
+                break
+            acquiring = asyncio.ensure_future(inst.poll(max_records, max_bytes, STREAM_POLL_S,
+                                                        stop=lambda: gw.draining or inst.closed))
+            recs = await asyncio.shield(acquiring)
+            acquiring = None
+            inst.touch()
+            if not recs:
+                if media == SSE:
+                    yield b": keep-alive\n\n"
+                continue
+            unwritten = recs
+            pieces = await render(request, inst, tenant, recs)
+            if media == SSE:
+                yield b"".join(b"data: " + p + b"\n\n" for p in pieces)
+            else:
+                yield b"\n".join(pieces) + b"\n"
+            unwritten = []
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # in-band: the status line was sent
+        code = 50307 if isinstance(exc, RegistryUnavailable) else 50002
+        if code == 50002:
+            log.exception("share consumer instance %s: the stream failed", inst.name)
+        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)
+        msg = orjson.dumps({"error_code": code, "message": text})
+        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+    finally:
+        inst.active_requests -= 1
+        inst.touch()
+        # (shielded: a stream ends by cancellation when its client leaves)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(asyncio.ensure_future(settle_stream_end(inst, acquiring, unwritten)))

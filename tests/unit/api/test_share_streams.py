@@ -1,0 +1,65 @@
+"""What a share stream settles when it ends (api/share/streams.py): the acquisition in flight finishes and what
+it acquired is released, as is a chunk whose write did not complete; in implicit mode the last chunk written
+stays accepted (it is no longer the instance's "previous") and the released records leave it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from api.share.streams import settle_stream_end
+from service.instances.share import Held, ShareOptions
+from service.share.consumer import ShareRecord
+from service.share.session import AckType
+
+
+def rec(offset: int) -> ShareRecord:
+    return ShareRecord("t", 0, offset, 0, None, b"v", (), 1, 1e12)
+
+
+class StubInstance:
+    def __init__(self, mode: str) -> None:
+        self.name = "w"
+        self.options = ShareOptions(ack_mode=mode)
+        self.closed = False
+        self.poll_lock = asyncio.Lock()
+        self.held: dict[tuple[str, int, int], Held] = {}
+        self.previous: list[tuple[str, int, int]] = []
+        self.sent: list[tuple[str, int, int, AckType]] = []
+
+    async def acknowledge(self, acks: list[tuple[str, int, int, AckType]], *, wait: bool,
+                          linger: float) -> list[Any]:
+        self.sent += acks
+        for t, p, o, _ in acks:
+            self.held.pop((t, p, o), None)
+        return []
+
+
+@pytest.mark.parametrize("mode", ["explicit", "implicit"])
+async def test_unwritten_and_in_flight_records_are_released(mode: str) -> None:
+    inst = StubInstance(mode)
+    for o in range(6):
+        inst.held[("t", 0, o)] = Held(1, 1e12)
+    inst.previous = [("t", 0, o) for o in (4, 5)] if mode == "implicit" else []
+
+    async def acquiring() -> list[ShareRecord]:
+        await asyncio.sleep(0)
+        return [rec(4), rec(5)]
+
+    # 0-1 written (held, not settled here), 2-3 a chunk whose write did not complete, 4-5 in flight
+    await settle_stream_end(inst, asyncio.ensure_future(acquiring()), [rec(2), rec(3)])  # type: ignore[arg-type]
+    assert inst.sent == [("t", 0, o, AckType.RELEASE) for o in (2, 3, 4, 5)]
+    assert sorted(inst.held) == [("t", 0, 0), ("t", 0, 1)]
+    assert inst.previous == []
+
+
+async def test_a_failed_acquisition_and_nothing_unwritten_release_nothing() -> None:
+    inst = StubInstance("explicit")
+
+    async def failing() -> list[ShareRecord]:
+        raise RuntimeError("broker gone")
+
+    await settle_stream_end(inst, asyncio.ensure_future(failing()), [])  # type: ignore[arg-type]
+    assert inst.sent == []

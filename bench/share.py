@@ -9,8 +9,9 @@ group (``share.auto.offset.reset=earliest``) reading all N records:
   binary share consumer instances (explicit acknowledgement), each driven by its own loop in this process (one
   httpx client): ``GET .../records?max_records=M&timeout=200``, then ``POST .../acknowledgements`` accepting what
   it got as offset ranges with ``"wait": false`` (the acknowledgements ride on the next ShareFetch, as the Java
-  client's do), the last one of each worker with ``"wait": true``; then each worker reads its outcomes
-  (``GET .../acknowledgements``) until every acknowledgement it sent has one.
+  client's do), the last one of each worker with ``"wait": true``; each worker reads its outcomes
+  (``GET .../acknowledgements``) whenever 5,000 are unread, and at the end until every acknowledgement it sent
+  has one.
 - **Java KafkaShareConsumer**: tools/peers/ShareConsumeN.java, compiled with javac (a JDK 17+ from /usr/lib/jvm)
   into ~/.cache/kcg-peers/<hash>/ (outside the repository), ``--workers`` consumers on their own threads in one
   JVM, ``share.acknowledgement.mode=explicit``: poll, ``acknowledge`` each record, poll again; at the end
@@ -56,6 +57,8 @@ from service.embedded.kafka import EmbeddedKafka, find_kafka_lib  # noqa: E402
 SHARE_JAVA = ROOT / "tools" / "peers" / "ShareConsumeN.java"
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BIN = {"Accept": "application/vnd.kafka.binary.v2+json"}
+#: outcomes of acknowledgements sent with wait false are read (GET .../acknowledgements) once this many are unread
+OUTCOMES_EVERY = 5000
 
 
 @dataclass
@@ -139,6 +142,10 @@ async def http_row(url: str, topic: str, n: int, workers: int, max_records: int,
                 a.raise_for_status()
                 w.sent += len(recs)
                 w.take(a.json()["acknowledgements"])
+                if w.sent - w.answered > OUTCOMES_EVERY:  # the gateway keeps 10,000 outcomes per instance
+                    o = await http.get(f"{w.path}/acknowledgements")
+                    o.raise_for_status()
+                    w.take(o.json()["acknowledgements"])
             while w.answered < w.sent:  # acknowledgements sent with wait false: their outcomes
                 o = await http.get(f"{w.path}/acknowledgements")
                 o.raise_for_status()

@@ -369,6 +369,11 @@ class ShareRegistry:
                 raise GatewayError(f"{whose} reached its limit of {limit} share consumer instances", status=429,
                                    error_code=42901, headers={"Retry-After": "1"})
         inst = ShareInstance(tenant, group, name, options, client, metrics=self.metrics)
+        if self.metrics is not None:
+            # the tenant's series exist from its first instance on: rate() sees the first event, a panel shows 0
+            for counter in (self.metrics.share_acquired, self.metrics.share_redelivered,
+                            self.metrics.share_lock_expiries):
+                counter.labels(tenant)
         shares.instances[key] = inst
         self._expired.pop((tenant, group, name), None)
         return inst

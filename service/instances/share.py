@@ -210,13 +210,18 @@ class ShareInstance:
                 continue
             if type != AckType.RENEW:
                 del self.held[key]
-        for o in refused:
-            self._count(o)
+        self._count(refused)
         return refused
 
-    def _count(self, o: AckOutcome) -> None:
-        if self.metrics is not None:
-            self.metrics.share_acks.labels(self.tenant, o.type, "applied" if o.applied else "refused").inc()
+    def _count(self, outcomes: Iterable[AckOutcome]) -> None:
+        """kcg_share_acknowledgements_total: one increment per (type, outcome) of a batch, not per record."""
+        if self.metrics is None:
+            return
+        counts: dict[tuple[str, bool], int] = {}
+        for o in outcomes:
+            counts[(o.type, o.applied)] = counts.get((o.type, o.applied), 0) + 1
+        for (type, applied), n in counts.items():
+            self.metrics.share_acks.labels(self.tenant, type, "applied" if applied else "refused").inc(n)
 
     def _absorb(self, results: list[AckResult]) -> None:
         """Answers of the broker: renewals move the lock deadline; each answer goes to the request waiting for
@@ -226,8 +231,13 @@ class ShareInstance:
         names = self.client.metadata.topic_names
         now = time.monotonic()
         lock = max((s.lock_timeout_ms for s in self.consumer.sessions.values()), default=0) if self.consumer else 0
+        answered: list[AckOutcome] = []
+        last_id: object = None
+        topic = ""
         for r in results:
-            topic = names.get(r.topic_id) or str(r.topic_id)
+            if r.topic_id is not last_id:  # answers come in runs per partition: look the name up once per run
+                last_id = r.topic_id
+                topic = names.get(r.topic_id) or str(r.topic_id)
             name = TYPE_NAMES.get(r.type, r.type.name.lower())
             key = (topic, r.partition, r.offset)
             deadline = None
@@ -239,7 +249,7 @@ class ShareInstance:
                     self.held.pop(key, None)
             o = AckOutcome(topic, r.partition, r.offset, name, r.applied,
                            None if r.applied else EC.describe(r.error_code).name, deadline)
-            self._count(o)
+            answered.append(o)
             okey = (topic, r.partition, r.offset, name)
             if okey in self._awaited:
                 self._awaited[okey] = o
@@ -248,6 +258,7 @@ class ShareInstance:
                 self.outcomes.move_to_end(okey)
                 while len(self.outcomes) > MAX_KEPT_OUTCOMES:
                     self.outcomes.popitem(last=False)
+        self._count(answered)
 
     async def acknowledge(self, acks: list[tuple[str, int, int, AckType]], *, wait: bool,
                           linger: float) -> list[AckOutcome]:
@@ -373,6 +384,11 @@ class ShareRegistry:
                 raise GatewayError(f"{whose} reached its limit of {limit} share consumer instances", status=429,
                                    error_code=42901, headers={"Retry-After": "1"})
         inst = ShareInstance(tenant, group, name, options, client, metrics=self.metrics)
+        if self.metrics is not None:
+            # the tenant's series exist from its first instance on: rate() sees the first event, a panel shows 0
+            for counter in (self.metrics.share_acquired, self.metrics.share_redelivered,
+                            self.metrics.share_lock_expiries):
+                counter.labels(tenant)
         shares.instances[key] = inst
         self._expired.pop((tenant, group, name), None)
         return inst

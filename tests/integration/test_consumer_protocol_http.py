@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import contextlib
 import itertools
 import json
 import re
@@ -465,3 +467,140 @@ async def test_a_durable_consumer_instance_survives_kill_9_of_its_gateway(fast_k
         g2.stop()
     log = (tmp_path / "gw2.log").read_text()
     assert "re-created consumer instance c" in log and "coordinator_consumer" in log
+
+
+async def test_rolling_restart_of_two_replicas_with_durable_consumer_instances(
+        fast_kafka: EmbeddedKafka, tmp_path: Path, cleanup: list[GatewayProcess]) -> None:
+    """Two replicas with durable, static consumer-protocol instances (one owned by each), a client per instance
+    polling through one replica and committing through the other after every batch; SIGTERM of one replica,
+    started again, then the other, each while records are produced. Every record counted: nothing lost, nothing
+    below a 2xx commit delivered again, no 404 (the instance is handed off and re-created under the same
+    group.instance.id), and the group ends stable with both members and every partition assigned once."""
+    from tests.integration.test_replicas import (  # the replica helpers of the classic rolling restart
+        Ledger,
+        commit,
+        converged,
+        name_owned_by,
+        produce,
+        replica_set,
+        start,
+    )
+
+    uid = uuid.uuid4().hex[:6]
+    topic, group, parts = f"kip848-rolling-{uid}", f"kip848-rolling-{uid}", 4
+    await create_topic(fast_kafka.bootstrap, topic, parts)
+    produced = await asyncio.to_thread(produce, fast_kafka.bootstrap, topic, 0, 400, parts)
+    procs = replica_set(fast_kafka, tmp_path, ["a", "b"], env={
+        "GATEWAY_DURABLE_INSTANCES": "true", "GATEWAY_STATIC_MEMBERSHIP": "true", "GATEWAY_GROUP_PROTOCOL": "consumer",
+        "GATEWAY_CONSUMER_SESSION_TIMEOUT_MS": "10000"})
+    cleanup += procs.values()
+    start(*procs.values())
+    await converged(list(procs.values()), {"a", "b"})
+    names = [name_owned_by("a", ["a", "b"], group, prefix="x"), name_owned_by("b", ["a", "b"], group, prefix="y")]
+    ledgers = {n: Ledger() for n in names}
+    statuses: collections.Counter[int] = collections.Counter()
+    bad: list[str] = []
+    stop = asyncio.Event()
+    group_committed: dict[int, int] = {}  # partition -> next offset covered by a 2xx commit of either instance
+    below_commit: list[tuple[str, int, int]] = []  # delivered again though a 2xx commit covered it
+
+    def everything() -> set[bytes]:
+        return set().union(*(lg.values() for lg in ledgers.values()))
+
+    async with contextlib.AsyncExitStack() as stack:
+        via = [await stack.enter_async_context(httpx.AsyncClient(base_url=p.url, timeout=60))
+               for p in procs.values()]
+        for n in names:
+            r = await via[0].post(f"/consumers/{group}", headers=V2, json={
+                "name": n, "format": "binary", "auto.offset.reset": "earliest", "auto.commit.enable": "false"})
+            assert r.status_code == 200, r.text
+            r = await via[1].post(f"/consumers/{group}/instances/{n}/subscription", headers=V2,
+                                  json={"topics": [topic]})
+            assert r.status_code == 204, r.text
+
+        async def client(n: str, k: int) -> None:
+            base, ledger, i = f"/consumers/{group}/instances/{n}", ledgers[n], k
+            while not stop.is_set():
+                poller, committer = via[i % 2], via[(i + 1) % 2]
+                i += 1
+                try:
+                    r = await poller.get(f"{base}/records", params={"timeout": 300, "max_records": 100},
+                                         headers=BINARY)
+                except httpx.TransportError as exc:  # a replica stopping: the client tries the other one
+                    statuses[-1] += 1
+                    bad.append(f"transport {type(exc).__name__}")
+                    continue
+                statuses[r.status_code] += 1
+                if r.status_code == 503:  # draining, or the instance being re-created: Retry-After
+                    assert "retry-after" in r.headers, r.text
+                    continue
+                if r.status_code != 200:
+                    bad.append(f"{r.status_code} {r.text[:200]}")
+                    continue
+                below_commit.extend((n, rec["partition"], rec["offset"]) for rec in r.json()
+                                    if rec["offset"] < group_committed.get(rec["partition"], 0))
+                ledger.add(r.json())
+                if r.json():
+                    try:
+                        c = await commit(committer, base, topic, ledger)
+                    except httpx.TransportError:
+                        statuses[-1] += 1
+                        continue
+                    statuses[c.status_code] += 1
+                    for part, nxt_offset in ledger.committed.items():
+                        group_committed[part] = max(group_committed.get(part, 0), nxt_offset)
+                    if c.status_code not in (200, 409, 503):
+                        bad.append(f"commit {c.status_code} {c.text[:200]}")
+
+        tasks = [asyncio.create_task(client(n, k)) for k, n in enumerate(names)]
+        try:
+            nxt = 400
+            for rid in ("a", "b"):
+                produced |= await asyncio.to_thread(produce, fast_kafka.bootstrap, topic, nxt, 200, parts)
+                procs[rid].stop()  # SIGTERM: drain, hand the instance off, leave, exit
+                produced |= await asyncio.to_thread(produce, fast_kafka.bootstrap, topic, nxt + 200, 200, parts)
+                nxt += 400
+                procs[rid].start()
+                await converged(list(procs.values()), {"a", "b"})
+                deadline = time.monotonic() + 40
+                while not produced <= everything():
+                    assert time.monotonic() < deadline, (f"after restarting {rid}: missing "
+                                                         f"{len(produced - everything())}; {dict(statuses)}; {bad[:5]}")
+                    await asyncio.sleep(0.1)  # the client tasks consume; this only watches their ledgers
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+        # the group is not stuck: stable, both members (under their static ids), each partition assigned once
+        cid = (await via[0].get("/v3/clusters")).json()["data"][0]["cluster_id"]
+        deadline = time.monotonic() + 20
+        while True:
+            g = (await via[0].get(f"/v3/clusters/{cid}/consumer-groups/{group}")).json()
+            members = (await via[0].get(f"/v3/clusters/{cid}/consumer-groups/{group}/consumers")).json()["data"]
+            owned = [a["partition_id"] for m in members for a in (await via[0].get(
+                f"/v3/clusters/{cid}/consumer-groups/{group}/consumers/{m['consumer_id']}/assignments")
+            ).json()["data"]]
+            if (g["state"], g["group_type"], len(members), sorted(owned)) == ("STABLE", "consumer", 2,
+                                                                               list(range(parts))):
+                break
+            assert time.monotonic() < deadline, (g, members, owned)
+            await asyncio.sleep(0.2)  # polling the group's description while its members settle
+        ids = sorted(m["instance_id"] for m in members)  # static: the ids the instances were created with
+        assert [i.rsplit(".", 1)[1] for i in ids] == sorted(names), ids
+        for n in names:
+            r = await via[0].delete(f"/consumers/{group}/instances/{n}", headers=V2)
+            assert r.status_code == 204, r.text
+
+    assert everything() == produced  # nothing lost
+    assert statuses[404] == 0 and statuses[410] == 0, (dict(statuses), bad[:5])
+    assert not [b for b in bad if not b.startswith("transport")], bad[:10]
+    # duplicates only inside the uncommitted window: nothing a 2xx commit (of either instance) covered came back
+    assert below_commit == [], below_commit[:10]
+    # each instance was handed off to the other replica and back, re-created there from its descriptor
+    logs = {rid: (tmp_path / f"gw-{rid}.log").read_text() for rid in procs}
+    recreated = {rid: len(re.findall(r"re-created consumer instance \S+ .* static member", t))
+                 for rid, t in logs.items()}
+    assert recreated["a"] >= 1 and recreated["b"] >= 1, recreated
+    delivered = sum(len(lg.received) for lg in ledgers.values())
+    print(f"rolling restart, consumer protocol: statuses {dict(statuses)}; delivered {delivered} for "
+          f"{len(produced)} produced; re-created per replica {recreated}")

@@ -6,7 +6,11 @@ tenants, admin token, durable instances) after a short load on the real Tansu br
   expression parses (each becomes a recording rule of a temporary rule file);
 - every dashboard expression returns data from Prometheus, except the panels marked
   ``(multi-replica only)`` in their title (replica forwarding: no data with one replica), which are listed
-  here explicitly so that the exemption cannot grow unnoticed;
+  here explicitly so that the exemption cannot grow unnoticed; each expression is evaluated on the Tansu
+  gateway's job alone, but for the share-group and consumer-protocol panels (KAFKA_PANELS, listed explicitly
+  too: Tansu has neither; and "Time to converge", see ON_KAFKA), evaluated on the job of a second gateway on the
+  session Apache Kafka broker, which runs a share consumer instance (acquire, release, redelivery, accept) and a
+  group.protocol=consumer instance; the broker-dependent panels are shown to have no data on the Tansu job;
 - Prometheus loads the alert rules and evaluates them without error;
 - the dashboard loads with grafana-foundation-sdk (typed panels, Prometheus queries, template variables);
 - dashboards/render.py draws the main panels from Prometheus to a PNG (in tmp_path: nothing committed).
@@ -38,6 +42,7 @@ import yaml
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
+from service.embedded.kafka import EmbeddedKafka
 from service.embedded.tansu import EmbeddedBroker, free_port
 from tests.integration.gateway_proc import GatewayProcess
 
@@ -50,6 +55,15 @@ ALERTS = DASHBOARDS / "alerts.yaml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 #: the only panels allowed to return no data here: replica forwarding needs several replicas
 MULTI_REPLICA_PANELS = {"Forwarded requests / s (multi-replica only)", "Forwarding latency (multi-replica only)"}
+#: the panels that have data only on a broker with share groups and the consumer group protocol (Apache Kafka 4.x;
+#: not Tansu): they are checked on the job of the gateway on Apache Kafka, every other panel on the Tansu one's
+KAFKA_PANELS = {"Share records acquired / s", "Share acknowledgements / s by type", "Share lock expiries / s",
+                "Member epoch (consumer protocol)"}
+#: checked on the gateway on Apache Kafka too, though not broker-dependent: a time to converge needs an assignment
+#: change after the first (classic: a revocation), which the Tansu load (one instance per group) never makes
+ON_KAFKA = KAFKA_PANELS | {"Time to converge"}
+JOB = "kafka-consumer-gateway"  # the Tansu gateway's job (what dashboards/alerts.yaml expects)
+KAFKA_JOB = "kafka-consumer-gateway-on-kafka"
 ALERT_NAMES = {"KcgGatewayDown", "KcgNotReady", "KcgConsumerLagGrowing", "KcgCommitFailures", "KcgMissedHeartbeats",
                "KcgSlowHeartbeats", "KcgEventLoopStall", "KcgEventLoopLagging", "KcgBackgroundTaskFailures",
                "KcgHttpServerErrors", "KcgInstancesWithoutPartitions", "KcgDescriptorFailures",
@@ -156,11 +170,12 @@ def test_the_dashboard_loads_with_grafana_foundation_sdk() -> None:
     assert d.panels is not None
     rows = [p for p in d.panels if isinstance(p, gdash.RowPanel)]
     assert [r.title for r in rows] == ["Overview", "Consumers", "Polling", "Commits and errors", "Process", "Routing",
-                                       "Durable instances and recovery", "Memory budget"]
+                                       "Durable instances and recovery", "Memory budget",
+                                       "Share groups and group protocol"]
     panels = [p for p in d.panels if isinstance(p, gdash.Panel)]
     assert len(panels) == len(render.panels(raw)) >= 20
     titles = {p.title for p in panels}
-    assert MULTI_REPLICA_PANELS <= titles
+    assert MULTI_REPLICA_PANELS <= titles and KAFKA_PANELS <= titles
     for p in panels:
         assert p.type_val in {"timeseries", "stat"}, p.title
         # the panel's options decode as that panel type's options (the SDK knows the plugin)
@@ -241,7 +256,16 @@ def gw(tansu: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def prometheus(gw: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+def gw_kafka(kafka: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A gateway on the session Apache Kafka broker, for the share-group and consumer-protocol panels."""
+    d = tmp_path_factory.mktemp("dashboards-gw-kafka")
+    with GatewayProcess(kafka.bootstrap, log_file=d / "gateway.log") as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def prometheus(gw: GatewayProcess, gw_kafka: GatewayProcess,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     exe = need("prometheus")
     d = tmp_path_factory.mktemp("prometheus")
     shutil.copy(ALERTS, d / "alerts.yaml")
@@ -253,6 +277,10 @@ def prometheus(gw: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> 
             "metrics_path": "/metrics",
             "authorization": {"type": "Bearer", "credentials": ADMIN_TOKEN},  # a tenants file: admin only
             "static_configs": [{"targets": [gw.url.removeprefix("http://")]}],
+        }, {
+            "job_name": KAFKA_JOB,  # no tenants file there: /metrics needs no token
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": [gw_kafka.url.removeprefix("http://")]}],
         }],
     }))
     port = free_port()
@@ -397,6 +425,81 @@ def load(gw: GatewayProcess, prometheus: Prometheus, tansu: EmbeddedBroker) -> I
         httpx.delete(f"{gw.url}{base}", headers={"X-API-Key": KEYS[tenant]}, timeout=30)
 
 
+async def drive_kafka(gw: GatewayProcess, prom_url: str, bootstrap: str, suffix: str) -> None:
+    """On the gateway on Apache Kafka: a share consumer instance acquires records, releases one, gets it again
+    (delivery_count 2) and accepts everything; a group.protocol=consumer instance reads the same topic. Both
+    instances stay (the member-epoch gauge exists while its member does)."""
+    topic = f"dash-k-{suffix}"
+    kc = KafkaClient(bootstrap)
+    try:
+        await kc.create_topics({topic: 2})
+    finally:
+        await kc.close()
+    await asyncio.to_thread(produce, bootstrap, topic, 10, 2)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        r = await c.post(f"/share-groups/sg-{suffix}", headers=H, json={
+            "name": "w1", "format": "binary", "configs": {"share.auto.offset.reset": "earliest"}})
+        assert r.status_code == 200, r.text
+        share = f"/share-groups/sg-{suffix}/instances/w1"
+        r = await c.post(f"{share}/subscription", headers=H, json={"topics": [topic]})
+        assert r.status_code == 204, r.text
+        r = await c.post(f"/consumers/cg-{suffix}", headers=H, json={
+            "name": "c1", "format": "binary", "auto.offset.reset": "earliest", "group.protocol": "consumer"})
+        assert r.status_code == 200, r.text
+        member = f"/consumers/cg-{suffix}/instances/c1"
+        r = await c.post(f"{member}/subscription", headers=H, json={"topics": [topic]})
+        assert r.status_code == 204, r.text
+
+        accepted: set[tuple[int, int]] = set()
+        released: tuple[int, int] | None = None
+        deadline = time.monotonic() + 60
+        while len(accepted) < 10:
+            assert time.monotonic() < deadline, f"share instance: {len(accepted)} of 10 records accepted"
+            r = await c.get(f"{share}/records", params={"timeout": 1000})
+            assert r.status_code == 200, r.text
+            acks = []
+            for rec in r.json():
+                key = (rec["partition"], rec["offset"])
+                again = released is not None and key == released
+                assert rec["delivery_count"] == (2 if again else 1), rec
+                kind = "release" if released is None else "accept"
+                released = key if released is None else released
+                acks.append({"topic": topic, "partition": key[0], "offset": key[1], "type": kind})
+                if kind == "accept":
+                    accepted.add(key)
+            if acks:
+                r = await c.post(f"{share}/acknowledgements", headers=H, json={"acknowledgements": acks})
+                assert r.status_code == 200 and all(a["applied"] for a in r.json()["acknowledgements"]), r.text
+        got = 0
+        while got < 10:
+            assert time.monotonic() < deadline, f"consumer-protocol instance: {got} of 10 records"
+            r = await c.get(f"{member}/records", params={"timeout": 1000}, headers={"Accept": BIN})
+            assert r.status_code == 200, r.text
+            got += len(r.json())
+    await seen_by_prometheus(prom_url, f'sum(kcg_share_records_redelivered_total{{job="{KAFKA_JOB}"}})', 1)
+    await seen_by_prometheus(prom_url, f'sum(kcg_share_acknowledgements_total{{job="{KAFKA_JOB}", type="accept", '
+                                       'outcome="applied"})', 10)
+
+
+@pytest.fixture(scope="module")
+def kafka_load(gw_kafka: GatewayProcess, prometheus: Prometheus, kafka: EmbeddedKafka) -> None:
+    asyncio.run(drive_kafka(gw_kafka, prometheus.url, kafka.bootstrap, f"{int(time.time() * 1000) % 10**8}"))
+
+
+def test_the_gateway_on_kafka_reports_share_and_consumer_protocol_series(prometheus: Prometheus,
+                                                                        kafka_load: None) -> None:
+    on = f'job="{KAFKA_JOB}"'
+    assert scalar(prometheus, f"sum(kcg_share_records_acquired_total{{{on}}})") == 11  # 10, one of them twice
+    assert scalar(prometheus, f'sum(kcg_share_acknowledgements_total{{{on}, type="release"}})') == 1
+    assert scalar(prometheus, f"sum(kcg_share_lock_expiries_total{{{on}}})") == 0
+    wait_for("the consumer-protocol member's epoch",
+             lambda: (scalar(prometheus, f"max(kcg_group_member_epoch{{{on}}})") or 0) >= 1)
+    wait_for("a consumer-protocol assignment change", lambda: (scalar(
+        prometheus, f'sum(kcg_group_assignment_changes_total{{{on}, protocol="consumer"}})') or 0) >= 1)
+    wait_for("a consumer-protocol time to converge", lambda: scalar(
+        prometheus, f'max(kcg_group_converge_seconds{{{on}, protocol="consumer"}})') is not None)
+
+
 def wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
     """Poll ``check()`` (Prometheus scrapes every second) until it returns something truthy."""
     deadline = time.monotonic() + timeout
@@ -433,32 +536,44 @@ def test_prometheus_scrapes_the_gateway_with_the_admin_token(prometheus: Prometh
     assert scalar(prometheus, 'sum(kcg_fetch_requests_total{kind="full"})') > 0
     wait_for("kcg_ready == 1", lambda: scalar(prometheus, "min(kcg_ready)") == 1)
     wait_for("both tenants' brokers reachable",
-             lambda: scalar(prometheus, "count(kcg_broker_reachable == 1)") == len(KEYS))
+             lambda: scalar(prometheus, f'count(kcg_broker_reachable{{job="{JOB}"}} == 1)') == len(KEYS))
     assert scalar(prometheus, "sum(kcg_heartbeats_total)") > 0
-    assert scalar(prometheus, "max(kcg_heartbeat_age_seconds)") < 5  # the members heartbeat every 300 ms
+    # the members heartbeat every 300 ms
+    assert scalar(prometheus, f'max(kcg_heartbeat_age_seconds{{job="{JOB}"}})') < 5
     lag = prometheus.query(f'kcg_consumer_lag{{tenant="team-a", topic="{load.topics["team-a"]}"}}')
     assert {s["metric"]["partition"] for s in lag} == {"0", "1"} and all(float(s["value"][1]) == 0 for s in lag)
     # durable instances: both tenants' descriptors written and read back, nothing re-created or handed off on a
     # replica that neither restarted nor stopped; the memory budget as configured, nothing refused
     wait_for("both tenants' descriptor topics read to the end",
-             lambda: scalar(prometheus, "count(kcg_descriptor_topic_lag == 0)") == len(KEYS))
+             lambda: scalar(prometheus, f'count(kcg_descriptor_topic_lag{{job="{JOB}"}} == 0)') == len(KEYS))
     assert scalar(prometheus, "sum(kcg_descriptor_failures_total)") == 0
     assert scalar(prometheus, "sum(kcg_instances_recreated_total)") == 0
     assert scalar(prometheus, "sum(kcg_instances_handed_off_total)") == 0
     assert scalar(prometheus, "sum(kcg_group_stall_recoveries_total)") == 0
-    assert scalar(prometheus, "max(kcg_memory_budget_bytes)") == MEMORY_BUDGET
-    kinds = {s["metric"]["kind"] for s in prometheus.query("kcg_memory_budget_used_bytes")}
+    assert scalar(prometheus, f'max(kcg_memory_budget_bytes{{job="{JOB}"}})') == MEMORY_BUDGET
+    kinds = {s["metric"]["kind"] for s in prometheus.query(f'kcg_memory_budget_used_bytes{{job="{JOB}"}}')}
     assert kinds == {"prefetch", "fetch", "range", "body", "send"}, kinds
-    assert scalar(prometheus, 'sum(kcg_memory_budget_refusals_total{kind=~"range|body"})') == 0
+    assert scalar(prometheus, f'sum(kcg_memory_budget_refusals_total{{job="{JOB}", kind=~"range|body"}})') == 0
 
 
-def test_every_dashboard_expression_returns_data(prometheus: Prometheus, load: Load) -> None:
+def on_job(expr: str, job: str) -> str:
+    """A dashboard expression as Grafana sends it with the job variable at ``job`` (the others at All)."""
+    assert 'job=~"$job"' in expr, expr
+    return render.substitute(expr.replace('job=~"$job"', f'job="{job}"'), RATE_INTERVAL)
+
+
+def test_every_dashboard_expression_returns_data(prometheus: Prometheus, load: Load, kafka_load: None) -> None:
     started = time.monotonic()
     queries = render.queries(dashboard())
     exempt = {q.panel for q in queries if q.multi_replica}
     assert exempt == MULTI_REPLICA_PANELS  # the only panels allowed to be empty here, and marked as such
-    pending = {(q.panel, q.ref_id): render.substitute(q.expr, RATE_INTERVAL) for q in queries if not q.multi_replica}
-    assert len(pending) >= 25
+    pending = {(q.panel, q.ref_id): on_job(q.expr, KAFKA_JOB if q.panel in ON_KAFKA else JOB)
+               for q in queries if not q.multi_replica}
+    assert len(pending) >= 25 and ON_KAFKA <= {p for p, _ in pending}
+    # and the broker-dependent panels do have no data on the Tansu gateway: the rule is not wider than needed
+    for q in queries:
+        if q.panel in KAFKA_PANELS:
+            assert not prometheus.query(on_job(q.expr, JOB)), (q.panel, q.expr)
 
     def remaining() -> dict[tuple[str, str], str]:
         for key, expr in list(pending.items()):
@@ -499,7 +614,8 @@ def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: Prometheus, 
     assert alerts == [], [(a["labels"]["alertname"], a["state"], a.get("value")) for a in alerts]
 
 
-def test_render_draws_the_main_panels_to_a_png(prometheus: Prometheus, load: Load, tmp_path: Path) -> None:
+def test_render_draws_the_main_panels_to_a_png(prometheus: Prometheus, load: Load, kafka_load: None,
+                                               tmp_path: Path) -> None:
     wait_for("records in Prometheus", lambda: scalar(prometheus, "sum(kcg_records_delivered_total)"))
     out = tmp_path / "dashboard.png"
     minutes = max(1.0, (time.time() - load.started) / 60 + 0.5)

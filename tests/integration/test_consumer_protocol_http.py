@@ -476,7 +476,7 @@ async def test_rolling_restart_of_two_replicas_with_durable_consumer_instances(
     started again, then the other, each while records are produced. Every record counted: nothing lost, nothing
     below a 2xx commit delivered again, no 404 (the instance is handed off and re-created under the same
     group.instance.id), and the group ends stable with both members and every partition assigned once."""
-    from tests.integration.test_replicas import (  # the replica helpers of the classic rolling restart
+    from tests.integration.replicas import (  # the replica helpers of the classic rolling restart
         Ledger,
         commit,
         converged,

@@ -16,7 +16,7 @@ from service.client.client import KafkaClient
 from service.ring import owner, routing_key
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
-from tests.integration.test_replicas import (
+from tests.integration.replicas import (
     BIN,
     SERVED_BY,
     V2,

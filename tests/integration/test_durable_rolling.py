@@ -18,8 +18,7 @@ import pytest
 from service.client.client import KafkaClient
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
-from tests.integration.test_durable_replicas import DURABLE
-from tests.integration.test_replicas import (
+from tests.integration.replicas import (
     BIN,
     V2,
     Ledger,
@@ -31,6 +30,7 @@ from tests.integration.test_replicas import (
     replica_set,
     start,
 )
+from tests.integration.test_durable_replicas import DURABLE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

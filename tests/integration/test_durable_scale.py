@@ -20,8 +20,7 @@ from service.client.client import KafkaClient
 from service.ring import owner, routing_key
 from tests.conftest import AnyBroker
 from tests.integration.gateway_proc import GatewayProcess
-from tests.integration.test_durable_replicas import DURABLE
-from tests.integration.test_replicas import (
+from tests.integration.replicas import (
     BIN,
     SERVED_BY,
     TOKEN,
@@ -35,6 +34,7 @@ from tests.integration.test_replicas import (
     replica_set,
     start,
 )
+from tests.integration.test_durable_replicas import DURABLE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -25,7 +25,7 @@ from tests.conftest import AnyBroker
 from tests.fakes.broker import TestCluster, default_registry
 from tests.fakes.broker.group_coordinator import group_coordinator
 from tests.integration.gateway_proc import GatewayProcess
-from tests.integration.test_replicas import (
+from tests.integration.replicas import (
     BIN,
     V2,
     clients,

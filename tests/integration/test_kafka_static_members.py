@@ -26,7 +26,7 @@ import pytest
 from service.client.client import KafkaClient
 from service.embedded.kafka import EmbeddedKafka
 from tests.integration.gateway_proc import GatewayProcess
-from tests.integration.test_replicas import BIN, V2, Ledger, commit, metric, produce, start
+from tests.integration.replicas import BIN, V2, Ledger, commit, metric, produce, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PARTS = 4

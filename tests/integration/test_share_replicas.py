@@ -18,7 +18,7 @@ import pytest
 
 from service.embedded.kafka import EmbeddedKafka
 from service.ring import SHARE_PREFIX
-from tests.integration.test_replicas import clients, converged, name_owned_by, replica_set, start
+from tests.integration.replicas import clients, converged, name_owned_by, replica_set, start
 from tests.integration.test_share_http import EARLIEST, JSON, ack, new_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

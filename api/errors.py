@@ -68,6 +68,8 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
     (409, 40903, 'illegal state (not subscribed, partition not assigned, rebalance in progress, no offset)'),
     (409, 40910, 'share consumer instance with this name already exists in the share group'),
     (409, 40911, 'share group has members: its start offsets cannot be reset or deleted until every member left'),
+    (409, 40913, "group.protocol 'consumer' on a Kafka cluster without the consumer group protocol (KIP-848; "
+                 "e.g. Tansu): use 'classic'"),
     (409, 40912, "the tenant's Kafka cluster has no share groups (its brokers' ApiVersions lack "
                  "ShareGroupHeartbeat / ShareFetch: e.g. Tansu, Kafka before 4.x, or share groups disabled)"),
     (410, 41001, 'consumer instance expired after its idle timeout'),
@@ -105,8 +107,6 @@ ERROR_CODES: tuple[tuple[int, int, str], ...] = (
                  'GATEWAY_MAX_PARTITIONS_PER_TOPIC (also with validate_only)'),
     (422, 42214, "v3 topic create: a topic config outside GATEWAY_TOPIC_CONFIGS_ALLOWED (or the tenant's "
                  "admin_topic_configs); the message names it"),
-    (422, 42220, "group.protocol 'consumer' on a broker without the consumer group protocol (KIP-848; e.g. "
-                 "Tansu): use 'classic'"),
     (429, 42901, 'rate limited / quota exceeded (Retry-After header)'),
     (431, 43101, 'request header section too large or too many header fields (GATEWAY_HTTP_MAX_HEADER_BYTES, '
                  'GATEWAY_HTTP_MAX_HEADERS)'),
@@ -166,7 +166,7 @@ def kafka_error_response(exc: KafkaError) -> OrjsonResponse:
     if isinstance(exc, CommitFailedError):
         return error_response(409, 40903, text)
     if isinstance(exc, ConsumerProtocolUnsupportedError):
-        return error_response(422, 42220, "group.protocol 'consumer' (KIP-848) is not available on this Kafka "
+        return error_response(409, 40913, "group.protocol 'consumer' (KIP-848) is not available on this Kafka "
                               "cluster: delete the instance and create it with group.protocol 'classic'")
     if isinstance(exc, BrokerResponseError):
         if exc.code == EC.UNKNOWN_TOPIC_OR_PARTITION:

@@ -95,8 +95,8 @@ def static_group_instance_id(replica_id: str, tenant: str, name: str) -> str:
 class GroupProtocolUnsupported(GatewayError):
     """group.protocol=consumer on a broker without the consumer group protocol (KIP-848), e.g. Tansu."""
 
-    status = 422
-    error_code = 42220
+    status = 409
+    error_code = 40913
 
 
 #: how long the create of a group.protocol=consumer instance waits for the broker's API versions
@@ -481,7 +481,7 @@ class Gateway:
         return inst
 
     async def _check_consumer_protocol(self, rt: TenantRuntime) -> None:
-        """Refuse a consumer-protocol instance (422/42220) when the tenant's broker lacks the protocol (its API
+        """Refuse a consumer-protocol instance (409/40913) when the tenant's broker lacks the protocol (its API
         versions). A broker not reachable now does not refuse it: the instance's first records request then
         reports the same problem (the member checks its coordinator before joining)."""
         try:

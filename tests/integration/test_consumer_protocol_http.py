@@ -389,15 +389,15 @@ async def test_pattern_commit_committed_and_seek_on_a_consumer_instance(fast_kaf
 
 
 def test_a_consumer_instance_is_refused_on_tansu(tansu: EmbeddedBroker, tmp_path: Path) -> None:
-    """Tansu has no ConsumerGroupHeartbeat: a consumer-protocol instance is refused when it is created (422/42220),
+    """Tansu has no ConsumerGroupHeartbeat: a consumer-protocol instance is refused when it is created (409/40913),
     whether the body asks for it or the gateway's default (GATEWAY_GROUP_PROTOCOL) gives it; classic works."""
     env = {"GATEWAY_GROUP_PROTOCOL": "consumer"}
     with GatewayProcess(tansu.bootstrap, env=env, log_file=tmp_path / "gw.log") as g, httpx.Client(timeout=30) as http:
         for body in ({"group.protocol": "consumer"}, {}):
             r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json=body)
-            assert r.status_code == 422, r.text
+            assert r.status_code == 409, r.text
             err = r.json()
-            assert err["error_code"] == 42220 and "group.protocol 'classic'" in err["message"], err
+            assert err["error_code"] == 40913 and "group.protocol 'classic'" in err["message"], err
             assert "ConsumerGroupHeartbeat" in err["message"], err
         r = http.post(f"{g.url}/consumers/kip848-tansu", headers=V2, json={"group.protocol": "classic"})
         assert r.status_code == 200, r.text

@@ -74,7 +74,7 @@ async def test_create_refuses_consumer_instances_on_a_broker_without_the_protoco
     rt = gw.tenant("t")
     with pytest.raises(GroupProtocolUnsupported) as err:
         await gw.create_instance(rt, "g", InstanceOptions(), "a")
-    assert err.value.error_code == 42220 and "ConsumerGroupHeartbeat" in str(err.value)
+    assert err.value.error_code == 40913 and "ConsumerGroupHeartbeat" in str(err.value)
     assert not rt.instances
     # classic asked for by the instance: created
     inst = await gw.create_instance(rt, "g", InstanceOptions(overrides={"group_protocol": "classic"}), "b")
@@ -98,7 +98,7 @@ async def test_the_resolved_protocol_is_kept_in_the_options() -> None:
     await gw.close()
 
 
-def test_a_member_refused_later_answers_42220() -> None:
+def test_a_member_refused_later_answers_40913() -> None:
     """A consumer instance created while no broker answered learns at its first poll (the member checks its
     coordinator): that error is answered as the create would have been."""
     import orjson
@@ -108,4 +108,4 @@ def test_a_member_refused_later_answers_42220() -> None:
 
     resp = kafka_error_response(ConsumerProtocolUnsupportedError("group 'g' cannot use the consumer protocol"))
     body = orjson.loads(resp.body)
-    assert resp.status_code == 422 and body["error_code"] == 42220 and "classic" in body["message"]
+    assert resp.status_code == 409 and body["error_code"] == 40913 and "classic" in body["message"]

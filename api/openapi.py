@@ -474,7 +474,9 @@ def enrich(schema: dict[str, Any], app: FastAPI) -> dict[str, Any]:
             for status, resp in list(op["responses"].items()):
                 code = int(status)
                 if code >= 400:
-                    op["responses"][status] = _error_response(code, media_type)
+                    # 408 and 431 come from the HTTP server before any route, often before the path is read:
+                    # answered as v2 JSON on every path (api/server/http.py)
+                    op["responses"][status] = _error_response(code, V2 if code in (408, 431) else media_type)
                     error_statuses.add(code)
                 elif consumer and "content" in resp and JSON in resp["content"]:
                     # the route's own V2 answer (a commit's `[]`) over FastAPI's default JSON one

@@ -132,7 +132,7 @@ async def test_groups_consumers_and_assignments_as_kafka_describes_them(env: Env
         "metadata": {"self": f"{base}/consumer-groups/ga-active",
                      "resource_name": f"crn:///kafka={env.cid}/consumer-group=ga-active"},
         "cluster_id": env.cid, "consumer_group_id": "ga-active", "is_simple": False,
-        "partition_assignor": protocol, "state": "STABLE",
+        "partition_assignor": protocol, "state": "STABLE", "group_type": "classic",
         "coordinator": {"related": f"{base}/brokers/0"},
         "consumers": {"related": f"{base}/consumer-groups/ga-active/consumers"},
         "lag_summary": {"related": f"{base}/consumer-groups/ga-active/lag-summary"}}

@@ -26,7 +26,7 @@ from service.client.errors import (
     KafkaError,
     NoBrokersAvailableError,
 )
-from service.client.metadata import ClusterMetadata
+from service.client.metadata import BrokerInfo, ClusterMetadata
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.protocol.dsl import Struct
@@ -345,3 +345,23 @@ class KafkaClient:
     def with_config(self, **changes: Any) -> ConnectionConfig:
         return replace(self.config, **changes)
 
+
+async def find_coordinator(client: KafkaClient, group_id: str) -> int:
+    """The node id of ``group_id``'s coordinator (classic, consumer-protocol and share groups
+    alike), its address added to the metadata when the broker list lacks it."""
+    conn = await client.any_connection()
+    req = M.FindCoordinatorRequest(key=group_id, key_type=0, coordinator_keys=[group_id])
+    version = conn.version_for(M.ApiKey.FIND_COORDINATOR)
+    resp = await conn.send(req, version)
+    if version >= 4:
+        c = next((c for c in resp.coordinators if c.key == group_id), None)
+        if c is None:
+            raise BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator")
+        code, node, host, port, msg = c.error_code, c.node_id, c.host, c.port, c.error_message
+    else:
+        code, node, host, port, msg = resp.error_code, resp.node_id, resp.host, resp.port, resp.error_message
+    if code:
+        raise BrokerResponseError(code, f"FindCoordinator({group_id})", msg)
+    if client.metadata.broker(node) is None:
+        client.metadata.brokers[node] = BrokerInfo(node, host, port)
+    return int(node)

@@ -20,10 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.client.client import KafkaClient
+from service.client.client import KafkaClient, find_coordinator
 from service.client.connection import BrokerConnection, wait_event
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
-from service.client.metadata import BrokerInfo
 from service.consumer.subscription import TopicPartition
 from service.group.heartbeats import heartbeat_wheel
 from service.group.member import Action, GroupMember, MemberState, Step
@@ -288,22 +287,7 @@ class GroupCoordinator:
         return self.coordinator_id
 
     async def _find_coordinator(self) -> int:
-        conn = await self.client.any_connection()
-        version = conn.version_for(M.ApiKey.FIND_COORDINATOR)
-        req = M.FindCoordinatorRequest(key=self.group_id, key_type=0, coordinator_keys=[self.group_id])
-        resp = await conn.send(req, version)
-        if version >= 4:
-            c = next((c for c in resp.coordinators if c.key == self.group_id), None)
-            if c is None:
-                raise BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator")
-            code, node, host, port, msg = c.error_code, c.node_id, c.host, c.port, c.error_message
-        else:
-            code, node, host, port, msg = resp.error_code, resp.node_id, resp.host, resp.port, resp.error_message
-        if code:
-            raise BrokerResponseError(code, f"FindCoordinator({self.group_id})", msg)
-        if self.client.metadata.broker(node) is None:
-            self.client.metadata.brokers[node] = BrokerInfo(node, host, port)
-        return node
+        return await find_coordinator(self.client, self.group_id)
 
     def coordinator_dead(self, reason: str) -> None:
         if self.coordinator_id is not None:

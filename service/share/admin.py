@@ -8,9 +8,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from service.client.client import KafkaClient
+from service.client.client import KafkaClient, find_coordinator
 from service.client.errors import BrokerResponseError
-from service.client.metadata import BrokerInfo
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 
@@ -34,26 +33,6 @@ class ShareOffset:
     lag: int
     leader_epoch: int
     error_code: int
-
-
-async def find_coordinator(client: KafkaClient, group_id: str) -> int:
-    """The node id of ``group_id``'s coordinator (share groups live on the group coordinators)."""
-    conn = await client.any_connection()
-    req = M.FindCoordinatorRequest(key=group_id, key_type=0, coordinator_keys=[group_id])
-    version = conn.version_for(M.ApiKey.FIND_COORDINATOR)
-    resp = await conn.send(req, version)
-    if version >= 4:
-        c = next((c for c in resp.coordinators if c.key == group_id), None)
-        if c is None:
-            raise BrokerResponseError(EC.COORDINATOR_NOT_AVAILABLE, "FindCoordinator")
-        code, node, host, port, msg = c.error_code, c.node_id, c.host, c.port, c.error_message
-    else:
-        code, node, host, port, msg = resp.error_code, resp.node_id, resp.host, resp.port, resp.error_message
-    if code:
-        raise BrokerResponseError(code, f"FindCoordinator({group_id})", msg)
-    if client.metadata.broker(node) is None:
-        client.metadata.brokers[node] = BrokerInfo(node, host, port)
-    return int(node)
 
 
 async def list_share_groups(client: KafkaClient) -> dict[str, str]:

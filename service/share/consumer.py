@@ -18,11 +18,10 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from service.client.client import KafkaClient
+from service.client.client import KafkaClient, find_coordinator
 from service.client.errors import KafkaError
 from service.protocol import error_codes as EC
 from service.protocol.records import Header, decode_records
-from service.share.admin import find_coordinator
 from service.share.member import MemberState, ShareMember
 from service.share.session import AckResult, AckType, FetchedPartition, ShareSession, TopicPartition
 

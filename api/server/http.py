@@ -161,7 +161,8 @@ class CoalescingTransport:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held[0])
+            if not self._transport.is_closing():  # the peer may have gone since the write: nothing to send to
+                self._transport.write(held[0])
 
     def close(self) -> None:
         self.flush()

@@ -243,3 +243,34 @@ async def test_lean_cycle_abandoned_mid_body_and_silent_after_a_disconnect() -> 
             call.respond(*call.answers)  # type: ignore[operator]
         assert call.bodies == [b""] and proto.transport.calls == [] and proto.completed == 0 and not proto.tasks
         assert call.abandoned == 0 and cycle.proto is None
+
+
+def test_a_held_write_to_a_connection_the_peer_closed_is_dropped_not_raised() -> None:
+    """uvloop raises RuntimeError on a write to a closed handle: a short write held for the end of the loop
+    iteration must not be flushed into a transport the peer closed meanwhile (seen in CI as a traceback in the
+    log of a replica whose forwarding peer was killed)."""
+    import asyncio
+    import socket
+
+    import uvloop
+
+    from api.server.http import CoalescingTransport
+
+    errors: list[dict[str, object]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        a, b = socket.socketpair()
+        transport, _ = await loop.create_connection(asyncio.Protocol, sock=a)
+        t = CoalescingTransport(transport, loop)  # type: ignore[arg-type]
+        transport.abort()  # the peer is gone; the handle closes at the end of this iteration
+        t.write(b"HTTP/1.1 200 OK\r\n\r\n")  # an answer written in the same iteration is held past that
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert t.get_write_buffer_size() == 0
+        b.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    assert errors == []

@@ -1,7 +1,7 @@
 """Consumer instances on the consumer group protocol (KIP-848, ``group.protocol: consumer``) through a real gateway
 process on Apache Kafka, beside classic instances on the same gateway.
 
-The acceptance scenario runs both protocols at once, on the same topic (12 partitions) fed continuously: six
+The acceptance scenario runs both protocols at once, on the same topic (12 partitions) fed continuously: ten
 instances per group consume; two more join; then three of the first leave. Under ``consumer`` the members keep
 receiving through both changes (the broker moves only the partitions that must move); under ``classic`` every
 member pauses (eager rebalances: all give up everything, rejoin, wait for the leader's assignment). The measure is
@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = {"Accept": "application/vnd.kafka.binary.v2+json"}
 PARTITIONS = 12
+FIRST = 10  # instances per group before the changes: two more join, then three of the first leave
 HEARTBEAT_S = 0.3  # the broker's group.consumer.heartbeat.interval.ms below
 CLASSIC_HEARTBEAT_MS = 1000
 
@@ -224,7 +225,7 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
         groups = [Group(http, gw, topic, "classic"), Group(http, gw, topic, "consumer")]
         try:
             for g in groups:
-                await g.add(6)
+                await g.add(FIRST)
             await wait_converged(groups, time.monotonic())
             first = {g.protocol: list(g.members) for g in groups}
             revoked_before = await revoked_by_protocol(http, gw)
@@ -256,12 +257,12 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
                 for m in g.members:
                     await http.delete(m.base, headers=V2)
 
-    silence: dict[str, float] = {}
+    silence: dict[str, list[float]] = {}
     for g in groups:
         survivors = [m for m in first[g.protocol] if m in g.members]
-        assert len(survivors) == 3
+        assert len(survivors) == FIRST - 3
         silences = sorted(longest_silence(m, changes_start, changes_end) for m in survivors)
-        silence[g.protocol] = silences[-1]
+        silence[g.protocol] = silences
         # every record delivered; a record twice only on a partition that changed owner (uncommitted when it moved)
         seen: dict[tuple[int, int], list[str]] = defaultdict(list)
         owners: dict[int, set[str]] = defaultdict(set)
@@ -276,22 +277,25 @@ async def test_a_join_and_a_leave_pause_classic_members_and_not_consumer_members
               f"leave phase {changes_end - joined:.1f} s")
     # What the changes cost, counted by the gateway (kcg_group_partitions_revoked_total; an instance's count is
     # kept as of the last scrape before its delete, so the leavers' own revocations at their delete are not in
-    # it). The join: under classic all six first members gave up everything (12); under consumer only what the
-    # two newcomers took (at most 2 each). The leave: under classic the five who stay gave up everything they
-    # held (at least the 6 the leavers did not hold); under consumer nobody who stayed gave up anything.
+    # it). The join: under classic all ten first members gave up everything (12); under consumer only what the
+    # two newcomers took (at most 2 each). The leave: under classic the nine who stay gave up everything they
+    # held (at least the 9 the leavers did not hold); under consumer nobody who stayed gave up anything.
     join = {p: revoked_mid[p] - revoked_before[p] for p in revoked_mid}
     leave = {p: revoked_after[p] - revoked_mid[p] for p in revoked_mid}
     print(f"partitions revoked: join {join}, leave {leave}")
-    assert join["classic"] >= PARTITIONS and leave["classic"] >= 6, (join, leave)
+    assert join["classic"] >= PARTITIONS and leave["classic"] >= PARTITIONS - 3, (join, leave)
     # (at most 2 per newcomer in the end; 6 leaves room for a partition handed on between the two joins)
     assert join["consumer"] <= 6 and leave["consumer"] == 0, (join, leave)
     assert 'kcg_group_member_epoch{group="' in metrics and 'kcg_group_converge_seconds{protocol="consumer"' in metrics
     # consumer: nobody waited more than ~2 heartbeat intervals (plus the poll cadence of a loaded machine): the
-    # partitions that did not move flowed on. Classic: the rebalances stopped every member, but in one gateway a
-    # join round is short (its members' heartbeats are aligned by the heartbeat wheel, so all learn of a
-    # rebalance at once): its pause (~0.3-1 s here) is printed, not compared; the revocations above are the
-    # robust measure of who stopped.
-    assert silence["consumer"] < 2 * HEARTBEAT_S + 1.5, silence
+    # partitions that did not move flowed on. Classic: the rebalances stopped every member. In one gateway a
+    # classic round is short (its members' heartbeats are aligned by the heartbeat wheel, so all learn of a
+    # rebalance at once and rejoin together): each survivor's silence is ~0.15-0.45 s here against ~0.1-0.35 s
+    # under consumer (the poll cadence), so the difference is asserted on the survivors' mean, which the noise of
+    # a loaded machine moves for both protocols alike (7 runs: classic/consumer 1.3-2.3x).
+    assert max(silence["consumer"]) < 2 * HEARTBEAT_S + 1.5, silence
+    mean = {p: sum(v) / len(v) for p, v in silence.items()}
+    assert mean["classic"] > mean["consumer"], silence
 
 
 def produce(bootstrap: str, topic: str, partitions: int, per_partition: int) -> None:

@@ -1,6 +1,6 @@
 """Registry fan-out: one poll of records naming many distinct schema ids.
 
-A topic holds 2,000 Avro records, each framed with a schema id of its own: half of the ids are registered, half
+A topic holds 800 Avro records, each framed with a schema id of its own: half of the ids are registered, half
 are not. The gateway's registry (:mod:`tests.security.fake_registry`, real HTTP) answers each request after
 ``DELAY`` and records how many of the gateway's requests were in flight at once. Against a running gateway
 with ``GATEWAY_SCHEMA_REGISTRY_MAX_CONCURRENT_REQUESTS=CAP`` and ``GATEWAY_SCHEMA_REGISTRY_MAX_IDS_PER_POLL``
@@ -37,7 +37,7 @@ from tests.security.fake_registry import FakeRegistry
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TOPIC = "registry-fanout"
-RECORDS = 2000
+RECORDS = 800
 CAP = 4
 PER_POLL = 50
 DELAY = 0.01

@@ -43,16 +43,19 @@ STREAM_POLL_S = 1.0
 Renderer = Callable[[Request, ShareInstance, Tenant, list[ShareRecord]], Awaitable[list[bytes]]]
 
 
-async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[list[ShareRecord]] | None,
+async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[tuple[list[ShareRecord], int]] | None,
                             unwritten: list[ShareRecord]) -> None:
     """At the end of a stream: the acquisition in flight is let finish (cancelling a ShareFetch would lose the
     share session, and with it every lock the instance holds); what it acquired and the chunk whose write did
-    not complete are released (delivered again with delivery_count + 1: the client did not get them). In
-    implicit mode the last chunk written stays accepted (its next acquisition happened)."""
+    not complete are released (delivered again with delivery_count + 1: the client did not get them), and so is
+    the memory budget's charge for them. In implicit mode the last chunk written stays accepted (its next
+    acquisition happened)."""
     try:
         if acquiring is not None:
             with contextlib.suppress(Exception):
-                unwritten = unwritten + await acquiring
+                late, charge = await acquiring
+                inst.release_charge(charge)
+                unwritten = unwritten + late
         if not unwritten or inst.closed:
             return
         async with inst.poll_lock:
@@ -72,8 +75,9 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
     """The stream's body (the caller holds the tenant's stream slot): acquire, write, acquire again."""
     gw = gateway(request)
     inst.active_requests += 1
-    acquiring: asyncio.Future[list[ShareRecord]] | None = None
+    acquiring: asyncio.Future[tuple[list[ShareRecord], int]] | None = None
     unwritten: list[ShareRecord] = []
+    charge = 0  # the memory budget's charge for the chunk being rendered and written
     try:
         while not inst.closed:
             if gw.draining:
@@ -84,7 +88,7 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
                 break
             acquiring = asyncio.ensure_future(inst.poll(max_records, max_bytes, STREAM_POLL_S,
                                                         stop=lambda: gw.draining or inst.closed))
-            recs = await asyncio.shield(acquiring)
+            recs, charge = await asyncio.shield(acquiring)
             acquiring = None
             inst.touch()
             if not recs:
@@ -98,6 +102,8 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
             else:
                 yield b"\n".join(pieces) + b"\n"
             unwritten = []
+            inst.release_charge(charge)  # the chunk was sent
+            charge = 0
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # in-band: the status line was sent
@@ -108,6 +114,7 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
         msg = orjson.dumps({"error_code": code, "message": text})
         yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
     finally:
+        inst.release_charge(charge)
         inst.active_requests -= 1
         inst.touch()
         # (shielded: a stream ends by cancellation when its client leaves)

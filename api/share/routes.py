@@ -247,7 +247,9 @@ async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Ten
                                    linger=0.0)
             request.app.state.metrics.schema_registry_unavailable.labels(inst.tenant).inc()
             raise
-        rendered = render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, _SEP)
+        errors = request.app.state.metrics.schema_decode_errors.labels(inst.tenant, fmt)  # as consumer polls count
+        rendered = render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, _SEP,
+                                        on_errors=lambda n: errors.inc(n))
     elif fmt == "json":
         rendered = render_json(chunks, _SEP)
     else:

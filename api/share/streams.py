@@ -20,13 +20,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import orjson
 from fastapi import Request
 
 from api.deps import SSE, gateway
-from api.kafka_texts import client_text
-from service.client.errors import KafkaError
-from service.instances.registry import SHUTDOWN_MESSAGE, ShuttingDown
+from api.v2.streams import SSE_KEEP_ALIVE, stream_error_frame, stream_stop
 from service.instances.share import ShareInstance
 from service.schemas.registry import RegistryUnavailable
 from service.share.consumer import ShareRecord
@@ -80,11 +77,10 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
     charge = 0  # the memory budget's charge for the chunk being rendered and written
     try:
         while not inst.closed:
-            if gw.draining:
-                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
-                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
-                break
-            if await request.is_disconnected():
+            stop = await stream_stop(request, gw, media)
+            if stop is not None:
+                if stop:
+                    yield stop
                 break
             acquiring = asyncio.ensure_future(inst.poll(max_records, max_bytes, STREAM_POLL_S,
                                                         stop=lambda: gw.draining or inst.closed))
@@ -93,7 +89,7 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
             inst.touch()
             if not recs:
                 if media == SSE:
-                    yield b": keep-alive\n\n"
+                    yield SSE_KEEP_ALIVE
                 continue
             unwritten = recs
             pieces = await render(request, inst, tenant, recs)
@@ -110,9 +106,7 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
         code = 50307 if isinstance(exc, RegistryUnavailable) else 50002
         if code == 50002:
             log.exception("share consumer instance %s: the stream failed", inst.name)
-        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)
-        msg = orjson.dumps({"error_code": code, "message": text})
-        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+        yield stream_error_frame(media, code, exc)
     finally:
         inst.release_charge(charge)
         inst.active_requests -= 1

@@ -260,7 +260,7 @@ def create_app(settings: Settings, bootstrap: str) -> FastAPI:
     )
     shares = ShareRegistry(idle_timeout=settings.instance_idle_timeout_s,
                            max_poll_timeout=settings.max_poll_timeout_ms / 1000, max_instances=settings.max_instances,
-                           replica_id=settings.replica_id, metrics=metrics)
+                           replica_id=settings.replica_id, metrics=metrics, budget=gateway.budget)
     collector = GatewayCollector(gateway, readyz_tenants=settings.readyz_tenants)
     registry.register(collector)
     # Schema Registry formats: the gateway-wide registry; tenants may name their own

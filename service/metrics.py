@@ -232,8 +232,9 @@ class GatewayCollector(Collector):
         if budget is None or not hasattr(budget, "by_kind"):
             return []
         used = GaugeMetricFamily("kcg_memory_budget_used_bytes", "Bytes charged to GATEWAY_MEMORY_BUDGET_BYTES by "
-                                 "kind (prefetch: buffered records; fetch: in-flight fetch grants; range: range "
-                                 "pages; body: request bodies)", labels=["kind"])
+                                 "kind (prefetch: buffered records; fetch: in-flight fetch grants; share: records "
+                                 "acquired by share instances, until answered; range: range pages; body: request "
+                                 "bodies; send: answers not yet sent)", labels=["kind"])
         for kind, n in budget.by_kind.items():
             used.add_metric([kind], n)
         total = GaugeMetricFamily("kcg_memory_budget_bytes", "GATEWAY_MEMORY_BUDGET_BYTES", value=budget.total)

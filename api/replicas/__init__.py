@@ -54,6 +54,7 @@ def install_routing(app: FastAPI, settings: Settings, gateway: Gateway) -> Route
     if shares is not None:  # share consumer instances are routed like consumer instances (SHARE_PREFIX)
         router.shares = shares
         shares.name_placement = lambda group, name: router.owns(SHARE_PREFIX + group, name)
+        shares.instance_quota = router.quota  # max_instances across the replica set, as for consumer instances
     for tenant in app.state.tenants.tenants.values():  # rates and concurrency: this replica's share
         tenant.replicas = router.replica_count
     app.add_middleware(RoutingMiddleware, router=router)

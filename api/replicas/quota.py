@@ -19,6 +19,7 @@ from api.replicas.asgi import (
 from api.replicas.peers import LOOKUP_TIMEOUT_S
 from api.responses import OrjsonResponse
 from service.instances.registry import Gateway
+from service.instances.share import ShareRegistry, quota_tenant_of
 from service.ring import (
     PeerTable,
 )
@@ -36,6 +37,7 @@ class QuotaTransport:
     table: PeerTable
     client: httpx.AsyncClient | None
     quota: InstanceQuotaCoordinator
+    shares: ShareRegistry | None
 
     if TYPE_CHECKING:  # from the other parts of the Router
         @property
@@ -61,6 +63,9 @@ class QuotaTransport:
         return self.owner("\x00quota", tenant)
 
     def _quota_tokens(self, tenant: str) -> list[str]:
+        share_tenant = quota_tenant_of(tenant)  # the tenant's share instances, counted apart
+        if share_tenant is not None:
+            return self.shares.quota_tokens(share_tenant) if self.shares is not None else []
         rt = self.gateway.tenants.get(tenant)
         return [i.quota_token for i in rt.instances.values() if i.quota_token] if rt is not None else []
 

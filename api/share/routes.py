@@ -10,6 +10,7 @@ rules are in :mod:`service.instances.share`; docs/share-groups.md is the guide.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
@@ -163,6 +164,21 @@ class ShareRecordModel(BaseModel):
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
+class ChargedResponse(Response):
+    """An answer whose records are charged to the memory budget: ``release`` runs once it was sent (or could not
+    be: the client left)."""
+
+    def __init__(self, content: bytes, *, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
 def shares(request: Request) -> ShareRegistry:
     return request.app.state.shares
 
@@ -231,7 +247,9 @@ async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Ten
                                    linger=0.0)
             request.app.state.metrics.schema_registry_unavailable.labels(inst.tenant).inc()
             raise
-        rendered = render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, _SEP)
+        errors = request.app.state.metrics.schema_decode_errors.labels(inst.tenant, fmt)  # as consumer polls count
+        rendered = render_schema_chunks(resolver, fmt, inst.options.avro_rendering, chunks, _SEP,
+                                        on_errors=lambda n: errors.inc(n))
     elif fmt == "json":
         rendered = render_json(chunks, _SEP)
     else:
@@ -339,16 +357,23 @@ async def share_records(request: Request, group: str, instance_id: str,
             release=slot, media_type=media, headers={"cache-control": "no-cache"})
     wait = min(reg.max_poll_timeout, (1000 if timeout is None else timeout) / 1000)
     inst.active_requests += 1
+    charge = 0
     try:
         async with tenant.poll_slot():
-            recs = [] if gw.draining else await inst.poll(max_records or 500, max_bytes, wait,
-                                                          stop=lambda: gw.draining or inst.closed)
+            recs: list[ShareRecord] = []
+            if not gw.draining:
+                recs, charge = await inst.poll(max_records or 500, max_bytes, wait,
+                                               stop=lambda: gw.draining or inst.closed)
             body = await render_share_records(request, inst, tenant, recs)
+    except BaseException:
+        inst.release_charge(charge)
+        raise
     finally:
         inst.active_requests -= 1
         inst.touch()
-    # one media type whatever the format (the instance's format says how keys and values are rendered)
-    return Response(body, media_type=V2)
+    # one media type whatever the format (the instance's format says how keys and values are rendered); the
+    # records stay charged to the memory budget until the answer was sent
+    return ChargedResponse(body, media_type=V2, release=lambda: inst.release_charge(charge))
 
 
 @router.post(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,

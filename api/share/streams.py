@@ -20,13 +20,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import orjson
 from fastapi import Request
 
 from api.deps import SSE, gateway
-from api.kafka_texts import client_text
-from service.client.errors import KafkaError
-from service.instances.registry import SHUTDOWN_MESSAGE, ShuttingDown
+from api.v2.streams import SSE_KEEP_ALIVE, stream_error_frame, stream_stop
 from service.instances.share import ShareInstance
 from service.schemas.registry import RegistryUnavailable
 from service.share.consumer import ShareRecord
@@ -43,16 +40,19 @@ STREAM_POLL_S = 1.0
 Renderer = Callable[[Request, ShareInstance, Tenant, list[ShareRecord]], Awaitable[list[bytes]]]
 
 
-async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[list[ShareRecord]] | None,
+async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[tuple[list[ShareRecord], int]] | None,
                             unwritten: list[ShareRecord]) -> None:
     """At the end of a stream: the acquisition in flight is let finish (cancelling a ShareFetch would lose the
     share session, and with it every lock the instance holds); what it acquired and the chunk whose write did
-    not complete are released (delivered again with delivery_count + 1: the client did not get them). In
-    implicit mode the last chunk written stays accepted (its next acquisition happened)."""
+    not complete are released (delivered again with delivery_count + 1: the client did not get them), and so is
+    the memory budget's charge for them. In implicit mode the last chunk written stays accepted (its next
+    acquisition happened)."""
     try:
         if acquiring is not None:
             with contextlib.suppress(Exception):
-                unwritten = unwritten + await acquiring
+                late, charge = await acquiring
+                inst.release_charge(charge)
+                unwritten = unwritten + late
         if not unwritten or inst.closed:
             return
         async with inst.poll_lock:
@@ -72,24 +72,24 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
     """The stream's body (the caller holds the tenant's stream slot): acquire, write, acquire again."""
     gw = gateway(request)
     inst.active_requests += 1
-    acquiring: asyncio.Future[list[ShareRecord]] | None = None
+    acquiring: asyncio.Future[tuple[list[ShareRecord], int]] | None = None
     unwritten: list[ShareRecord] = []
+    charge = 0  # the memory budget's charge for the chunk being rendered and written
     try:
         while not inst.closed:
-            if gw.draining:
-                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
-                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
-                break
-            if await request.is_disconnected():
+            stop = await stream_stop(request, gw, media)
+            if stop is not None:
+                if stop:
+                    yield stop
                 break
             acquiring = asyncio.ensure_future(inst.poll(max_records, max_bytes, STREAM_POLL_S,
                                                         stop=lambda: gw.draining or inst.closed))
-            recs = await asyncio.shield(acquiring)
+            recs, charge = await asyncio.shield(acquiring)
             acquiring = None
             inst.touch()
             if not recs:
                 if media == SSE:
-                    yield b": keep-alive\n\n"
+                    yield SSE_KEEP_ALIVE
                 continue
             unwritten = recs
             pieces = await render(request, inst, tenant, recs)
@@ -98,16 +98,17 @@ async def stream_share_records(request: Request, inst: ShareInstance, tenant: Te
             else:
                 yield b"\n".join(pieces) + b"\n"
             unwritten = []
+            inst.release_charge(charge)  # the chunk was sent
+            charge = 0
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # in-band: the status line was sent
         code = 50307 if isinstance(exc, RegistryUnavailable) else 50002
         if code == 50002:
             log.exception("share consumer instance %s: the stream failed", inst.name)
-        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)
-        msg = orjson.dumps({"error_code": code, "message": text})
-        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+        yield stream_error_frame(media, code, exc)
     finally:
+        inst.release_charge(charge)
         inst.active_requests -= 1
         inst.touch()
         # (shielded: a stream ends by cancellation when its client leaves)

@@ -59,6 +59,34 @@ class SlotStreamingResponse(StreamingResponse):
             await self._release.__aexit__(None, None, None)
 
 
+#: an SSE comment sent when a stream's poll found nothing (keeps proxies from timing the connection out)
+SSE_KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def stream_frame(media: str, event: str, doc: dict[str, Any]) -> bytes:
+    """An in-band message of a stream whose status line was sent: an SSE event ``event``, or an ndjson line."""
+    msg = orjson.dumps(doc)
+    return (b"event: " + event.encode() + b"\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+
+
+def stream_error_frame(media: str, code: int, exc: BaseException) -> bytes:
+    """The in-band error that ends a stream (no broker text or address in it)."""
+    text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)
+    return stream_frame(media, "error", {"error_code": code, "message": text})
+
+
+async def stream_stop(request: Request, gw: Gateway, media: str) -> bytes | None:
+    """Checked before each poll of a stream (consumer and share instances): None to go on; else the stream ends,
+    after the returned frame -- on SIGTERM the shutdown message (the client commits or acknowledges what it got
+    and reconnects, rather than being cut later; the listener stays open for a short drain window), b"" when the
+    client left."""
+    if gw.draining:
+        return stream_frame(media, "shutdown", {"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
+    if await request.is_disconnected():
+        return b""
+    return None
+
+
 RESUME_ASSIGNMENT_WAIT_S = 30.0  # a resume waits at most this long (and the poll timeout cap) for an assignment
 _SKIPPED_LISTED = 50  # partitions named in X-Resume-Skipped / the SSE comment before "+N more"
 
@@ -181,13 +209,10 @@ async def stream_records(request: Request, inst: ConsumerInstance, tenant: Tenan
         if skipped and media == SSE:
             yield b": resume skipped (not assigned to this instance) " + skipped_text(skipped).encode() + b"\n\n"
         while not inst.closed:
-            if gw.draining:
-                # SIGTERM: end cleanly, telling the client to commit what it got (the listener stays open
-                # for a short drain window) and to reconnect, instead of being cut later
-                msg = orjson.dumps({"error_code": ShuttingDown.error_code, "message": SHUTDOWN_MESSAGE})
-                yield (b"event: shutdown\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
-                break
-            if await request.is_disconnected():
+            stop = await stream_stop(request, gw, media)
+            if stop is not None:
+                if stop:
+                    yield stop
                 break
             started = time.monotonic()
             async with inst.lock:
@@ -203,7 +228,7 @@ async def stream_records(request: Request, inst: ConsumerInstance, tenant: Tenan
             inst.touch()
             if not chunks:
                 if media == SSE:
-                    yield b": keep-alive\n\n"
+                    yield SSE_KEEP_ALIVE
                 continue
             metrics.poll_wait.labels(tenant.id).observe(time.monotonic() - started)
             if out is None and media != SSE:  # binary / json ndjson: one buffer, token spliced in
@@ -226,9 +251,7 @@ async def stream_records(request: Request, inst: ConsumerInstance, tenant: Tenan
         # a decompression bomb: as in a poll; a registry outage: its retryable code
         code = 42209 if isinstance(exc, InflatedSizeError) else 50307 if isinstance(exc, RegistryUnavailable) \
             else 50002
-        text = client_text(exc) if isinstance(exc, KafkaError) else str(exc)  # no broker text or address
-        msg = orjson.dumps({"error_code": code, "message": text})
-        yield (b"event: error\ndata: " + msg + b"\n\n") if media == SSE else msg + b"\n"
+        yield stream_error_frame(media, code, exc)
     finally:
         inst.active_requests -= 1
         inst.touch()

@@ -1,7 +1,7 @@
 """One memory budget for the process (``GATEWAY_MEMORY_BUDGET_BYTES``): everything that holds record bytes
 because a client asked for them is charged to it.
 
-Five kinds of charge:
+Six kinds of charge:
 
 - ``prefetch``: records fetched for consumer instances and not yet handed to their owners (the fetcher's
   buffer). Charged when a fetch response has been decoded, released as polls drain it.
@@ -9,6 +9,9 @@ Five kinds of charge:
   (:meth:`MemoryBudget.grant`); the grant is the fetch's ``max_bytes`` (the broker's response is bounded by it,
   plus at most one record batch: Kafka returns the first batch even when it is larger, so a consumer can always
   progress) and is released when the response has been handled.
+- ``share``: records acquired by share consumer instances (service/share/consumer.py): each ShareFetch's
+  ``max_bytes`` is a ``fetch`` grant as above while it is in flight; the bytes of the records it brought are then
+  charged as ``share`` until the answer carrying them (a poll, a stream's chunk) was written and sent.
 - ``range``: offset-range pages being read, decoded and rendered (:meth:`MemoryBudget.reserve`, a short queue).
 - ``body``: request bodies being received (produce), charged as they arrive (and, on the protocol-level produce
   path, until the answer left the process).
@@ -44,7 +47,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-KINDS = ("prefetch", "fetch", "range", "body", "send")
+KINDS = ("prefetch", "fetch", "share", "range", "body", "send")
 #: The smallest fetch grant: below it the fetch waits for memory to be released.
 MIN_GRANT = 64 * 1024
 #: The share of the budget consumer prefetch (buffered + in-flight fetches) may use.

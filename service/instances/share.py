@@ -11,6 +11,10 @@ sent), the acknowledgement mode (implicit: each poll accepts what the previous o
 acknowledgements that rode on a ShareFetch or went out later (``wait`` false), kept for ``GET
 .../acknowledgements``. Queued acknowledgements ride on the next ShareFetch; when no poll comes within
 ``ack_linger`` they go out alone (ShareAcknowledge), so an idle client's outcomes are never left waiting.
+
+Acquired records are charged to the process memory budget (``budget``, service/instances/budget.py; kind
+``share``, see service/share/consumer.py): :meth:`ShareInstance.poll` answers the records with their charge,
+which the HTTP layer releases (:meth:`ShareInstance.release_charge`) once the answer carrying them was sent.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.share.consumer import ShareConsumer, ShareRecord
 from service.share.session import AckResult, AckType
+from service.tenants.quotas import InstanceQuotaCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,18 @@ NOT_HELD = "NOT_HELD"
 LOCK_EXPIRED = "LOCK_EXPIRED"
 
 Key = tuple[str, int, int]  # topic, partition, offset
+#: a tenant's share instances are counted by the owner of record under this key (tenant ids have no \x1f), apart
+#: from its consumer instances: ``max_instances`` caps each kind, across the replica set
+SHARE_QUOTA_PREFIX = "\x1fshare\x1f"
+
+
+def share_quota_key(tenant: str) -> str:
+    return SHARE_QUOTA_PREFIX + tenant
+
+
+def quota_tenant_of(key: str) -> str | None:
+    """The tenant whose share instances ``key`` counts (see :func:`share_quota_key`), None for another key."""
+    return key[len(SHARE_QUOTA_PREFIX):] if key.startswith(SHARE_QUOTA_PREFIX) else None
 
 
 class ShareInstanceNotFound(GatewayError):
@@ -124,6 +141,10 @@ class ShareInstance:
     closed: bool = False
     flusher: asyncio.Task[None] | None = None
     metrics: Any = None
+    #: the process memory budget (service.instances.budget.MemoryBudget), or None
+    budget: Any = None
+    #: the tenant-wide reservation of this instance with the owner of record (max_instances across replicas)
+    quota_token: str | None = None
     _awaited: dict[tuple[str, int, int, str], AckOutcome | None] = field(default_factory=dict)
 
     def touch(self) -> None:
@@ -134,6 +155,7 @@ class ShareInstance:
         topics = sorted(set(topics))
         if self.consumer is None:
             consumer = ShareConsumer(self.client, self.group, topics, max_wait_ms=500, record_limit=True)
+            consumer.budget = self.budget
             await consumer.start()
             self.consumer = consumer
         else:
@@ -141,10 +163,17 @@ class ShareInstance:
         self.topics = topics
 
     # -- polling --------------------------------------------------------------------------------------------------
+    def release_charge(self, n: int) -> None:
+        """Give back to the memory budget what a poll charged for its records (they left the process)."""
+        if n and self.budget is not None:
+            self.budget.release(n, "share")
+
     async def poll(self, max_records: int, max_bytes: int | None, timeout: float,
-                   stop: Callable[[], bool] = lambda: False) -> list[ShareRecord]:
-        """Records acquired within ``timeout`` seconds (returns once some arrived); implicit mode first accepts
-        what the previous poll returned (riding on this poll's ShareFetch)."""
+                   stop: Callable[[], bool] = lambda: False) -> tuple[list[ShareRecord], int]:
+        """Records acquired within ``timeout`` seconds (returns once some arrived) and the bytes charged to the
+        memory budget for them (the caller's to :meth:`release_charge`); implicit mode first accepts what the
+        previous poll returned (riding on this poll's ShareFetch). Without room in the budget nothing is acquired:
+        the poll waits for memory, up to its timeout, as a consumer instance's poll does."""
         consumer = self.consumer
         if consumer is None:
             raise GatewayError("the share consumer instance is not subscribed to any topic", status=409,
@@ -158,13 +187,19 @@ class ShareInstance:
                 consumer.max_bytes = max_bytes
             deadline = time.monotonic() + timeout
             out: list[ShareRecord] = []
-            while True:
-                self._expire()
-                got = await consumer.poll(max(0.0, deadline - time.monotonic()))
-                self._absorb(consumer.take_results())
-                out += got
-                if out or stop() or time.monotonic() >= deadline:
-                    break
+            charge = 0
+            try:
+                while True:
+                    self._expire()
+                    got = await consumer.poll(max(0.0, deadline - time.monotonic()))
+                    charge += consumer.take_charged()
+                    self._absorb(consumer.take_results())
+                    out += got
+                    if out or stop() or time.monotonic() >= deadline:
+                        break
+            except BaseException:
+                self.release_charge(charge + consumer.take_charged())
+                raise
             for r in out:
                 self.held[(r.topic, r.partition, r.offset)] = Held(r.delivery_count, r.lock_deadline)
             if self.options.ack_mode == "implicit":
@@ -174,7 +209,7 @@ class ShareInstance:
                 again = sum(1 for r in out if r.delivery_count > 1)
                 if again:
                     self.metrics.share_redelivered.labels(self.tenant).inc(again)
-            return out
+            return out, charge
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -327,8 +362,11 @@ class ShareInstance:
         if self.options.ack_mode == "implicit" and self.previous:
             self._queue([(t, p, o, AckType.ACCEPT) for t, p, o in self.previous])
             self.previous = []
-        self._absorb(await consumer.close())
-        self.held.clear()
+        try:
+            self._absorb(await consumer.close())
+        finally:
+            self.held.clear()
+            self.release_charge(consumer.take_charged())  # a poll cancelled before it took its charge
 
 
 @dataclass
@@ -340,13 +378,15 @@ class ShareRegistry:
     """Every share consumer instance of this process, per tenant; idle ones expire, all close on shutdown."""
 
     def __init__(self, *, idle_timeout: float = 300.0, max_poll_timeout: float = 30.0, ack_linger: float = 0.1,
-                 max_instances: int | None = None, replica_id: str = "r0", metrics: Any = None) -> None:
+                 max_instances: int | None = None, replica_id: str = "r0", metrics: Any = None,
+                 budget: Any = None) -> None:
         self.idle_timeout = idle_timeout
         self.max_poll_timeout = max_poll_timeout
         self.ack_linger = ack_linger
         self.max_instances = max_instances
         self.replica_id = replica_id
         self.metrics = metrics
+        self.budget = budget  # the process memory budget, charged for acquired records
         self.tenants: dict[str, _TenantShares] = {}
         self._expired: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
@@ -354,6 +394,9 @@ class ShareRegistry:
         #: set by the routing layer with peers: whether this replica owns (share group, name) in the ring, so
         #: a generated name is one this replica owns (requests for it reach it without a lookup)
         self.name_placement: Callable[[str, str], bool] | None = None
+        #: set by the routing layer with peers: counts each tenant's share instances across the replica set
+        #: (under :func:`share_quota_key`); None: this replica's count is the tenant's count
+        self.instance_quota: InstanceQuotaCoordinator | None = None
 
     @property
     def instance_count(self) -> int:
@@ -383,15 +426,45 @@ class ShareRegistry:
             if limit is not None and count >= limit:
                 raise GatewayError(f"{whose} reached its limit of {limit} share consumer instances", status=429,
                                    error_code=42901, headers={"Retry-After": "1"})
-        inst = ShareInstance(tenant, group, name, options, client, metrics=self.metrics)
+        token = None
+        if tenant_max_instances is not None and self.instance_quota is not None:
+            # one of the tenant's share-instance slots across the replica set, from its owner of record (429 / 503)
+            token = await self.instance_quota.acquire(share_quota_key(tenant), tenant_max_instances,
+                                                      what="share consumer instances")
+            if key in shares.instances or self.draining:  # created meanwhile / SIGTERM meanwhile
+                await self.instance_quota.release(share_quota_key(tenant), token)
+                if self.draining:
+                    raise GatewayError("the gateway is shutting down; create the instance again (on another "
+                                       "replica)", status=503, error_code=50301, headers={"Retry-After": "1"})
+                raise ShareInstanceExists(f"share consumer instance {name!r} already exists in share group "
+                                          f"{group!r}")
+        inst = ShareInstance(tenant, group, name, options, client, metrics=self.metrics, budget=self.budget,
+                             quota_token=token)
         if self.metrics is not None:
             # the tenant's series exist from its first instance on: rate() sees the first event, a panel shows 0
             for counter in (self.metrics.share_acquired, self.metrics.share_redelivered,
                             self.metrics.share_lock_expiries):
                 counter.labels(tenant)
         shares.instances[key] = inst
+        if token is not None and self.instance_quota is not None:
+            self.instance_quota.settle(share_quota_key(tenant), token)
         self._expired.pop((tenant, group, name), None)
         return inst
+
+    def quota_tokens(self, tenant: str) -> list[str]:
+        """The reservations of this replica's share instances of ``tenant`` (what it reports to the owner of
+        record)."""
+        shares = self.tenants.get(tenant)
+        return [i.quota_token for i in shares.instances.values() if i.quota_token] if shares is not None else []
+
+    async def _release_quota(self, inst: ShareInstance) -> None:
+        """Give the instance's slot back to its tenant's owner of record (best effort: its sync corrects)."""
+        token, inst.quota_token = inst.quota_token, None
+        if token is not None and self.instance_quota is not None:
+            try:
+                await self.instance_quota.release(share_quota_key(inst.tenant), token)
+            except Exception:  # never fails a delete or the reaper
+                log.exception("releasing the quota slot of share consumer instance %s failed", inst.name)
 
     def _generated_name(self, group: str) -> str:
         name = f"rest-share-{self.replica_id}-{uuid.uuid4()}"
@@ -421,6 +494,7 @@ class ShareRegistry:
     async def delete(self, tenant: str, group: str, name: str) -> None:
         inst = self.get(tenant, group, name)
         self.tenants[tenant].instances.pop((group, name), None)
+        await self._release_quota(inst)
         await inst.close()
 
     async def _reap_loop(self) -> None:
@@ -438,6 +512,7 @@ class ShareRegistry:
             self._expired[(tenant, inst.group, inst.name)] = now
             log.info("share consumer instance %s (tenant %s, share group %s) expired after %.0f s idle",
                      inst.name, tenant, inst.group, self.idle_timeout)
+            await self._release_quota(inst)
             try:
                 await inst.close()
             except Exception:

@@ -6,6 +6,13 @@ client (service/client/).
 the records acquired, each with its delivery count and lock deadline; ``acknowledge`` queues one record's
 outcome; ``commit`` sends what is queued without fetching (ShareAcknowledge) and returns the per-record results;
 ``close`` releases whatever is still held, ends the sessions and leaves the group.
+
+With a process memory budget (``budget``, service/instances/budget.py) each ShareFetch's ``max_bytes`` is a grant
+from it (kind ``fetch``, as a consumer fetch), held while the request is in flight; the record bytes a response
+brought are then charged as ``share`` and added to :attr:`ShareConsumer.charged`, which the caller takes
+(:meth:`ShareConsumer.take_charged`) and releases once it has handed the records on. A leader gets no ShareFetch
+while the budget has no room (nothing is acquired that could not be held); ``poll`` then waits for memory to be
+released, up to its timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from service.client.client import KafkaClient, find_coordinator
 from service.client.errors import KafkaError
@@ -62,6 +70,11 @@ class ShareConsumer:
         self._hb_wake = asyncio.Event()
         self._assigned = asyncio.Event()
         self._closed = False
+        #: the process memory budget (service.instances.budget.MemoryBudget), or None: no accounting
+        self.budget: Any = None
+        #: bytes charged to the budget as ``share`` for records returned and not yet taken by the caller
+        self.charged = 0
+        self._starved = False  # a ShareFetch was not sent for want of memory (this poll round)
 
     @property
     def member_id(self) -> str:
@@ -164,8 +177,38 @@ class ShareConsumer:
         if not nodes:
             await asyncio.sleep(min(timeout, 0.1))
             return []
+        self._starved = False
         batches = await asyncio.gather(*(self._fetch(node, wait_ms) for node in nodes))
-        return [r for batch in batches for r in batch]
+        out = [r for batch in batches for r in batch]
+        if not out and self._starved and timeout > 0:
+            await self._memory_freed(timeout)
+        return out
+
+    async def _memory_freed(self, timeout: float) -> None:
+        """Until the memory budget released some memory, at most ``timeout`` seconds."""
+        freed = asyncio.Event()
+        self.budget.when_free(freed.set)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await freed.wait()
+
+    def take_charged(self) -> int:
+        """The bytes charged (kind ``share``) for the records returned since the last call: the caller's to
+        release once the records left."""
+        n, self.charged = self.charged, 0
+        return n
+
+    def _grant(self) -> int:
+        """This ShareFetch's max_bytes: a grant from the memory budget (0: none now), or max_bytes without one."""
+        budget = self.budget
+        if budget is None:
+            return self.max_bytes
+        grant = int(budget.grant(self.max_bytes))
+        if not grant and budget.reclaim(self.max_bytes):  # a client is waiting: idle consumers' prefetch goes
+            grant = int(budget.grant(self.max_bytes))
+        if not grant:
+            self._starved = True
+        return grant
 
     async def _fetch(self, node: int, wait_ms: int) -> list[ShareRecord]:
         session = self.sessions[node]
@@ -173,32 +216,48 @@ class ShareConsumer:
             now = time.monotonic()
             session.expire(now)
             out: list[ShareRecord] = []
-            if session.partitions:
-                req = session.build_fetch(max_wait_ms=wait_ms, max_bytes=self.max_bytes,
-                                          max_records=self.max_records, batch_size=self.max_records,
-                                          record_limit=self.record_limit)
+            grant = self._grant() if session.partitions else 0
+            if grant:
                 try:
-                    resp = await self.client.send_blocking(node, req, timeout=self.request_timeout + wait_ms / 1000)
-                except KafkaError as exc:
-                    log.info("share group %s: ShareFetch to node %d failed: %s", self.group_id, node, exc)
-                    self._results += session.request_failed()
-                    return []
-                except asyncio.CancelledError:
-                    # the caller went away mid-request (a client that left a stream or a long poll): no answer
-                    # will be read, so the next request opens a new session rather than finding this one stuck
-                    self._results += session.request_failed()
-                    raise
-                outcome = session.handle_fetch_response(resp, time.monotonic())
-                self._results += outcome.ack_results
-                if outcome.error_code:
-                    log.info("share group %s: ShareFetch to node %d answered %s", self.group_id, node,
-                             EC.describe(outcome.error_code).name)
-                for part in outcome.partitions:
-                    out += self._records(session, part)
+                    out = await self._fetch_granted(node, session, wait_ms, grant)
+                finally:
+                    if self.budget is not None:
+                        self.budget.release(grant, "fetch")
             # what a ShareFetch could not carry: renewals, partitions no longer fetched from this node
             if session.has_pending:
                 self._results += await self._acknowledge(node, session)
             return out
+
+    async def _fetch_granted(self, node: int, session: ShareSession, wait_ms: int, max_bytes: int) -> list[ShareRecord]:
+        req = session.build_fetch(max_wait_ms=wait_ms, max_bytes=max_bytes, max_records=self.max_records,
+                                  batch_size=self.max_records, record_limit=self.record_limit)
+        try:
+            resp = await self.client.send_blocking(node, req, timeout=self.request_timeout + wait_ms / 1000)
+        except KafkaError as exc:
+            log.info("share group %s: ShareFetch to node %d failed: %s", self.group_id, node, exc)
+            self._results += session.request_failed()
+            return []
+        except asyncio.CancelledError:
+            # the caller went away mid-request (a client that left a stream or a long poll): no answer
+            # will be read, so the next request opens a new session rather than finding this one stuck
+            self._results += session.request_failed()
+            raise
+        outcome = session.handle_fetch_response(resp, time.monotonic())
+        self._results += outcome.ack_results
+        if outcome.error_code:
+            log.info("share group %s: ShareFetch to node %d answered %s", self.group_id, node,
+                     EC.describe(outcome.error_code).name)
+        out: list[ShareRecord] = []
+        held = 0
+        for part in outcome.partitions:
+            got = self._records(session, part)
+            if got and part.records is not None:
+                held += len(part.records)  # the fetched bytes the records were decoded from
+            out += got
+        if held and self.budget is not None:
+            self.budget.add(held, "share")  # forced: the bytes exist; the caller releases them
+            self.charged += held
+        return out
 
     def _records(self, session: ShareSession, part: FetchedPartition) -> list[ShareRecord]:
         topic = self.client.metadata.topic_names.get(part.topic_id)

@@ -61,6 +61,12 @@ class QuotaUnavailable(TenantError):
         super().__init__(503, QUOTA_UNAVAILABLE, message, retry_after=1)
 
 
+def _tenant_name(key: str) -> str:
+    """The tenant of a ledger key: the tenant id, or ``\x1f<kind>\x1f<tenant id>`` for another kind of instance
+    counted apart (share consumer instances)."""
+    return key.rsplit("\x1f", 1)[-1] if key.startswith("\x1f") else key
+
+
 def scaled(limit: int, replicas: int) -> int:
     """A replica's share of a limit enforced by each of ``replicas`` replicas: ``ceil(limit / replicas)``,
     at least 1."""
@@ -322,7 +328,7 @@ class InstanceQuotaCoordinator:
         """What this replica reports for ``tenant``: its instances' tokens and its pending reservations."""
         return list(self.local_tokens(tenant)), sorted(self.pending.get(tenant, ()))
 
-    async def acquire(self, tenant: str, limit: int) -> str:
+    async def acquire(self, tenant: str, limit: int, *, what: str = "consumer instances") -> str:
         """Reserve one of the tenant's ``limit`` instances with the owner of record; returns the token (pending
         until :meth:`settle` or :meth:`release`). 429/42901 when the tenant holds ``limit`` across the
         replica set, 503/50306 when the count cannot be established."""
@@ -338,7 +344,7 @@ class InstanceQuotaCoordinator:
             pending.discard(token)
             raise TenantError(
                 429, RATE_LIMITED,
-                f"tenant {tenant!r} already has {count} consumer instances across the gateway replicas "
+                f"tenant {_tenant_name(tenant)!r} already has {count} {what} across the gateway replicas "
                 f"(limit {limit})", retry_after=1)
         return token
 
@@ -359,11 +365,11 @@ class InstanceQuotaCoordinator:
                 continue
             except PeerFailed as exc:
                 raise QuotaUnavailable(
-                    f"the gateway replica {owner!r} keeping tenant {tenant!r}'s instance count did not answer "
-                    f"({exc}); nothing was created: retry") from None
+                    f"the gateway replica {owner!r} keeping tenant {_tenant_name(tenant)!r}'s instance count did not "
+                    f"answer ({exc}); nothing was created: retry") from None
             count = got.get("count")
             return bool(got.get("granted")), count if isinstance(count, int) else limit
-        raise QuotaUnavailable(f"no gateway replica could count tenant {tenant!r}'s instances; retry")
+        raise QuotaUnavailable(f"no gateway replica could count tenant {_tenant_name(tenant)!r}'s instances; retry")
 
     async def release(self, tenant: str, token: str | None) -> None:
         """Give a token back (instance deleted, expired or never created). Best effort: a release the owner
@@ -414,8 +420,8 @@ class InstanceQuotaCoordinator:
                 return None
             except PeerFailed as exc:
                 raise QuotaUnavailable(
-                    f"gateway replica {replica!r} did not say how many instances of tenant {tenant!r} it holds "
-                    f"({exc}); nothing was created: retry") from None
+                    f"gateway replica {replica!r} did not say how many instances of tenant {_tenant_name(tenant)!r} it "
+                    f"holds ({exc}); nothing was created: retry") from None
             tokens, pending = got.get("tokens"), got.get("pending", [])
             if not all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in (tokens, pending)):
                 raise QuotaUnavailable(f"gateway replica {replica!r} answered an invalid instance count; retry")

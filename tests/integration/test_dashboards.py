@@ -552,7 +552,7 @@ def test_prometheus_scrapes_the_gateway_with_the_admin_token(prometheus: Prometh
     assert scalar(prometheus, "sum(kcg_group_stall_recoveries_total)") == 0
     assert scalar(prometheus, f'max(kcg_memory_budget_bytes{{job="{JOB}"}})') == MEMORY_BUDGET
     kinds = {s["metric"]["kind"] for s in prometheus.query(f'kcg_memory_budget_used_bytes{{job="{JOB}"}}')}
-    assert kinds == {"prefetch", "fetch", "range", "body", "send"}, kinds
+    assert kinds == {"prefetch", "fetch", "share", "range", "body", "send"}, kinds
     assert scalar(prometheus, f'sum(kcg_memory_budget_refusals_total{{job="{JOB}", kind=~"range|body"}})') == 0
 
 

@@ -28,6 +28,10 @@ class StubInstance:
         self.held: dict[tuple[str, int, int], Held] = {}
         self.previous: list[tuple[str, int, int]] = []
         self.sent: list[tuple[str, int, int, AckType]] = []
+        self.released = 0  # memory budget charge given back
+
+    def release_charge(self, n: int) -> None:
+        self.released += n
 
     async def acknowledge(self, acks: list[tuple[str, int, int, AckType]], *, wait: bool,
                           linger: float) -> list[Any]:
@@ -44,21 +48,22 @@ async def test_unwritten_and_in_flight_records_are_released(mode: str) -> None:
         inst.held[("t", 0, o)] = Held(1, 1e12)
     inst.previous = [("t", 0, o) for o in (4, 5)] if mode == "implicit" else []
 
-    async def acquiring() -> list[ShareRecord]:
+    async def acquiring() -> tuple[list[ShareRecord], int]:
         await asyncio.sleep(0)
-        return [rec(4), rec(5)]
+        return [rec(4), rec(5)], 70
 
     # 0-1 written (held, not settled here), 2-3 a chunk whose write did not complete, 4-5 in flight
     await settle_stream_end(inst, asyncio.ensure_future(acquiring()), [rec(2), rec(3)])  # type: ignore[arg-type]
     assert inst.sent == [("t", 0, o, AckType.RELEASE) for o in (2, 3, 4, 5)]
     assert sorted(inst.held) == [("t", 0, 0), ("t", 0, 1)]
     assert inst.previous == []
+    assert inst.released == 70  # the in-flight acquisition's memory charge is given back
 
 
 async def test_a_failed_acquisition_and_nothing_unwritten_release_nothing() -> None:
     inst = StubInstance("explicit")
 
-    async def failing() -> list[ShareRecord]:
+    async def failing() -> tuple[list[ShareRecord], int]:
         raise RuntimeError("broker gone")
 
     await settle_stream_end(inst, asyncio.ensure_future(failing()), [])  # type: ignore[arg-type]

@@ -413,8 +413,7 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
             if wait is not None:
                 self._schedule_wheel(loop, wait)
                 return
-        if step.action is not Action.OK:
-            self._wheel_result = (step, resp)
+        self._wheel_result = (step, resp)  # the task does what it asks (an OK one: the stable bookkeeping)
         self._wake.set()
 
     async def _wheel_settled(self) -> None:

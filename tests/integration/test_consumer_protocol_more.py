@@ -27,7 +27,9 @@ from service.client.client import KafkaClient
 from service.consumer.consumer import Consumer, ConsumerConfig
 from service.consumer.subscription import TopicPartition
 from service.embedded.kafka import EmbeddedKafka
+from service.group.coordinator import HEARTBEAT_TICK_S
 from service.group.coordinator_consumer import ConsumerProtocolCoordinator
+from service.group.heartbeats import heartbeat_wheel
 from tests.integration.gateway_proc import GatewayProcess, start_replicas
 from tests.integration.replicas import BIN, SERVED_BY, TOKEN, V2, name_owned_by
 
@@ -114,6 +116,8 @@ async def test_pause_and_resume_survive_an_assignment_change(fast_kafka: Embedde
         consumers.append(first)
         await first.subscribe([topic])
         await settled(consumers, parts)
+        wheel = heartbeat_wheel(asyncio.get_running_loop(), HEARTBEAT_TICK_S)
+        wheel_sent = wheel.sent
         paused = {TopicPartition(topic, p) for p in (0, 1, 2)}
         first.pause(paused)
         assert first.paused() == paused
@@ -159,6 +163,7 @@ async def test_pause_and_resume_survive_an_assignment_change(fast_kafka: Embedde
         assert set(delivered) == set(produced.values())  # nothing lost
         assert len(delivered) == len(produced), Counter(delivered).most_common(3)  # and nothing twice
         assert seen["second"], "the second member consumed its share"
+        assert wheel.sent > wheel_sent, "the stable members' heartbeats went from the shared heartbeat wheel"
     finally:
         for c in consumers:
             await c.close()

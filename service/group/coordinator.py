@@ -24,7 +24,7 @@ from service.client.client import KafkaClient, find_coordinator
 from service.client.connection import BrokerConnection, wait_event
 from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, RequestTimeoutError
 from service.consumer.subscription import TopicPartition
-from service.group.heartbeats import heartbeat_wheel
+from service.group.heartbeats import HEARTBEAT, heartbeat_wheel
 from service.group.member import Action, GroupMember, MemberState, Step
 from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
@@ -111,6 +111,7 @@ class GroupCoordinator:
         "left_for_poll_timeout", "max_poll_interval", "member", "polls_in_progress", "retry_backoff",
         "stall_recoveries", "task_failures",
     )
+    heartbeat_api = HEARTBEAT  # what the heartbeat wheel sends for this member (service.group.heartbeats)
 
     def __init__(
         self,
@@ -479,6 +480,10 @@ class GroupCoordinator:
                 or (self.polls_in_progress == 0 and time.monotonic() - self.last_poll > self.max_poll_interval)
                 or not self._topics()):
             return None
+        return self._heartbeat_conn(node)
+
+    def _heartbeat_conn(self, node: int) -> tuple[BrokerConnection, bool] | None:
+        """The coordinator's heartbeat connection (True: dedicated) when it is connected, else its main one."""
         try:
             conn = self.client.heartbeat_connection(node).current
             if isinstance(conn, BrokerConnection):

@@ -12,6 +12,14 @@ each hand-over the member asks for (release and commit what is revoked, then tak
 acknowledging heartbeat follows at once), drops what a fenced member lost and lets it rejoin, and leaves (epoch
 -1, or -2 for a static member) on close. The hand-over and the heartbeats are sequential: no answer can change
 the member while its partitions move.
+
+While the member is stable its regular heartbeats go from the loop's heartbeat wheel (service.group.heartbeats,
+shared with classic members: one timer for all, one batch per tick and coordinator connection) and their answers
+are handled in the connection's read callback, the task asleep, as for a classic member. The member's state
+machine builds every request and reads every answer either way; the task takes over (the wheel's entry is
+dropped) when an answer is not a plain OK (a new assignment, fencing, an error), a heartbeat fails, the member is
+no longer stable, or someone wakes it (a commit refused for a stale epoch, a subscription change, closing). A
+heartbeat the wheel sent is always answered (or failed) before the task sends one of its own.
 """
 
 from __future__ import annotations
@@ -23,10 +31,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from service.client.client import KafkaClient
-from service.client.errors import BrokerResponseError, KafkaError, NoCommonVersionError
+from service.client.connection import BrokerConnection
+from service.client.errors import BrokerResponseError, KafkaConnectionError, KafkaError, NoCommonVersionError
 from service.client.versions import NegotiatedVersions
 from service.consumer.subscription import TopicPartition
 from service.group.coordinator import (
+    HEARTBEAT_TICK_S,
     AssignHook,
     CommitFailedError,
     GroupCoordinator,
@@ -36,6 +46,7 @@ from service.group.coordinator import (
     _tps,
     rebalancing_error,
 )
+from service.group.heartbeats import CONSUMER_GROUP_HEARTBEAT, heartbeat_wheel
 from service.group.member_consumer import (
     Action,
     ConsumerGroupMember,
@@ -43,6 +54,7 @@ from service.group.member_consumer import (
     Reconciliation,
     Step,
 )
+from service.lib.aio import LightEvent
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 
@@ -87,6 +99,7 @@ async def _no_counts(topics: Sequence[str]) -> dict[str, int]:
 
 class ConsumerProtocolCoordinator(GroupCoordinator):
     member: ConsumerGroupMember  # type: ignore[assignment]
+    heartbeat_api = CONSUMER_GROUP_HEARTBEAT
 
     def __init__(
         self,
@@ -111,8 +124,12 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
             on_assign=on_assign, on_lost=on_lost, on_fatal=on_fatal, topics=topics, on_task_failure=on_task_failure)
         self._regex = regex
         self.heartbeat_interval = member.heartbeat_interval_s
-        #: set whenever a heartbeat answer arrives (commits refused for a stale epoch wait for the next one)
-        self._answered = asyncio.Event()
+        #: set (and dropped) when the next heartbeat answer arrives, made by whoever waits for it (commits refused
+        #: for a stale epoch, a leave behind a heartbeat of the wheel)
+        self._answered: LightEvent | None = None
+        self._wheel_in_flight = False  # a heartbeat sent from the wheel awaits its answer
+        #: what a heartbeat of the wheel ended with that the task must handle: (step, answer) or the failure
+        self._wheel_result: tuple[Step, Any] | BaseException | None = None
         self.hand_overs = 0  # reconciliations carried out
         self.converged_at: float | None = None  # monotonic time the member last became stable
         self._unstable_since: float | None = None  # when the member last left STABLE (a new target, fencing)
@@ -137,6 +154,13 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
 
     async def _tick(self) -> None:
         m = self.member
+        if self._wheel_in_flight:  # the wheel's heartbeat is answered (or fails) first: its callback wakes us
+            await self._pause(3600)
+            return
+        result, self._wheel_result = self._wheel_result, None
+        if result is not None:
+            await self._after_wheel(result)
+            return
         topics, regex = self._subscription()
         if not topics and regex is None:
             if m.in_group:
@@ -169,6 +193,9 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
         wait = m.next_heartbeat_in(now)
         if m.needs_reconcile and m.missing_topic_ids:
             wait = min(wait if wait is not None else 3600, self.retry_backoff * 5)  # look the ids up again
+        elif wait is not None and self._wheel_conn() is not None:
+            await self._drive_wheel(wait)
+            return
         await self._pause(3600 if wait is None else wait)
 
     async def _next_reconciliation(self) -> Reconciliation | None:
@@ -228,8 +255,7 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
             raise
         self.heartbeat_latency = time.monotonic() - started
         self.heartbeats += 1
-        self._answered.set()
-        self._answered = asyncio.Event()
+        self._note_answered()
         step = m.on_heartbeat_response(resp, time.monotonic())
         self.heartbeat_interval = m.heartbeat_interval_s
         await self._after_step(step, resp)
@@ -271,6 +297,138 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
                 self._unstable_since = time.monotonic()
             self._stable.clear()
 
+    # -- heartbeats from the wheel ---------------------------------------------------------------------
+    def _note_answered(self) -> None:
+        ev, self._answered = self._answered, None
+        if ev is not None:
+            ev.set()
+
+    def _answer_waiter(self) -> LightEvent:
+        """An event set when the next heartbeat answer (or failure) arrives."""
+        if self._answered is None:
+            self._answered = LightEvent()
+        return self._answered
+
+    async def _drive_wheel(self, wait: float) -> None:
+        """Let the wheel heartbeat (the first one in ``wait`` seconds) until this task is woken."""
+        loop = self._loop or asyncio.get_running_loop()
+        await self._connect_heartbeats()
+        self.heartbeat_epoch += 1
+        self._schedule_wheel(loop, wait)
+        try:
+            await self._wake.wait()
+        finally:
+            self.heartbeat_epoch += 1  # a due entry now belongs to nobody; an answer in flight still comes here
+        self._wake.clear()
+
+    def _schedule_wheel(self, loop: asyncio.AbstractEventLoop, wait: float) -> None:
+        # when the member says (no early jitter as for classic members: the wheel sends only what is due; members
+        # that joined together are spread by their join times, and a tick's heartbeats leave as one batch anyway)
+        heartbeat_wheel(loop, HEARTBEAT_TICK_S).add(cast(Any, self), loop.time() + wait)
+
+    async def _after_wheel(self, result: tuple[Step, Any] | BaseException) -> None:
+        """What the answer to (or the failure of) a heartbeat of the wheel asks of the task."""
+        if isinstance(result, BaseException):
+            log.info("%s: heartbeat failed: %s", self._describe(), result)
+            if isinstance(result, KafkaConnectionError):
+                self.client.metadata.mark_stale()
+            if isinstance(result, KafkaError):
+                self.last_error = result
+                if result.retriable:
+                    self.coordinator_dead(str(result))
+                else:
+                    self._failed.set()
+            return
+        await self._after_step(*result)
+
+    def heartbeat_route(self) -> tuple[BrokerConnection, bool] | None:
+        """The connection for the next heartbeat if it can go from the wheel: the member says it is due (it is
+        stable with no heartbeat in flight), it polled recently enough, its subscription is what the member last
+        sent, and the coordinator is known and connected."""
+        if not self.member.heartbeat_due(time.monotonic()):
+            return None
+        return self._wheel_conn()
+
+    def _wheel_conn(self) -> tuple[BrokerConnection, bool] | None:
+        """heartbeat_route but whether a heartbeat is due now: may the wheel heartbeat for this member?"""
+        m = self.member
+        node = self.coordinator_id
+        if (node is None or self._closing or m.state is not ConsumerMemberState.STABLE or m.heartbeat_in_flight
+                or self.left_for_poll_timeout
+                or (self.polls_in_progress == 0 and time.monotonic() - self.last_poll > self.max_poll_interval)):
+            return None
+        regex = self._regex() if self._regex is not None else None
+        if regex != m.regex or (regex is None and tuple(sorted(set(self._topics()))) != m.topics):
+            return None
+        return self._heartbeat_conn(node)
+
+    def consumer_heartbeat_request(self) -> Any:
+        """The member's next heartbeat, sent from the wheel (heartbeat_route said it may)."""
+        req = self.member.heartbeat_request(time.monotonic())
+        self._wheel_in_flight = True
+        return req
+
+    def on_consumer_heartbeat_ok(self, epoch: int, member_epoch: int, interval_ms: int) -> None:
+        """A heartbeat of the wheel was answered with no error, assignment or member id (kept short)."""
+        if not self._wheel_in_flight:
+            return  # given up on (closing)
+        self._wheel_in_flight = False
+        now = time.monotonic()
+        action = self.member.on_heartbeat_ok(member_epoch, interval_ms, now)
+        loop = self._loop or asyncio.get_running_loop()
+        self.heartbeat_latency = loop.time() - self.heartbeat_sent_at
+        self.heartbeats += 1
+        self.heartbeat_interval = self.member.heartbeat_interval_s
+        if self._answered is not None:
+            self._note_answered()
+        if epoch == self.heartbeat_epoch and action is Action.OK and not self._closing:
+            wait = self.member.next_heartbeat_in(now)
+            if wait is not None:
+                self._schedule_wheel(loop, wait)
+                return
+        self._wake.set()
+
+    def on_heartbeat_answer(self, epoch: int, started: float, resp: Any, exc: BaseException | None) -> None:
+        """A heartbeat of the wheel sent at loop time ``started`` was answered (``resp``) or failed (``exc``)."""
+        if not self._wheel_in_flight:
+            return  # given up on (closing)
+        self._wheel_in_flight = False
+        m = self.member
+        now = time.monotonic()
+        if exc is not None:
+            m.on_heartbeat_failure(now, coordinator_lost=isinstance(exc, KafkaError) and exc.retriable)
+            self._wheel_result = exc
+            self._note_answered()
+            self._wake.set()
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self.heartbeat_latency = loop.time() - started
+        self.heartbeats += 1
+        step = m.on_heartbeat_response(resp, now)
+        self.heartbeat_interval = m.heartbeat_interval_s
+        self._note_answered()
+        if (epoch == self.heartbeat_epoch and step.action is Action.OK and m.state is ConsumerMemberState.STABLE
+                and not self._closing):
+            wait = m.next_heartbeat_in(now)
+            if wait is not None:
+                self._schedule_wheel(loop, wait)
+                return
+        self._wheel_result = (step, resp)  # the task does what it asks (an OK one: the stable bookkeeping)
+        self._wake.set()
+
+    async def _wheel_settled(self) -> None:
+        """Before a heartbeat of the task's own outside the task (leaving on close): the answer to the wheel's
+        heartbeat in flight, if any, for at most LEAVE_TIMEOUT_S; then it is given up on."""
+        if not self._wheel_in_flight:
+            return
+        try:
+            await asyncio.wait_for(self._answer_waiter().wait(), LEAVE_TIMEOUT_S)
+        except TimeoutError:
+            pass
+        if self._wheel_in_flight:
+            self._wheel_in_flight = False
+            self.member.on_heartbeat_failure(time.monotonic(), coordinator_lost=False)
+
     async def _lose_partitions(self) -> None:
         lost = self.member.owned
         if lost:
@@ -290,6 +448,7 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
                 await self._on_revoke(owned)
             except Exception:
                 log.exception("%s: revocation hook failed while leaving", self._describe())
+        await self._wheel_settled()
         if not m.leave_ready():
             self._note_assignment()
             return
@@ -337,7 +496,7 @@ class ConsumerProtocolCoordinator(GroupCoordinator):
                 if exc.code != STALE_MEMBER_EPOCH or time.monotonic() >= deadline:
                     raise
             epoch = self.member.member_epoch
-            answered = self._answered
+            answered = self._answer_waiter()
             self.member.heartbeat_soon()
             self.wake()
             try:

@@ -251,6 +251,10 @@ class ConsumerGroupMember:
         return (self.state in _IN_GROUP and self._sent.assignment is not None
                 and self._sent.assignment != self._current)
 
+    @property
+    def heartbeat_in_flight(self) -> bool:
+        return self._in_flight
+
     def heartbeat_due(self, now: float) -> bool:
         if self._in_flight or now < self._not_before:
             return False
@@ -366,6 +370,23 @@ class ConsumerGroupMember:
         if self.state in (ConsumerMemberState.RECONCILING, ConsumerMemberState.JOINING):
             self.state = ConsumerMemberState.STABLE
         return Step(Action.OK)
+
+    def on_heartbeat_ok(self, member_epoch: int, heartbeat_interval_ms: int, now: float) -> Action:
+        """An answer without error, member id or assignment, what a stable member hears between changes (read
+        without decoding the whole answer): as on_heartbeat_response with it, which would answer ``Action.OK``
+        (or ``Action.LEFT`` for the leave heartbeat) and change nothing but the epoch and the interval."""
+        self._in_flight = False
+        if self._leave_in_flight:
+            self._leave_in_flight = False
+            return Action.LEFT
+        self._failures = 0
+        self._not_before = 0.0
+        if heartbeat_interval_ms > 0:
+            self.heartbeat_interval_s = heartbeat_interval_ms / 1000
+            self._next_at = now + self.heartbeat_interval_s
+        if self.in_group:
+            self.member_epoch = member_epoch
+        return Action.OK
 
     def on_heartbeat_failure(self, now: float, *, coordinator_lost: bool = True) -> Step:
         """The heartbeat got no answer (connection lost, timeout): back off, send every field next time."""

@@ -66,8 +66,11 @@ def fake_client(broker_versions: dict[int, tuple[int, int]]) -> Any:
     async def get() -> Any:
         return conn
 
+    # no connection is current: the driver's task heartbeats itself (the wheel is tested elsewhere,
+    # test_consumer_heartbeat_wheel.py)
     return SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}),
-                           connection=lambda node: SimpleNamespace(get=get))
+                           connection=lambda node: SimpleNamespace(get=get, current=None),
+                           heartbeat_connection=lambda node: SimpleNamespace(current=None))
 
 
 def driver(script: Script, broker_versions: dict[int, tuple[int, int]] = KAFKA_44,
@@ -84,7 +87,7 @@ def driver(script: Script, broker_versions: dict[int, tuple[int, int]] = KAFKA_4
     async def lost(parts: list[TopicPartition]) -> None:
         script.events.append(f"lost {[p.partition for p in parts]}")
 
-    coord = ConsumerProtocolCoordinator(client, member, on_revoke=revoke, on_assign=assign,  # type: ignore[arg-type]
+    coord = ConsumerProtocolCoordinator(client, member, on_revoke=revoke, on_assign=assign,
                                         on_lost=lost, topics=lambda: ["t"], retry_backoff_ms=10)
     coord.coordinator_id = 1
     coord._send = script.send  # type: ignore[method-assign]

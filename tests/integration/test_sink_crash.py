@@ -1,7 +1,11 @@
 """Crash safety of the Spark sink: the ``consumer-gateway sink`` CLI as a subprocess, its whole process group
 (Python driver, Spark JVM, Python workers) killed with SIGKILL in the middle of a run, then restarted on the
 same checkpoint: zero lost and zero duplicated rows, read through Spark (parquet) and pyarrow (delta). And a
-gateway that goes away mid-run: a clear error, only whole batches visible, and a later run completes."""
+gateway that goes away mid-run: a clear error, only whole batches visible, and a later run completes.
+
+Each format meets each fault once (every case starts two Spark runs, ~40 s): the kill -9 on parquet here and on
+delta in the typed-avro case below; the gateway going away on delta (the sink's error handling does not depend on
+the format; what a run leaves visible after a crash is checked per format by the kill -9 cases)."""
 
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ def prefix_ok(spark: Any, path: Path, fmt: str, want: list[Any]) -> int:
     return len(got)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.parametrize("fmt", ["parquet"])
 def test_kill_9_mid_run_then_restart_no_loss_no_duplicates(
         tansu: EmbeddedBroker, spark: Any, tmp_path: Path, fmt: str) -> None:
     gw = GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gw.log")
@@ -106,7 +110,7 @@ def test_kill_9_mid_run_then_restart_no_loss_no_duplicates(
         gw.stop()
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.parametrize("fmt", ["delta"])
 def test_gateway_going_away_is_a_clear_error_and_leaves_whole_batches(
         tansu: EmbeddedBroker, spark: Any, tmp_path: Path, fmt: str) -> None:
     gw = GatewayProcess(tansu.bootstrap, log_file=tmp_path / "gw.log")

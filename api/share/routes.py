@@ -222,11 +222,11 @@ def outcomes_body(outcomes: list[AckOutcome]) -> bytes:
         head = orjson.dumps(outcome_json(o))
         at = head.index(b'"offset":') + 9
         end = head.index(b",", at)
-        prefix, suffix = head[:at], head[end:]
         if o.offset == o.last:
             pieces.append(head)
         else:
-            pieces += [prefix + b"%d" % n + suffix for n in range(o.offset, o.last + 1)]
+            template = head[:at].replace(b"%", b"%%") + b"%d" + head[end:].replace(b"%", b"%%")
+            pieces += [template % n for n in range(o.offset, o.last + 1)]
     return b'{"acknowledgements":[' + b",".join(pieces) + b"]}"
 
 
@@ -260,10 +260,12 @@ def _chunks(records: list[ShareRecord]) -> tuple[list[tuple[TopicPartition, list
 def _with_extras(part: bytes, runs: list[list[Any]], sep: bytes) -> bytes:
     """A rendered chunk (records ending in ``}``, joined by NUL) with each record's share fields, joined by
     ``sep``."""
-    if len(runs) == 1:  # one acquisition: every record gets the same fields (NUL only ever separates records)
+    texts = part.split(_SEP)  # (NUL only ever separates records; bytes.replace of "}" NUL is slower)
+    if len(runs) == 1:  # one acquisition: every record gets the same fields
         extra = runs[0][1]
-        return part[:-1].replace(b"}" + _SEP, extra + sep) + extra
-    texts = part.split(_SEP)
+        if runs[0][0] != len(texts):
+            raise ValueError(f"{len(texts)} records rendered, {runs[0][0]} expected")
+        return sep.join([t[:-1] + extra for t in texts])
     out: list[bytes] = []
     i = 0
     for n, extra in runs:
@@ -396,8 +398,6 @@ async def share_records(request: Request, group: str, instance_id: str,
                             "(acquired records are locked for this instance: ask for what you can handle)")] = None,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = share_instance(request, tenant, group, instance_id)
-    reg = shares(request)
-    gw = gateway(request)
     media = stream_media(request)
     if media is not None:
         if inst.consumer is None:
@@ -409,6 +409,19 @@ async def share_records(request: Request, group: str, instance_id: str,
         return SlotStreamingResponse(
             stream_share_records(request, inst, tenant, media, max_records or 500, max_bytes, render_share_pieces),
             release=slot, media_type=media, headers={"cache-control": "no-cache"})
+    body, charge = await poll_share_records(request, inst, tenant, timeout, max_bytes, max_records)
+    # one media type whatever the format (the instance's format says how keys and values are rendered); the
+    # records stay charged to the memory budget until the answer was sent
+    return ChargedResponse(body, media_type=V2, release=lambda: inst.release_charge(charge))
+
+
+async def poll_share_records(request: Request, inst: ShareInstance, tenant: Tenant, timeout: int | None,
+                             max_bytes: int | None, max_records: int | None) -> tuple[bytes, int]:
+    """A records request (not a stream): the JSON array of what was acquired within ``timeout`` ms, and the
+    bytes charged to the memory budget for it (the caller's to release once the answer was sent). Also the
+    lean route's (api/server/fastpath.py)."""
+    reg = shares(request)
+    gw = gateway(request)
     wait = min(reg.max_poll_timeout, (1000 if timeout is None else timeout) / 1000)
     inst.active_requests += 1
     charge = 0
@@ -425,9 +438,7 @@ async def share_records(request: Request, group: str, instance_id: str,
     finally:
         inst.active_requests -= 1
         inst.touch()
-    # one media type whatever the format (the instance's format says how keys and values are rendered); the
-    # records stay charged to the memory budget until the answer was sent
-    return ChargedResponse(body, media_type=V2, release=lambda: inst.release_charge(charge))
+    return body, charge
 
 
 @router.post(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,

@@ -93,6 +93,39 @@ async def test_errors_are_the_full_routes_answers(app: Any) -> None:
         assert (full.status_code, full.content) == (status, body)
 
 
+async def test_share_records_and_outcomes_go_to_the_full_app_when_unusual(app: Any) -> None:
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    records = "/share-groups/g/instances/i/records"
+    for kwargs in ({"path": records, "method": "POST"}, {"path": "/share-groups/g/instances/i/subscription"},
+                   {"path": "/share-groups/g/instances/i/acknowledgements", "method": "POST"},
+                   {"path": records, "query": b"max_records=0"},
+                   {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
+                   {"path": records, "headers": [(b"accept", b"text/event-stream")]},
+                   {"path": records, "headers": [(b"content-length", b"3")]},
+                   {"path": "/share-groups/g/instances/i/x/records"}, {"path": "/share-groups/g"}):
+        before = rest.calls
+        status, _, body = await call(fast, app, **kwargs)
+        assert (status, body, rest.calls) == (299, b"full app", before + 1), kwargs
+
+
+async def test_share_errors_are_the_full_routes_answers(app: Any) -> None:
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    import httpx
+
+    async with app.router.lifespan_context(app):
+        for path in ("/share-groups/g/instances/nobody/records", "/share-groups/g/instances/nobody/acknowledgements"):
+            status, headers, body = await call(fast, app, path)
+            assert rest.calls == 0
+            assert status == 404 and b'"error_code":40410' in body and b"nobody" in body, body
+            assert headers[b"content-type"] == b"application/vnd.kafka.v2+json"
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+                # (a repeated parameter: the full records route answers; outcomes ignore the query)
+                full = await http.get(path + "?max_records=1&max_records=1")
+            assert (full.status_code, full.content) == (status, body)
+
+
 async def test_healthz_is_answered_here_with_the_routes_answer(app: Any) -> None:
     rest = Recorder()
     status, headers, body = await call(RecordsFastPath(rest), app, "/healthz", headers=[])

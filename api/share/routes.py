@@ -447,6 +447,12 @@ async def poll_share_records(request: Request, inst: ShareInstance, tenant: Tena
 async def share_acknowledge(request: Request, group: str, instance_id: str, body: Acknowledgements,
                             tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = share_instance(request, tenant, group, instance_id)
+    return Response(await acknowledge_share(request, inst, body), media_type=V2)
+
+
+async def acknowledge_share(request: Request, inst: ShareInstance, body: Acknowledgements) -> bytes:
+    """An acknowledgements request: the answer's body (one outcome per offset). Also the lean route's
+    (api/server/fastpath.py)."""
     total = sum(len(a.offsets()) for a in body.acknowledgements)
     if total > MAX_ACK_OFFSETS:
         raise GatewayError(f"{total} offsets in one request; at most {MAX_ACK_OFFSETS}", status=422,
@@ -461,7 +467,7 @@ async def share_acknowledge(request: Request, group: str, instance_id: str, body
     finally:
         inst.active_requests -= 1
         inst.touch()
-    return Response(outcomes_body(got), media_type=V2)
+    return outcomes_body(got)
 
 
 @router.get(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,

@@ -6,11 +6,12 @@ A share consumer instance is one member of a share group, driven by the engine's
 on shutdown; closing releases every record it still holds, so other members get them at once.
 
 On top of the engine it keeps what HTTP needs: the records it handed out with their delivery count and lock
-deadline (an acknowledgement of a record not held, or whose lock ran out, is reported not applied and never
-sent), the acknowledgement mode (implicit: each poll accepts what the previous one returned), and the answers to
-acknowledgements that rode on a ShareFetch or went out later (``wait`` false), kept for ``GET
-.../acknowledgements``. Queued acknowledgements ride on the next ShareFetch; when no poll comes within
-``ack_linger`` they go out alone (ShareAcknowledge), so an idle client's outcomes are never left waiting.
+deadline, as runs of offsets per partition (service/share/ranges.py; an acknowledgement of a record not held, or
+whose lock ran out, is reported not applied and never sent), the acknowledgement mode (implicit: each poll
+accepts what the previous one returned), and the answers to acknowledgements that rode on a ShareFetch or went
+out later (``wait`` false), kept per run for ``GET .../acknowledgements``. Queued acknowledgements ride on the
+next ShareFetch; when no poll comes within ``ack_linger`` they go out alone (ShareAcknowledge), so an idle
+client's outcomes are never left waiting.
 
 Acquired records are charged to the process memory budget (``budget``, service/instances/budget.py; kind
 ``share``, see service/share/consumer.py): :meth:`ShareInstance.poll` answers the records with their charge,
@@ -55,7 +56,6 @@ NOT_HELD = "NOT_HELD"
 #: the answer of a record whose acquisition lock ran out (the broker hands it out again)
 LOCK_EXPIRED = "LOCK_EXPIRED"
 
-Key = tuple[str, int, int]  # topic, partition, offset
 Part = tuple[str, int]  # topic, partition
 #: an acknowledgement of a run of offsets: topic, partition, first offset, last offset (inclusive), type
 AckRange = tuple[str, int, int, int, AckType]

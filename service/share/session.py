@@ -5,7 +5,8 @@ by an epoch: 0 opens it (and replaces any session the member had there), each an
 one, and -1 closes it. The session remembers which partitions it fetches from, so a request only names the
 partitions it adds (``topics``) and those it drops (``forgotten_topics_data``).
 
-Records come back *acquired*: locked for this member until the broker's acquisition lock runs out. Each is
+Records come back *acquired*: locked for this member until the broker's acquisition lock runs out (kept here as
+runs of offsets with their delivery count and lock deadline, as the broker hands them out). Each is
 settled by an acknowledgement (accept, release, reject; renew only extends the lock), batched per partition into
 offset ranges, and sent either along with the next ShareFetch or alone in a ShareAcknowledge. The answer carries
 one error code per partition, which is mapped back to every record acknowledged there: applied or not.
@@ -92,15 +93,6 @@ class AckResult:
     @property
     def offsets(self) -> range:
         return range(self.offset, self.last + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """An acquired record handed to the application."""
-
-    offset: int
-    delivery_count: int
-    deadline: float
 
 
 @dataclass(slots=True)

@@ -227,7 +227,9 @@ class ShareConsumer:
                         self.budget.release(grant, "fetch")
             # what a ShareFetch could not carry: renewals, partitions no longer fetched from this node
             if session.has_pending:
-                self._results += await self._acknowledge(node, session)
+                got = await self._acknowledge(node, session)
+                # (not ``+= await``: the list read before the await may have been taken meanwhile)
+                self._results += got
             return out
 
     async def _fetch_granted(self, node: int, session: ShareSession, wait_ms: int, max_bytes: int) -> list[ShareRecord]:

@@ -283,8 +283,12 @@ class ShareConsumer:
         out = []
         p = part.partition
         for first, last, count, deadline in session.deliver(part, present):
-            run = records[first - base:last - base + 1] if by_offset is None else [by_offset[o] for o in
-                                                                                     range(first, last + 1)]
+            if by_offset is None:
+                run = records[first - base:last - base + 1]
+                if not run or run[0].offset != first or run[-1].offset != last:  # not as dense as it looked
+                    by_offset = {r.offset: r for r in records}
+            if by_offset is not None:
+                run = [by_offset[o] for o in range(first, last + 1)]
             out += [ShareRecord(topic, p, r.offset, r.timestamp, r.key, r.value, r.headers, count, deadline, r)
                     for r in run]
         return out

@@ -26,7 +26,11 @@ acknowledgement applied (gateway: its outcomes), deliveries beyond N printed (a 
 Everything shares this machine's cores: compare within one run.
 
     .venv/bin/python bench/share.py [--records 200000] [--partitions 4] [--workers 4] [--max-records 1000]
-                                    [--bootstrap HOST:PORT]
+                                    [--bootstrap HOST:PORT] [--no-java] [--baseline DIR] [--rounds 1]
+
+``--baseline DIR``: a second gateway process started from another checkout (e.g. ``git worktree`` of an older
+commit) reads the same topic in its own share groups, its rows interleaved with this checkout's (``--rounds``
+each): before/after CPU per record on one machine state.
 """
 
 from __future__ import annotations
@@ -217,6 +221,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--max-records", type=int, default=1000, help="max_records of each GET")
     ap.add_argument("--bootstrap", help="an Apache Kafka 4.2+ broker to use instead of an embedded one")
+    ap.add_argument("--no-java", action="store_true", help="leave the Java row out (ratios to the last row)")
+    ap.add_argument("--baseline", type=Path, help="also run a gateway from this checkout, rows interleaved")
+    ap.add_argument("--rounds", type=int, default=1, help="gateway rows per checkout")
     args = ap.parse_args()
     n = args.records
     home = java_home(17)
@@ -230,16 +237,29 @@ def main() -> None:
         broker.start()
         bootstrap = broker.bootstrap
     gw = GatewayProc(bootstrap, {}, tmp / "gateway.log")
+    other = None
+    if args.baseline is not None:
+        other = GatewayProc(bootstrap, {}, tmp / "baseline.log")
+        other.cwd = args.baseline.resolve()
     try:
         gw.start()
+        if other is not None:
+            other.start()
         topic = f"bench-share-{time.time_ns()}"
         asyncio.run(create_topics(bootstrap, {topic: args.partitions}))
         produce(bootstrap, topic, n, args.partitions, "none")
         print(f"{n:,} x 100-byte records, {args.partitions} partitions, {args.workers} workers each; "
               f"{jdk_version(home)}")
-        rows = [asyncio.run(http_row(gw.url, topic, n, args.workers, args.max_records, gw.pid)),
-                java_row(home, kafka_lib, bootstrap, topic, n, args.workers)]
-        base = rows[1]
+        rows: list[Row] = []
+        for _ in range(args.rounds):
+            if other is not None:
+                row = asyncio.run(http_row(other.url, topic, n, args.workers, args.max_records, other.pid))
+                row.name += f" ({args.baseline})"
+                rows.append(row)
+            rows.append(asyncio.run(http_row(gw.url, topic, n, args.workers, args.max_records, gw.pid)))
+        if not args.no_java:
+            rows.append(java_row(home, kafka_lib, bootstrap, topic, n, args.workers))
+        base = rows[-1]
         print("| client | records/s | after the first record | ratio to Java | first record | deliveries | note |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
@@ -248,6 +268,8 @@ def main() -> None:
                   f"{(base.total_s / r.total_s):.2f} | {r.first_s:.2f} s | {r.records:,} | {r.note} |")
     finally:
         gw.stop()
+        if other is not None:
+            other.stop()
         if broker is not None:
             broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,8 @@
-"""The lean routes of the hot paths: ``GET /consumers/{group}/instances/{name}/records`` (not streams) and
-``POST /topics/{topic}[/partitions/{partition}]`` (produce, :class:`LeanProduce`: ahead of the whole middleware
-stack: fewer objects per request on the hot path).
+"""The lean routes of the hot paths: ``GET /consumers/{group}/instances/{name}/records`` (not streams), the share
+consumer's ``GET /share-groups/{group}/instances/{name}/records`` (not streams), ``GET .../acknowledgements`` and
+``POST .../acknowledgements`` (a JSON body the route's model accepts; any other body goes to the full route, which
+reads it again), and ``POST /topics/{topic}[/partitions/{partition}]`` (produce, :class:`LeanProduce`: ahead of
+the whole middleware stack: fewer objects per request on the hot path).
 
 A consumer polls this endpoint in a loop, so what the web framework does around each poll — route
 matching over every route, dependency solving, query validation, exception-middleware wrappers — is paid
@@ -25,10 +27,12 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
+import orjson
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -36,6 +40,8 @@ from api.auth import charge_tenant, current_tenant
 from api.deps import INT32_MAX, V2
 from api.hosts import HostGuard
 from api.server.http import INTERNAL_ERROR, Answer
+from api.share.routes import BASE as SHARE_BASE
+from api.share.routes import Acknowledgements, acknowledge_share, outcomes_body, poll_share_records, share_instance
 from api.v2.consumers import BASE, instance
 from api.v2.produce import produce_answer, produce_now
 from api.v2.records import accepted_media, poll_records
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 Respond = Callable[[int, list[tuple[bytes, bytes]], bytes], None]
 
 _PATH = re.compile(r"/consumers/([^/]+)/instances/([^/]+)/records")
+_SHARE_PATH = re.compile(r"/share-groups/([^/]+)/instances/([^/]+)/(records|acknowledgements)")
 # the bounds of the full route's Query(...) declarations: outside them the full route answers 422
 _LIMITS = {"timeout": (0, INT32_MAX), "max_bytes": (1, INT32_MAX), "max_records": (1, 100000)}
 
@@ -58,6 +65,30 @@ class _Route:
 
 
 _ROUTE = _Route()
+
+
+class _ShareRoute:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+_SHARE_ROUTES = {"records": _ShareRoute(SHARE_BASE + "/records"),
+                 "acknowledgements": _ShareRoute(SHARE_BASE + "/acknowledgements")}
+_SHARE_ACK_ROUTE = _SHARE_ROUTES["acknowledgements"]
+
+
+def _replay(bodies: list[bytes], last: MutableMapping[str, Any] | None, receive: Receive) -> Receive:
+    """A ``receive`` that hands out a body already read (then ``last``, then the connection's own)."""
+    pending: list[MutableMapping[str, Any]] = [{"type": "http.request", "body": b"".join(bodies), "more_body": False}]
+    if last is not None:
+        pending = [last]
+
+    async def again() -> Any:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return again
 
 
 def _query(raw: bytes) -> dict[str, int] | None:
@@ -120,6 +151,13 @@ class RecordsFastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/share-groups/"):
+            if scope["method"] == "GET":
+                await self._share(scope, receive, send)
+                return
+            if scope["method"] == "POST" and scope["path"].endswith("/acknowledgements"):
+                await self._share_acks(scope, receive, send)
+                return
         if scope["type"] != "http" or scope["method"] != "GET" or not scope["path"].endswith("/records"):
             if scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] == "GET":
                 # Liveness probes (Kubernetes, the Docker HEALTHCHECK, load balancers): the route's own answer
@@ -157,11 +195,97 @@ class RecordsFastPath:
                     "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
 
+    async def _share_acks(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /share-groups/{group}/instances/{name}/acknowledgements`` with a JSON body the route's model
+        accepts (read here, then judged by that model); any other body (malformed, refused by the model, not
+        JSON) goes to the full route, which reads it again and answers as always."""
+        match = _SHARE_PATH.fullmatch(scope["path"])
+        json_body = False
+        for name, value in scope["headers"]:
+            if name == b"content-type":
+                media = value.split(b";")[0].strip().lower()
+                json_body = media == b"application/json" or (media.startswith(b"application/")
+                                                             and media.endswith(b"+json"))
+            elif name == b"transfer-encoding":
+                json_body = False
+                break
+        if match is None or match[3] != "acknowledgements" or not json_body or "app" not in scope:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the full app sees it too
+                await self.app(scope, _replay([], message, receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(chunks)
+        try:
+            body = Acknowledgements.model_validate(orjson.loads(raw))
+        except (orjson.JSONDecodeError, ValidationError):
+            await self.app(scope, _replay([raw], None, receive), send)  # the full route's own answer
+            return
+        scope["route"] = _SHARE_ACK_ROUTE
+        request = Request(scope, receive)
+        try:
+            tenant = await current_tenant(request)
+            inst = share_instance(request, tenant, match[1], match[2])
+            answer = await acknowledge_share(request, inst, body)
+        except Exception as exc:
+            response = await _error_response(scope, request, exc)
+            await response(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", _V2), (b"content-length", b"%d" % len(answer))]})
+        await send({"type": "http.response.body", "body": answer})
+
+    async def _share(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET /share-groups/{group}/instances/{name}/records`` (not streams) and ``.../acknowledgements``
+        with the share routes' own functions, as the consumer records route above."""
+        match = _SHARE_PATH.fullmatch(scope["path"])
+        records = match is not None and match[3] == "records"
+        query = _query(scope["query_string"]) if records else {}
+        if match is None or query is None or "app" not in scope:
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if records and name == b"accept" and (b"ndjson" in value or b"event-stream" in value):
+                await self.app(scope, receive, send)  # streams: the full route
+                return
+            if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
+                await self.app(scope, receive, send)  # a GET with a body: the full route judges it
+                return
+        scope["route"] = _SHARE_ROUTES[match[3]]
+        request = Request(scope, receive)
+        charge = 0
+        inst = None
+        try:
+            tenant = await current_tenant(request)
+            inst = share_instance(request, tenant, match[1], match[2])
+            if records:
+                body, charge = await poll_share_records(request, inst, tenant, query.get("timeout"),
+                                                        query.get("max_bytes"), query.get("max_records"))
+            else:
+                body = outcomes_body(inst.take_outcomes())
+        except Exception as exc:
+            response = await _error_response(scope, request, exc)
+            await response(scope, receive, send)
+            return
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", _V2), (b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+        finally:
+            inst.release_charge(charge)  # the records left (or never will: the client went away)
+
 
 #: Headers after which the full app judges a produce request (chunked bodies, 100-continue, forwarded by a
 #: replica peer: the routing layer checks its token)
 _PRODUCE_DECLINE = frozenset({b"transfer-encoding", b"expect", HOP_HEADER.encode()})
 _PRODUCE_START_HEADERS = (b"content-type", V2.encode())
+_V2 = V2.encode()
 
 
 class LeanProduce:

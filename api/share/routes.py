@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
+import orjson
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,7 @@ from service.instances.share import (
     ShareInstance,
     ShareOptions,
     ShareRegistry,
+    ack_ranges,
     require_share_groups,
 )
 from service.lib.logs import bind
@@ -204,6 +206,7 @@ def wall_ms(deadline: float) -> int:
 
 
 def outcome_json(o: AckOutcome) -> dict[str, Any]:
+    """One offset's outcome as JSON (``o`` of one record; see :func:`outcomes_body` for runs)."""
     out: dict[str, Any] = {"topic": o.topic, "partition": o.partition, "offset": o.offset, "type": o.type,
                            "applied": o.applied, "error": o.error}
     if o.lock_deadline is not None:
@@ -211,20 +214,72 @@ def outcome_json(o: AckOutcome) -> dict[str, Any]:
     return out
 
 
+def outcomes_body(outcomes: list[AckOutcome]) -> bytes:
+    """``{"acknowledgements": [...]}`` with one object per offset (a run's outcome repeated for each of its
+    offsets), rendered per run: only the offset differs within a run."""
+    pieces: list[bytes] = []
+    for o in outcomes:
+        head = orjson.dumps(outcome_json(o))
+        at = head.index(b'"offset":') + 9
+        end = head.index(b",", at)
+        if o.offset == o.last:
+            pieces.append(head)
+        else:
+            template = head[:at].replace(b"%", b"%%") + b"%d" + head[end:].replace(b"%", b"%%")
+            pieces += [template % n for n in range(o.offset, o.last + 1)]
+    return b'{"acknowledgements":[' + b",".join(pieces) + b"]}"
+
+
 _SEP = b"\x00"  # no rendered record holds a NUL byte (JSON escapes it): the records are split on it
 
 
-def _chunks(records: list[ShareRecord]) -> list[tuple[TopicPartition, list[Record]]]:
-    chunks: dict[tuple[str, int], list[Record]] = {}
+#: per chunk, runs of records sharing their share fields: (how many records, the fields rendered)
+ExtraRuns = list[list[list[Any]]]
+
+
+def _chunks(records: list[ShareRecord]) -> tuple[list[tuple[TopicPartition, list[Record]]], ExtraRuns]:
+    """The records per partition (as the renderers take them), and beside each chunk its rendered share fields
+    (``delivery_count``, ``lock_expires_at``) as runs: records acquired together share them."""
+    chunks: dict[tuple[str, int], tuple[list[Record], list[list[Any]]]] = {}
+    shift = time.time() - time.monotonic()  # monotonic lock deadlines as wall-clock times
     for r in records:
-        chunks.setdefault((r.topic, r.partition), []).append(Record(r.offset, r.timestamp, r.key, r.value, r.headers))
-    return [(TopicPartition(t, p), recs) for (t, p), recs in chunks.items()]
+        c = chunks.get((r.topic, r.partition))
+        if c is None:
+            c = chunks[(r.topic, r.partition)] = ([], [])
+        c[0].append(r.record if r.record is not None else Record(r.offset, r.timestamp, r.key, r.value, r.headers))
+        runs = c[1]
+        if runs and runs[-1][1] == r.delivery_count and runs[-1][2] == r.lock_deadline:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, r.delivery_count, r.lock_deadline])
+    extras = [[[n, b',"delivery_count":%d,"lock_expires_at":%d}' % (count, int((shift + deadline) * 1000))]
+               for n, count, deadline in runs] for _, runs in chunks.values()]
+    return [(TopicPartition(t, p), recs) for (t, p), (recs, _) in chunks.items()], extras
+
+
+def _with_extras(part: bytes, runs: list[list[Any]], sep: bytes) -> bytes:
+    """A rendered chunk (records ending in ``}``, joined by NUL) with each record's share fields, joined by
+    ``sep``."""
+    texts = part.split(_SEP)  # (NUL only ever separates records; bytes.replace of "}" NUL is slower)
+    if len(runs) == 1:  # one acquisition: every record gets the same fields
+        extra = runs[0][1]
+        if runs[0][0] != len(texts):
+            raise ValueError(f"{len(texts)} records rendered, {runs[0][0]} expected")
+        return sep.join([t[:-1] + extra for t in texts])
+    out: list[bytes] = []
+    i = 0
+    for n, extra in runs:
+        out += [t[:-1] + extra for t in texts[i:i + n]]
+        i += n
+    if i != len(texts):
+        raise ValueError(f"{len(texts)} records rendered, {i} expected")
+    return sep.join(out)
 
 
 async def render_share_records(request: Request, inst: ShareInstance, tenant: Tenant,
                                records: list[ShareRecord]) -> bytes:
     """The records as a JSON array in the instance's format (see :func:`render_share_pieces`)."""
-    return b"[" + b",".join(await render_share_pieces(request, inst, tenant, records)) + b"]"
+    return b"[" + await _render_share(request, inst, tenant, records, b",") + b"]"
 
 
 async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Tenant,
@@ -232,9 +287,15 @@ async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Ten
     """The records as JSON objects in the instance's format, each on one line (no line break: ndjson and SSE
     take them as they are) with ``delivery_count`` and ``lock_expires_at``. A schema registry that cannot
     answer: the records are released (delivered again at once) and 503/50307 is raised."""
+    return (await _render_share(request, inst, tenant, records, _SEP)).split(_SEP) if records else []
+
+
+async def _render_share(request: Request, inst: ShareInstance, tenant: Tenant, records: list[ShareRecord],
+                        sep: bytes) -> bytes:
+    """The records rendered (see :func:`render_share_pieces`), joined by ``sep``."""
     if not records:
-        return []
-    chunks = _chunks(records)
+        return b""
+    chunks, extras = _chunks(records)
     fmt = inst.options.format
     rendered: Rendered
     if fmt in SCHEMA_FORMATS:
@@ -243,8 +304,7 @@ async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Ten
             await resolver.prepare(chunk_schema_ids(chunks), inst.options.avro_rendering, programs=fmt == "avro",
                                    tenant=inst.tenant)
         except RegistryUnavailable:
-            await inst.acknowledge([(r.topic, r.partition, r.offset, AckType.RELEASE) for r in records], wait=False,
-                                   linger=0.0)
+            await inst.acknowledge(ack_ranges(records, AckType.RELEASE), wait=False, linger=0.0)
             request.app.state.metrics.schema_registry_unavailable.labels(inst.tenant).inc()
             raise
         errors = request.app.state.metrics.schema_decode_errors.labels(inst.tenant, fmt)  # as consumer polls count
@@ -254,16 +314,12 @@ async def render_share_pieces(request: Request, inst: ShareInstance, tenant: Ten
         rendered = render_json(chunks, _SEP)
     else:
         rendered = render_binary(chunks, _SEP)
-    extra = {(r.topic, r.partition, r.offset): b',"delivery_count":%d,"lock_expires_at":%d}' % (
-        r.delivery_count, wall_ms(r.lock_deadline)) for r in records}
-    pieces: list[bytes] = []
-    for (tp, recs), part in zip(((tp, recs) for tp, recs in chunks if recs), rendered.parts, strict=True):
-        for rec, text in zip(recs, part.split(_SEP), strict=True):
-            pieces.append(text[:-1] + extra[(tp.topic, tp.partition, rec.offset)])
+    body = sep.join([_with_extras(part, runs, sep)  # (every chunk has records)
+                     for runs, part in zip(extras, rendered.parts, strict=True)])
     metrics = request.app.state.metrics
     metrics.records.labels(tenant.id).inc(rendered.count)
     metrics.bytes.labels(tenant.id).inc(rendered.payload)
-    return pieces
+    return body
 
 
 # -- endpoints ------------------------------------------------------------------------------------------------------
@@ -342,8 +398,6 @@ async def share_records(request: Request, group: str, instance_id: str,
                             "(acquired records are locked for this instance: ask for what you can handle)")] = None,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = share_instance(request, tenant, group, instance_id)
-    reg = shares(request)
-    gw = gateway(request)
     media = stream_media(request)
     if media is not None:
         if inst.consumer is None:
@@ -355,6 +409,19 @@ async def share_records(request: Request, group: str, instance_id: str,
         return SlotStreamingResponse(
             stream_share_records(request, inst, tenant, media, max_records or 500, max_bytes, render_share_pieces),
             release=slot, media_type=media, headers={"cache-control": "no-cache"})
+    body, charge = await poll_share_records(request, inst, tenant, timeout, max_bytes, max_records)
+    # one media type whatever the format (the instance's format says how keys and values are rendered); the
+    # records stay charged to the memory budget until the answer was sent
+    return ChargedResponse(body, media_type=V2, release=lambda: inst.release_charge(charge))
+
+
+async def poll_share_records(request: Request, inst: ShareInstance, tenant: Tenant, timeout: int | None,
+                             max_bytes: int | None, max_records: int | None) -> tuple[bytes, int]:
+    """A records request (not a stream): the JSON array of what was acquired within ``timeout`` ms, and the
+    bytes charged to the memory budget for it (the caller's to release once the answer was sent). Also the
+    lean route's (api/server/fastpath.py)."""
+    reg = shares(request)
+    gw = gateway(request)
     wait = min(reg.max_poll_timeout, (1000 if timeout is None else timeout) / 1000)
     inst.active_requests += 1
     charge = 0
@@ -371,9 +438,7 @@ async def share_records(request: Request, group: str, instance_id: str,
     finally:
         inst.active_requests -= 1
         inst.touch()
-    # one media type whatever the format (the instance's format says how keys and values are rendered); the
-    # records stay charged to the memory budget until the answer was sent
-    return ChargedResponse(body, media_type=V2, release=lambda: inst.release_charge(charge))
+    return body, charge
 
 
 @router.post(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,
@@ -382,18 +447,27 @@ async def share_records(request: Request, group: str, instance_id: str,
 async def share_acknowledge(request: Request, group: str, instance_id: str, body: Acknowledgements,
                             tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = share_instance(request, tenant, group, instance_id)
+    return Response(await acknowledge_share(request, inst, body), media_type=V2)
+
+
+async def acknowledge_share(request: Request, inst: ShareInstance, body: Acknowledgements) -> bytes:
+    """An acknowledgements request: the answer's body (one outcome per offset). Also the lean route's
+    (api/server/fastpath.py)."""
     total = sum(len(a.offsets()) for a in body.acknowledgements)
     if total > MAX_ACK_OFFSETS:
         raise GatewayError(f"{total} offsets in one request; at most {MAX_ACK_OFFSETS}", status=422,
                            error_code=42206)
-    acks = [(a.topic, a.partition, o, ACK_TYPES[a.type]) for a in body.acknowledgements for o in a.offsets()]
+    acks = []
+    for a in body.acknowledgements:
+        offsets = a.offsets()
+        acks.append((a.topic, a.partition, offsets.start, offsets.stop - 1, ACK_TYPES[a.type]))
     inst.active_requests += 1
     try:
         got = await inst.acknowledge(acks, wait=body.wait, linger=shares(request).ack_linger)
     finally:
         inst.active_requests -= 1
         inst.touch()
-    return v2({"acknowledgements": [outcome_json(o) for o in got]})
+    return outcomes_body(got)
 
 
 @router.get(BASE + "/acknowledgements", response_model=AckOutcomes, responses=ERRORS,
@@ -402,5 +476,5 @@ async def share_acknowledge(request: Request, group: str, instance_id: str, body
 async def share_ack_outcomes(request: Request, group: str, instance_id: str,
                              tenant: Tenant = Depends(current_tenant)) -> Response:
     inst = share_instance(request, tenant, group, instance_id)
-    return v2({"acknowledgements": [outcome_json(o) for o in inst.take_outcomes()]})
+    return Response(outcomes_body(inst.take_outcomes()), media_type=V2)
 

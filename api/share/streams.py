@@ -27,7 +27,6 @@ from api.v2.streams import SSE_KEEP_ALIVE, stream_error_frame, stream_stop
 from service.instances.share import ShareInstance
 from service.schemas.registry import RegistryUnavailable
 from service.share.consumer import ShareRecord
-from service.share.session import AckType
 from service.tenants import Tenant
 
 log = logging.getLogger(__name__)
@@ -56,13 +55,9 @@ async def settle_stream_end(inst: ShareInstance, acquiring: asyncio.Future[tuple
         if not unwritten or inst.closed:
             return
         async with inst.poll_lock:
-            keys = {(r.topic, r.partition, r.offset) for r in unwritten}
-            if inst.options.ack_mode == "implicit":
-                inst.previous = [k for k in inst.previous if k not in keys]
-            release = [k for k in keys if k in inst.held]
+            release = inst.unhand(unwritten)
             if release:
-                await inst.acknowledge([(t, p, o, AckType.RELEASE) for t, p, o in sorted(release)], wait=False,
-                                       linger=0.0)
+                await inst.acknowledge(release, wait=False, linger=0.0)
     except Exception:
         log.exception("share consumer instance %s: releasing what its stream did not write failed", inst.name)
 

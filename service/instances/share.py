@@ -6,11 +6,12 @@ A share consumer instance is one member of a share group, driven by the engine's
 on shutdown; closing releases every record it still holds, so other members get them at once.
 
 On top of the engine it keeps what HTTP needs: the records it handed out with their delivery count and lock
-deadline (an acknowledgement of a record not held, or whose lock ran out, is reported not applied and never
-sent), the acknowledgement mode (implicit: each poll accepts what the previous one returned), and the answers to
-acknowledgements that rode on a ShareFetch or went out later (``wait`` false), kept for ``GET
-.../acknowledgements``. Queued acknowledgements ride on the next ShareFetch; when no poll comes within
-``ack_linger`` they go out alone (ShareAcknowledge), so an idle client's outcomes are never left waiting.
+deadline, as runs of offsets per partition (service/share/ranges.py; an acknowledgement of a record not held, or
+whose lock ran out, is reported not applied and never sent), the acknowledgement mode (implicit: each poll
+accepts what the previous one returned), and the answers to acknowledgements that rode on a ShareFetch or went
+out later (``wait`` false), kept per run for ``GET .../acknowledgements``. Queued acknowledgements ride on the
+next ShareFetch; when no poll comes within ``ack_linger`` they go out alone (ShareAcknowledge), so an idle
+client's outcomes are never left waiting.
 
 Acquired records are charged to the process memory budget (``budget``, service/instances/budget.py; kind
 ``share``, see service/share/consumer.py): :meth:`ShareInstance.poll` answers the records with their charge,
@@ -26,9 +27,10 @@ import re
 import sys
 import time
 import uuid
-from collections import OrderedDict
+from bisect import bisect_left
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.client.client import KafkaClient
@@ -37,6 +39,7 @@ from service.instances.registry import NAME_PLACEMENT_TRIES
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
 from service.share.consumer import ShareConsumer, ShareRecord
+from service.share.ranges import RunMap, subtract
 from service.share.session import AckResult, AckType
 from service.tenants.quotas import InstanceQuotaCoordinator
 
@@ -53,7 +56,9 @@ NOT_HELD = "NOT_HELD"
 #: the answer of a record whose acquisition lock ran out (the broker hands it out again)
 LOCK_EXPIRED = "LOCK_EXPIRED"
 
-Key = tuple[str, int, int]  # topic, partition, offset
+Part = tuple[str, int]  # topic, partition
+#: an acknowledgement of a run of offsets: topic, partition, first offset, last offset (inclusive), type
+AckRange = tuple[str, int, int, int, AckType]
 #: a tenant's share instances are counted by the owner of record under this key (tenant ids have no \x1f), apart
 #: from its consumer instances: ``max_instances`` caps each kind, across the replica set
 SHARE_QUOTA_PREFIX = "\x1fshare\x1f"
@@ -106,14 +111,11 @@ class ShareOptions:
     ack_mode: str = "explicit"  # explicit | implicit
 
 
-@dataclass
-class Held:
-    delivery_count: int
-    deadline: float  # monotonic
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AckOutcome:
+    """What became of the acknowledgement of ``offset`` to ``last_offset`` (inclusive; one record when
+    ``last_offset`` is not given), all with the same answer."""
+
     topic: str
     partition: int
     offset: int
@@ -121,6 +123,65 @@ class AckOutcome:
     applied: bool
     error: str | None = None
     lock_deadline: float | None = None  # monotonic; renewals that applied
+    last_offset: int = -1
+
+    @property
+    def last(self) -> int:
+        return self.last_offset if self.last_offset >= self.offset else self.offset
+
+    @property
+    def count(self) -> int:
+        return self.last - self.offset + 1
+
+    def part(self, first: int, last: int) -> AckOutcome:
+        """The same answer for ``first..last`` (inside this one's offsets)."""
+        return replace(self, offset=first, last_offset=last)
+
+
+def held_runs(records: Iterable[ShareRecord]) -> dict[Part, list[tuple[int, int, int, float]]]:
+    """Records as runs per partition of consecutive offsets with the same delivery count and lock deadline."""
+    out: dict[Part, list[tuple[int, int, int, float]]] = {}
+    topic, partition, first, last, count, deadline = "", -1, 0, -2, 0, 0.0
+    for r in records:
+        if r.offset == last + 1 and r.partition == partition and r.topic == topic \
+                and r.delivery_count == count and r.lock_deadline == deadline:
+            last = r.offset
+            continue
+        if partition >= 0:
+            out.setdefault((topic, partition), []).append((first, last, count, deadline))
+        topic, partition, first, last, count, deadline = (r.topic, r.partition, r.offset, r.offset,
+                                                          r.delivery_count, r.lock_deadline)
+    if partition >= 0:
+        out.setdefault((topic, partition), []).append((first, last, count, deadline))
+    return out
+
+
+def ack_ranges(records: Iterable[ShareRecord], type: AckType) -> list[AckRange]:
+    """Acknowledgements of ``records`` as runs of consecutive offsets per partition."""
+    return [(t, p, f, la, type) for (t, p), runs in held_runs(records).items() for f, la, _, _ in runs]
+
+
+@dataclass
+class _Waiter:
+    """An acknowledgements request waiting for the broker's answers: the runs still unanswered per
+    (topic, partition, type name), and the answers so far."""
+
+    want: dict[tuple[str, int, str], RunMap[bool]] = field(default_factory=dict)
+    got: list[AckOutcome] = field(default_factory=list)
+
+    def take(self, o: AckOutcome) -> list[tuple[int, int]]:
+        """Keep the parts of ``o`` this request waits for; returns those parts."""
+        want = self.want.get((o.topic, o.partition, o.type))
+        if not want:
+            return []
+        mine = [(f, la) for f, la, _ in want.remove(o.offset, o.last)]
+        for f, la in mine:
+            self.got.append(o if (f, la) == (o.offset, o.last) else o.part(f, la))
+        return mine
+
+    @property
+    def done(self) -> bool:
+        return not any(self.want.values())
 
 
 @dataclass
@@ -132,9 +193,12 @@ class ShareInstance:
     client: KafkaClient
     consumer: ShareConsumer | None = None
     topics: list[str] = field(default_factory=list)
-    held: dict[Key, Held] = field(default_factory=dict)
-    previous: list[Key] = field(default_factory=list)  # implicit mode: what the last poll returned
-    outcomes: OrderedDict[tuple[str, int, int, str], AckOutcome] = field(default_factory=OrderedDict)
+    #: what this instance handed out and is not settled, per partition: runs of (delivery count, lock deadline)
+    held: dict[Part, RunMap[tuple[int, float]]] = field(default_factory=dict)
+    previous: list[AckRange] = field(default_factory=list)  # implicit mode: accepting what the last poll returned
+    #: answers nobody waited for (oldest first), at most MAX_KEPT_OUTCOMES offsets in all
+    outcomes: deque[AckOutcome] = field(default_factory=deque)
+    kept: int = 0  # offsets in ``outcomes``
     poll_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     active_requests: int = 0
@@ -145,7 +209,7 @@ class ShareInstance:
     budget: Any = None
     #: the tenant-wide reservation of this instance with the owner of record (max_instances across replicas)
     quota_token: str | None = None
-    _awaited: dict[tuple[str, int, int, str], AckOutcome | None] = field(default_factory=dict)
+    _waiters: list[_Waiter] = field(default_factory=list)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -180,7 +244,7 @@ class ShareInstance:
                                error_code=40903)
         async with self.poll_lock:
             if self.options.ack_mode == "implicit" and self.previous:
-                self._queue([(t, p, o, AckType.ACCEPT) for t, p, o in self.previous])
+                self._queue(self.previous)
             self.previous = []
             consumer.max_records = max_records
             if max_bytes is not None:
@@ -200,10 +264,15 @@ class ShareInstance:
             except BaseException:
                 self.release_charge(charge + consumer.take_charged())
                 raise
-            for r in out:
-                self.held[(r.topic, r.partition, r.offset)] = Held(r.delivery_count, r.lock_deadline)
+            runs = held_runs(out)
+            for key, rs in runs.items():
+                held = self.held.get(key)
+                if held is None:
+                    held = self.held[key] = RunMap()
+                for f, la, c, d in rs:
+                    held.assign(f, la, (c, d))
             if self.options.ack_mode == "implicit":
-                self.previous = [(r.topic, r.partition, r.offset) for r in out]
+                self.previous = [(t, p, f, la, AckType.ACCEPT) for (t, p), rs in runs.items() for f, la, _, _ in rs]
             if self.metrics is not None and out:
                 self.metrics.share_acquired.labels(self.tenant).inc(len(out))
                 again = sum(1 for r in out if r.delivery_count > 1)
@@ -213,38 +282,75 @@ class ShareInstance:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        gone = [k for k, h in self.held.items() if h.deadline <= now]
-        for k in gone:
-            del self.held[k]
+        gone = 0
+        for held in self.held.values():
+            for f, la, _ in held.remove_if(lambda v: v[1] <= now):
+                gone += la - f + 1
         if gone and self.metrics is not None:
-            self.metrics.share_lock_expiries.labels(self.tenant).inc(len(gone))
+            self.metrics.share_lock_expiries.labels(self.tenant).inc(gone)
+
+    def holds(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether this instance handed out the record and it is not settled (its lock may have run out)."""
+        held = self.held.get((topic, partition))
+        return held is not None and offset in held
+
+    def held_count(self) -> int:
+        return sum(len(h) for h in self.held.values())
+
+    def unhand(self, records: Iterable[ShareRecord]) -> list[AckRange]:
+        """Records that did not reach the client: they leave what the next poll accepts (implicit mode); the
+        release acknowledgements of those still held."""
+        gone = held_runs(records)
+        if self.previous:
+            kept: list[AckRange] = []
+            for t, p, f, la, ty in self.previous:
+                drop = [(df, dl) for df, dl, _, _ in gone.get((t, p), ()) if df <= la and dl >= f]
+                kept += [(t, p, kf, kl, ty) for kf, kl in subtract(f, la, [(max(df, f), min(dl, la))
+                                                                            for df, dl in sorted(drop)])]
+            self.previous = kept
+        out: list[AckRange] = []
+        for (t, p), runs in sorted(gone.items()):
+            held = self.held.get((t, p))
+            if held is not None:
+                for f, la, _, _ in runs:
+                    out += [(t, p, hf, hl, AckType.RELEASE) for hf, hl, _ in held.pieces(f, la)]
+        return out
 
     # -- acknowledging --------------------------------------------------------------------------------------------
-    def _queue(self, acks: Iterable[tuple[str, int, int, AckType]]) -> list[AckOutcome]:
-        """Queue acknowledgements with the engine; the ones refused at once (not held, lock expired)."""
+    def _queue(self, acks: Iterable[AckRange]) -> list[AckOutcome]:
+        """Queue acknowledgements with the engine; the runs refused at once (not held, lock expired)."""
         consumer = self.consumer
         refused: list[AckOutcome] = []
         now = time.monotonic()
-        for topic, partition, offset, type in acks:
-            key = (topic, partition, offset)
-            held = self.held.get(key)
+        expired = 0
+        for topic, partition, first, last, type in acks:
             name = TYPE_NAMES[type]
-            if held is None or consumer is None:
-                refused.append(AckOutcome(topic, partition, offset, name, False, NOT_HELD))
+            held = self.held.get((topic, partition))
+            pieces = held.pieces(first, last) if held is not None and consumer is not None else []
+            if not pieces:
+                refused.append(AckOutcome(topic, partition, first, name, False, NOT_HELD, None, last))
                 continue
-            if held.deadline <= now:
-                del self.held[key]
-                if self.metrics is not None:
-                    self.metrics.share_lock_expiries.labels(self.tenant).inc()
-                refused.append(AckOutcome(topic, partition, offset, name, False, LOCK_EXPIRED))
-                continue
-            at_once = consumer.acknowledge(topic, partition, offset, type)
-            if at_once is not None:
-                self.held.pop(key, None)
-                refused.append(AckOutcome(topic, partition, offset, name, False, EC.describe(at_once.error_code).name))
-                continue
-            if type != AckType.RENEW:
-                del self.held[key]
+            assert held is not None and consumer is not None
+            at = first
+            for f, la, (_, deadline) in pieces:
+                if f > at:
+                    refused.append(AckOutcome(topic, partition, at, name, False, NOT_HELD, None, f - 1))
+                at = la + 1
+                if deadline <= now:
+                    held.remove(f, la)
+                    expired += la - f + 1
+                    refused.append(AckOutcome(topic, partition, f, name, False, LOCK_EXPIRED, None, la))
+                    continue
+                for r in consumer.acknowledge_range(topic, partition, f, la, type):
+                    held.remove(r.offset, r.last)
+                    refused.append(AckOutcome(topic, partition, r.offset, name, False,
+                                              EC.describe(r.error_code).name, None, r.last))
+                if type != AckType.RENEW:
+                    held.remove(f, la)
+            if at <= last:
+                refused.append(AckOutcome(topic, partition, at, name, False, NOT_HELD, None, last))
+        if expired and self.metrics is not None:
+            self.metrics.share_lock_expiries.labels(self.tenant).inc(expired)
         self._count(refused)
         return refused
 
@@ -254,9 +360,23 @@ class ShareInstance:
             return
         counts: dict[tuple[str, bool], int] = {}
         for o in outcomes:
-            counts[(o.type, o.applied)] = counts.get((o.type, o.applied), 0) + 1
+            counts[(o.type, o.applied)] = counts.get((o.type, o.applied), 0) + o.count
         for (type, applied), n in counts.items():
             self.metrics.share_acks.labels(self.tenant, type, "applied" if applied else "refused").inc(n)
+
+    def _keep(self, o: AckOutcome) -> None:
+        """An answer nobody waits for: kept for GET .../acknowledgements (the oldest go beyond the limit)."""
+        self.outcomes.append(o)
+        self.kept += o.count
+        while self.kept > MAX_KEPT_OUTCOMES:
+            old = self.outcomes[0]
+            over = self.kept - MAX_KEPT_OUTCOMES
+            if old.count <= over:
+                self.outcomes.popleft()
+                self.kept -= old.count
+            else:
+                self.outcomes[0] = old.part(old.offset + over, old.last)
+                self.kept -= over
 
     def _absorb(self, results: list[AckResult]) -> None:
         """Answers of the broker: renewals move the lock deadline; each answer goes to the request waiting for
@@ -274,57 +394,65 @@ class ShareInstance:
                 last_id = r.topic_id
                 topic = names.get(r.topic_id) or str(r.topic_id)
             name = TYPE_NAMES.get(r.type, r.type.name.lower())
-            key = (topic, r.partition, r.offset)
+            first, last = r.offset, r.last
             deadline = None
             if r.type == AckType.RENEW:
-                held = self.held.get(key)
-                if r.applied and held is not None:
-                    held.deadline = deadline = now + lock / 1000
-                elif not r.applied:
-                    self.held.pop(key, None)
-            o = AckOutcome(topic, r.partition, r.offset, name, r.applied,
-                           None if r.applied else EC.describe(r.error_code).name, deadline)
+                held = self.held.get((topic, r.partition))
+                if held is not None:
+                    if r.applied:
+                        deadline = now + lock / 1000
+                        for f, la, (c, _) in held.pieces(first, last):
+                            held.assign(f, la, (c, deadline))
+                    else:
+                        held.remove(first, last)
+            o = AckOutcome(topic, r.partition, first, name, r.applied,
+                           None if r.applied else EC.describe(r.error_code).name, deadline, last)
             answered.append(o)
-            okey = (topic, r.partition, r.offset, name)
-            if okey in self._awaited:
-                self._awaited[okey] = o
+            taken: list[tuple[int, int]] = []
+            for w in self._waiters:
+                taken += w.take(o)
+            if not taken:
+                self._keep(o)
             else:
-                self.outcomes[okey] = o
-                self.outcomes.move_to_end(okey)
-                while len(self.outcomes) > MAX_KEPT_OUTCOMES:
-                    self.outcomes.popitem(last=False)
+                for f, la in subtract(first, last, sorted(taken)):
+                    self._keep(o.part(f, la))
         self._count(answered)
 
-    async def acknowledge(self, acks: list[tuple[str, int, int, AckType]], *, wait: bool,
-                          linger: float) -> list[AckOutcome]:
-        """Queue ``acks``; with ``wait`` send them now (ShareAcknowledge, unless a ShareFetch in flight takes
-        them) and answer each with the broker's word; without, answer the refused ones and let the rest ride on
-        the next poll, or go out alone after ``linger`` seconds."""
+    async def acknowledge(self, acks: list[AckRange], *, wait: bool, linger: float) -> list[AckOutcome]:
+        """Queue ``acks`` (runs of offsets); with ``wait`` send them now (ShareAcknowledge, unless a ShareFetch
+        in flight takes them) and answer every offset with the broker's word; without, answer the refused ones
+        and let the rest ride on the next poll, or go out alone after ``linger`` seconds. The answers are runs
+        of offsets with one outcome each, in the order of ``acks``."""
         consumer = self.consumer
-        keys = [(t, p, o, TYPE_NAMES[ty]) for t, p, o, ty in acks]
+        waiter = None
         if wait:
-            for k in keys:
-                self._awaited[k] = None
+            waiter = _Waiter()
+            for t, p, f, la, ty in acks:
+                want = waiter.want.get((t, p, TYPE_NAMES[ty]))
+                if want is None:
+                    want = waiter.want[(t, p, TYPE_NAMES[ty])] = RunMap()
+                want.assign(f, la, True)
+            self._waiters.append(waiter)
         try:
-            refused = {(o.topic, o.partition, o.offset, o.type): o for o in self._queue(acks)}
-            if not wait:
-                if consumer is not None and len(refused) < len(keys):
+            refused = self._queue(acks)
+            if waiter is None:
+                if consumer is not None and sum(o.count for o in refused) < sum(la - f + 1 for _, _, f, la, _ in acks):
                     self._schedule_flush(linger)
-                return list(refused.values())
-            out: list[AckOutcome] = []
+                return refused
+            for o in refused:
+                waiter.take(o)
             for _ in range(20):
+                if waiter.done:
+                    break
                 if consumer is not None:
                     self._absorb(await consumer.commit())
-                if all(k in refused or self._awaited.get(k) is not None for k in keys):
+                if waiter.done:
                     break
                 await asyncio.sleep(0.05)  # an answer still on its way (a ShareFetch in flight carries it)
-            for k in keys:
-                got = refused.get(k) or self._awaited.get(k)
-                out.append(got if got is not None else AckOutcome(k[0], k[1], k[2], k[3], False, "NO_ANSWER"))
-            return out
+            return _in_order(acks, waiter.got)
         finally:
-            for k in keys:
-                self._awaited.pop(k, None)
+            if waiter is not None:
+                self._waiters.remove(waiter)
 
     def _schedule_flush(self, linger: float) -> None:
         if self.flusher is not None and not self.flusher.done():
@@ -341,8 +469,9 @@ class ShareInstance:
         self.flusher = asyncio.create_task(flush(), name=f"share-ack-flush-{self.name}")
 
     def take_outcomes(self) -> list[AckOutcome]:
-        out = list(self.outcomes.values())
+        out = list(self.outcomes)
         self.outcomes.clear()
+        self.kept = 0
         return out
 
     # -- closing --------------------------------------------------------------------------------------------------
@@ -360,13 +489,43 @@ class ShareInstance:
         if consumer is None:
             return
         if self.options.ack_mode == "implicit" and self.previous:
-            self._queue([(t, p, o, AckType.ACCEPT) for t, p, o in self.previous])
+            self._queue(self.previous)
             self.previous = []
         try:
             self._absorb(await consumer.close())
         finally:
             self.held.clear()
             self.release_charge(consumer.take_charged())  # a poll cancelled before it took its charge
+
+
+def _in_order(acks: list[AckRange], got: list[AckOutcome]) -> list[AckOutcome]:
+    """The answers of a waiting request, in the order of its acknowledgements, each run's offsets in order; an
+    offset without an answer is NO_ANSWER."""
+    by: dict[tuple[str, int, str], list[AckOutcome]] = {}
+    for o in got:
+        by.setdefault((o.topic, o.partition, o.type), []).append(o)
+    lasts: dict[tuple[str, int, str], list[int]] = {}
+    for k, v in by.items():
+        v.sort(key=lambda o: o.offset)
+        lasts[k] = [o.last for o in v]
+    out: list[AckOutcome] = []
+    for t, p, f, la, ty in acks:
+        name = TYPE_NAMES[ty]
+        key = (t, p, name)
+        mine = by.get(key, [])
+        i = bisect_left(lasts[key], f) if mine else 0
+        at = f
+        for o in mine[i:]:
+            if o.offset > la:
+                break
+            lo, hi = max(o.offset, f), min(o.last, la)
+            if lo > at:
+                out.append(AckOutcome(t, p, at, name, False, "NO_ANSWER", None, lo - 1))
+            out.append(o if (lo, hi) == (o.offset, o.last) else o.part(lo, hi))
+            at = hi + 1
+        if at <= la:
+            out.append(AckOutcome(t, p, at, name, False, "NO_ANSWER", None, la))
+    return out
 
 
 @dataclass

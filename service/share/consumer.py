@@ -23,21 +23,22 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from service.client.client import KafkaClient, find_coordinator
 from service.client.errors import KafkaError
 from service.protocol import error_codes as EC
-from service.protocol.records import Header, decode_records
+from service.protocol.records import Header, Record, decode_records
 from service.share.member import MemberState, ShareMember
+from service.share.ranges import subtract
 from service.share.session import AckResult, AckType, FetchedPartition, ShareSession, TopicPartition
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ShareRecord:
+class ShareRecord(NamedTuple):
+    """An acquired record (a tuple: built once per record on the hot path)."""
+
     topic: str
     partition: int
     offset: int
@@ -47,6 +48,7 @@ class ShareRecord:
     headers: tuple[Header, ...]
     delivery_count: int
     lock_deadline: float  # time.monotonic() when the acquisition lock runs out
+    record: Record | None = None  # the decoded record it came from (renderers take it as it is)
 
 
 class ShareConsumer:
@@ -225,7 +227,9 @@ class ShareConsumer:
                         self.budget.release(grant, "fetch")
             # what a ShareFetch could not carry: renewals, partitions no longer fetched from this node
             if session.has_pending:
-                self._results += await self._acknowledge(node, session)
+                got = await self._acknowledge(node, session)
+                # (not ``+= await``: the list read before the await may have been taken meanwhile)
+                self._results += got
             return out
 
     async def _fetch_granted(self, node: int, session: ShareSession, wait_ms: int, max_bytes: int) -> list[ShareRecord]:
@@ -267,31 +271,55 @@ class ShareConsumer:
                      EC.describe(part.error_code).name, part.error_message or "")
         if not part.acquired or part.records is None or topic is None:
             return []
-        records = {}
-        for r in decode_records(part.records, topic=topic, partition=part.partition).records():
-            records[r.offset] = r
+        records = list(decode_records(part.records, topic=topic, partition=part.partition).records())
+        if not records:
+            session.deliver(part, ())  # every acquired offset is a gap
+            return []
+        base = records[0].offset
+        # offsets ascend in a partition: without holes the list is indexed by offset - base
+        dense = records[-1].offset - base == len(records) - 1
+        by_offset = None if dense else {r.offset: r for r in records}
+        present = range(base, base + len(records)) if dense else sorted(by_offset or ())
         out = []
-        for d in session.deliver(part, records):
-            r = records[d.offset]
-            out.append(ShareRecord(topic, part.partition, d.offset, r.timestamp, r.key, r.value, r.headers,
-                                   d.delivery_count, d.deadline))
+        p = part.partition
+        for first, last, count, deadline in session.deliver(part, present):
+            if by_offset is None:
+                run = records[first - base:last - base + 1]
+                if not run or run[0].offset != first or run[-1].offset != last:  # not as dense as it looked
+                    by_offset = {r.offset: r for r in records}
+            if by_offset is not None:
+                run = [by_offset[o] for o in range(first, last + 1)]
+            out += [ShareRecord(topic, p, r.offset, r.timestamp, r.key, r.value, r.headers, count, deadline, r)
+                    for r in run]
         return out
 
     # -- acknowledging --------------------------------------------------------------------------------------------
-    def _locate(self, topic: str, partition: int, offset: int) -> tuple[ShareSession | None, TopicPartition]:
+    def acknowledge_range(self, topic: str, partition: int, first: int, last: int,
+                          type: AckType = AckType.ACCEPT) -> list[AckResult]:
+        """Queue the outcome of the records ``first..last`` (sent with the next poll or commit); immediate
+        results for the runs not held by this consumer (unknown, already acknowledged, or their lock was seen
+        to run out)."""
+        type = AckType(type)
+        if type == AckType.GAP:
+            raise ValueError("gaps are acknowledged by the session itself")
         tp = (self.client.metadata.topic_id(topic), partition)
-        for s in self.sessions.values():
-            if s.holds(tp, offset):
-                return s, tp
-        return None, tp
+        left = [(first, last)]
+        for s in self.sessions.values():  # (after a leader change an old session may still hold some)
+            nxt: list[tuple[int, int]] = []
+            for f, la in left:
+                done = s.acknowledge_held(tp, f, la, type)
+                nxt += subtract(f, la, done) if done else [(f, la)]
+            left = nxt
+            if not left:
+                break
+        return [AckResult(tp[0], tp[1], f, type, EC.INVALID_RECORD_STATE, la) for f, la in left]
 
     def acknowledge(self, topic: str, partition: int, offset: int, type: AckType = AckType.ACCEPT) -> AckResult | None:
         """Queue one record's outcome (sent with the next poll or commit); an immediate result when the record is
         not held by this consumer (unknown, already acknowledged, or its lock was seen to run out)."""
-        session, tp = self._locate(topic, partition, offset)
-        if session is None:
-            return AckResult(tp[0], tp[1], offset, AckType(type), EC.INVALID_RECORD_STATE)
-        return session.acknowledge(tp, offset, AckType(type))
+        refused = self.acknowledge_range(topic, partition, offset, offset, type)
+        return AckResult(refused[0].topic_id, partition, offset, refused[0].type,
+                         refused[0].error_code) if refused else None
 
     def take_results(self) -> list[AckResult]:
         """The results of acknowledgements sent along with ShareFetch requests since the last call."""

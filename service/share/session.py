@@ -5,7 +5,8 @@ by an epoch: 0 opens it (and replaces any session the member had there), each an
 one, and -1 closes it. The session remembers which partitions it fetches from, so a request only names the
 partitions it adds (``topics``) and those it drops (``forgotten_topics_data``).
 
-Records come back *acquired*: locked for this member until the broker's acquisition lock runs out. Each is
+Records come back *acquired*: locked for this member until the broker's acquisition lock runs out (kept here as
+runs of offsets with their delivery count and lock deadline, as the broker hands them out). Each is
 settled by an acknowledgement (accept, release, reject; renew only extends the lock), batched per partition into
 offset ranges, and sent either along with the next ShareFetch or alone in a ShareAcknowledge. The answer carries
 one error code per partition, which is mapped back to every record acknowledged there: applied or not.
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import enum
 import uuid
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
+from service.share.ranges import RunMap, subtract
 
 TopicPartition = tuple[uuid.UUID, int]  # (topic id, partition index)
 
@@ -69,26 +72,27 @@ class Acquired:
 
 @dataclass(frozen=True, slots=True)
 class AckResult:
-    """What became of one acknowledged record: ``error_code`` 0 means the broker applied it."""
+    """What became of acknowledged records (``offset`` to ``last_offset``, inclusive; one record when
+    ``last_offset`` is not given): ``error_code`` 0 means the broker applied them."""
 
     topic_id: uuid.UUID
     partition: int
     offset: int
     type: AckType
     error_code: int
+    last_offset: int = -1
 
     @property
     def applied(self) -> bool:
         return self.error_code == EC.NONE
 
+    @property
+    def last(self) -> int:
+        return self.last_offset if self.last_offset >= self.offset else self.offset
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """An acquired record handed to the application."""
-
-    offset: int
-    delivery_count: int
-    deadline: float
+    @property
+    def offsets(self) -> range:
+        return range(self.offset, self.last + 1)
 
 
 @dataclass(slots=True)
@@ -115,26 +119,41 @@ class FetchOutcome:
     session_reset: bool = False
 
 
+AckRun = tuple[int, int, AckType]  # first offset, last offset, type
+
+
 @dataclass(slots=True)
 class _InFlight:
     kind: str  # "fetch" | "ack" | "close"
-    acks: dict[TopicPartition, dict[int, AckType]]
+    acks: dict[TopicPartition, list[AckRun]]
+
+
+def run_batches(runs: Iterable[AckRun]) -> list[tuple[int, int, list[int]]]:
+    """Disjoint runs of offsets with their types as wire batches: consecutive runs merged, each batch with one
+    type when all of it shares it, else one type per offset."""
+    out: list[tuple[int, int, list[int]]] = []
+    group: list[AckRun] = []
+
+    def emit() -> None:
+        types = {t for _, _, t in group}
+        if len(types) == 1:
+            out.append((group[0][0], group[-1][1], [int(group[0][2])]))
+        else:
+            out.append((group[0][0], group[-1][1], [int(t) for f, la, t in group for _ in range(f, la + 1)]))
+
+    for run in sorted(runs):
+        if group and run[0] != group[-1][1] + 1:
+            emit()
+            group = []
+        group.append(run)
+    if group:
+        emit()
+    return out
 
 
 def ack_batches(acks: dict[int, AckType]) -> list[tuple[int, int, list[int]]]:
-    """Offsets and their types as wire batches: runs of consecutive offsets, each with one type when the whole
-    run shares it, else one type per offset."""
-    out: list[tuple[int, int, list[int]]] = []
-    offsets = sorted(acks)
-    i = 0
-    while i < len(offsets):
-        j = i
-        while j + 1 < len(offsets) and offsets[j + 1] == offsets[j] + 1:
-            j += 1
-        types = [int(acks[o]) for o in offsets[i:j + 1]]
-        out.append((offsets[i], offsets[j], types if len(set(types)) > 1 else types[:1]))
-        i = j + 1
-    return out
+    """Offsets and their types as wire batches (see :func:`run_batches`)."""
+    return run_batches((o, o, t) for o, t in acks.items())
 
 
 def next_epoch(epoch: int) -> int:
@@ -154,8 +173,9 @@ class ShareSession:
         self.closed = False
         self._session: set[TopicPartition] = set()  # what the broker's session fetches from
         self._wanted: set[TopicPartition] = set()
-        self._acquired: dict[TopicPartition, dict[int, Acquired]] = {}
-        self._pending: dict[TopicPartition, dict[int, AckType]] = {}
+        #: per partition, runs of acquired offsets: (delivery count, lock deadline)
+        self._acquired: dict[TopicPartition, RunMap[tuple[int, float]]] = {}
+        self._pending: dict[TopicPartition, RunMap[AckType]] = {}
         self._in_flight: _InFlight | None = None
         self._closing = False
 
@@ -174,88 +194,137 @@ class ShareSession:
 
     # -- acquired records -----------------------------------------------------------------------------------------
     def acquired(self, tp: TopicPartition) -> dict[int, Acquired]:
-        return dict(self._acquired.get(tp, {}))
+        """The offsets held in ``tp`` one by one (for inspection: the session keeps them as runs)."""
+        held = self._acquired.get(tp)
+        return {o: Acquired(c, d) for f, la, (c, d) in held for o in range(f, la + 1)} if held else {}
+
+    def acquired_runs(self, tp: TopicPartition) -> list[tuple[int, int, int, float]]:
+        """The runs held in ``tp``: (first, last, delivery count, lock deadline)."""
+        held = self._acquired.get(tp)
+        return [(f, la, c, d) for f, la, (c, d) in held] if held else []
 
     def holds(self, tp: TopicPartition, offset: int) -> bool:
-        return offset in self._acquired.get(tp, ())
+        held = self._acquired.get(tp)
+        return held is not None and offset in held
 
     def acquired_count(self) -> int:
         return sum(len(a) for a in self._acquired.values())
 
-    def deliver(self, fetched: FetchedPartition, record_offsets: Iterable[int]) -> list[Delivery]:
-        """The records of ``fetched`` this member acquired, given the offsets of the records its blob decoded to.
+    def _pend(self, tp: TopicPartition) -> RunMap[AckType]:
+        pending = self._pending.get(tp)
+        if pending is None:
+            pending = self._pending[tp] = RunMap()
+        return pending
+
+    def deliver(self, fetched: FetchedPartition, record_offsets: Iterable[int] | range) -> list[
+            tuple[int, int, int, float]]:
+        """The runs of records of ``fetched`` this member acquired — (first, last, delivery count, lock
+        deadline) — given the offsets of the records its blob decoded to.
 
         A blob holds whole batches, so records outside the acquired ranges are someone else's and are left out.
         Acquired offsets with no record (compacted, control records) are gaps: acknowledged as such with the
         partition's next acknowledgement, so the broker does not wait for their lock.
         """
         tp = (fetched.topic_id, fetched.partition)
-        held = self._acquired.get(tp, {})
-        present = set(record_offsets)
-        out = []
+        held = self._acquired.get(tp)
+        if held is None:
+            return []
+        present = record_offsets if isinstance(record_offsets, range) else sorted(set(record_offsets))
+        out: list[tuple[int, int, int, float]] = []
         for first, last, _count in fetched.acquired:
-            for offset in range(first, last + 1):
-                a = held.get(offset)
-                if a is None:
+            for f, la, (c, d) in held.pieces(first, last):
+                n = bisect_right(present, la) - bisect_left(present, f)
+                if n == la - f + 1:  # every offset has its record: the usual case
+                    out.append((f, la, c, d))
                     continue
-                if offset in present:
-                    out.append(Delivery(offset, a.delivery_count, a.deadline))
-                else:
-                    del held[offset]
-                    self._pending.setdefault(tp, {})[offset] = AckType.GAP
-        out.sort(key=lambda d: d.offset)
+                have = set(present[bisect_left(present, f):bisect_right(present, la)])
+                start = None
+                for o in range(f, la + 2):
+                    if o <= la and o in have:
+                        if start is None:
+                            start = o
+                        continue
+                    if start is not None:
+                        out.append((start, o - 1, c, d))
+                        start = None
+                    if o <= la:
+                        held.remove(o, o)
+                        self._pend(tp).assign(o, o, AckType.GAP)
+        out.sort()
         return out
 
     def expire(self, now: float) -> list[tuple[TopicPartition, int]]:
         """Forget the records whose lock ran out (the broker hands them out again); returns them."""
         gone = []
         for tp, held in self._acquired.items():
-            for offset in [o for o, a in held.items() if a.deadline <= now]:
-                del held[offset]
-                gone.append((tp, offset))
-                pending = self._pending.get(tp)
-                if pending is not None and pending.get(offset) == AckType.RENEW:
-                    del pending[offset]
+            runs = held.remove_if(lambda v: v[1] <= now)
+            pending = self._pending.get(tp)
+            for f, la, _ in runs:
+                gone += [(tp, o) for o in range(f, la + 1)]
+                if pending is not None:
+                    for pf, pl, t in pending.pieces(f, la):
+                        if t == AckType.RENEW:
+                            pending.remove(pf, pl)
         return gone
 
     # -- acknowledgements -----------------------------------------------------------------------------------------
-    def acknowledge(self, tp: TopicPartition, offset: int, type: AckType) -> AckResult | None:
-        """Queue an acknowledgement; the answer to the request that carries it says whether it applied.
+    def acknowledge_held(self, tp: TopicPartition, first: int, last: int, type: AckType) -> list[tuple[int, int]]:
+        """Queue an acknowledgement of the records of ``first..last`` this session holds; returns the runs it
+        queued (the rest is not held here). Nothing is queued while the session is closing."""
+        held = self._acquired.get(tp)
+        if self._closing or held is None:
+            return []
+        if type == AckType.RENEW:
+            pieces = held.pieces(first, last)
+            if pieces:
+                pending = self._pend(tp)
+                for f, la, _ in pieces:  # held offsets have no terminal acknowledgement queued
+                    pending.assign(f, la, AckType.RENEW)
+        else:
+            pieces = held.remove(first, last)  # settled: a second acknowledgement of them is refused
+            if pieces:
+                pending = self._pend(tp)
+                for f, la, _ in pieces:
+                    pending.assign(f, la, type)
+        return [(f, la) for f, la, _ in pieces]
 
-        Returns an immediate, not-applied result when the record is not held (never acquired, already settled,
-        lock known to have run out, or the session is closing): nothing is sent for it.
-        """
+    def acknowledge_range(self, tp: TopicPartition, first: int, last: int, type: AckType) -> list[AckResult]:
+        """Queue an acknowledgement of ``first..last``; the answer to the request that carries it says whether it
+        applied. Returns immediate, not-applied results for the runs not held (never acquired, already settled,
+        lock known to have run out, or the session is closing): nothing is sent for them."""
         type = AckType(type)
         if type == AckType.GAP:
             raise ValueError("gaps are acknowledged by the session itself")
-        held = self._acquired.get(tp, {})
-        if self._closing or offset not in held:
-            return AckResult(tp[0], tp[1], offset, type, EC.INVALID_RECORD_STATE)
-        pending = self._pending.setdefault(tp, {})
-        if type == AckType.RENEW:
-            pending.setdefault(offset, type)  # a terminal one already queued wins
-        else:
-            del held[offset]  # settled: a second acknowledgement of it is refused
-            pending[offset] = type
-        return None
+        done = self.acknowledge_held(tp, first, last, type)
+        return [AckResult(tp[0], tp[1], f, type, EC.INVALID_RECORD_STATE, la)
+                for f, la in subtract(first, last, done)]
+
+    def acknowledge(self, tp: TopicPartition, offset: int, type: AckType) -> AckResult | None:
+        """Queue one record's acknowledgement (see :meth:`acknowledge_range`); an immediate, not-applied result
+        when it is not held."""
+        refused = self.acknowledge_range(tp, offset, offset, type)
+        return AckResult(tp[0], tp[1], offset, refused[0].type, refused[0].error_code) if refused else None
 
     def pending_count(self) -> int:
-        return sum(1 for acks in self._pending.values() for t in acks.values() if t != AckType.GAP)
+        return sum(la - f + 1 for acks in self._pending.values() for f, la, t in acks if t != AckType.GAP)
 
     @property
     def has_pending(self) -> bool:
         return any(self._pending.values())
 
     def _take_pending(self, tps: Iterable[TopicPartition] | None, *, renew: bool) -> dict[
-            TopicPartition, dict[int, AckType]]:
-        taken: dict[TopicPartition, dict[int, AckType]] = {}
+            TopicPartition, list[AckRun]]:
+        taken: dict[TopicPartition, list[AckRun]] = {}
         for tp in list(self._pending) if tps is None else [tp for tp in tps if tp in self._pending]:
             acks = self._pending[tp]
-            chosen = {o: t for o, t in acks.items() if renew or t != AckType.RENEW}
+            chosen = [(f, la, t) for f, la, t in acks if renew or t != AckType.RENEW]
             if chosen:
                 taken[tp] = chosen
-                for o in chosen:
-                    del acks[o]
+                if len(chosen) == len(acks.runs):
+                    acks.clear()
+                else:
+                    for f, la, _ in chosen:
+                        acks.remove(f, la)
             if not acks:
                 del self._pending[tp]
         return taken
@@ -279,7 +348,7 @@ class ShareSession:
             raise SessionError("the share session is closing")
         if self.epoch == INITIAL_EPOCH:
             added, forgotten = set(self._wanted), set()
-            acks: dict[TopicPartition, dict[int, AckType]] = {}
+            acks: dict[TopicPartition, list[AckRun]] = {}
         else:
             added, forgotten = self._wanted - self._session, self._session - self._wanted
             acks = self._take_pending(self._wanted & self._session, renew=False)
@@ -288,7 +357,7 @@ class ShareSession:
         topics: dict[uuid.UUID, list[Any]] = {}
         for tp in sorted(added | set(acks)):
             batches = [_FetchBatch(first_offset=f, last_offset=la, acknowledge_types=t)
-                       for f, la, t in ack_batches(acks.get(tp, {}))]
+                       for f, la, t in run_batches(acks.get(tp, ()))]
             topics.setdefault(tp[0], []).append(_FetchPartition(partition_index=tp[1],
                                                                 acknowledgement_batches=batches))
         gone: dict[uuid.UUID, list[int]] = {}
@@ -318,9 +387,10 @@ class ShareSession:
         self._wanted = set()
         if release:
             for tp, held in self._acquired.items():
-                pending = self._pending.setdefault(tp, {})
-                for offset in held:
-                    pending[offset] = AckType.RELEASE
+                if held:
+                    pending = self._pend(tp)
+                    for f, la, _ in held:
+                        pending.assign(f, la, AckType.RELEASE)
                 held.clear()
 
     def build_close(self) -> Any | None:
@@ -337,35 +407,37 @@ class ShareSession:
         self._in_flight = _InFlight("close", acks)
         return self._ack_request(acks, FINAL_EPOCH)
 
-    def _ack_request(self, acks: dict[TopicPartition, dict[int, AckType]], epoch: int) -> Any:
+    def _ack_request(self, acks: dict[TopicPartition, list[AckRun]], epoch: int) -> Any:
         topics: dict[uuid.UUID, list[Any]] = {}
         for tp in sorted(acks):
             batches = [_AckBatch(first_offset=f, last_offset=la, acknowledge_types=t)
-                       for f, la, t in ack_batches(acks[tp])]
+                       for f, la, t in run_batches(acks[tp])]
             topics.setdefault(tp[0], []).append(_AckPartition(partition_index=tp[1],
                                                               acknowledgement_batches=batches))
-        renew = any(t == AckType.RENEW for a in acks.values() for t in a.values())
+        renew = any(t == AckType.RENEW for a in acks.values() for _, _, t in a)
         return M.ShareAcknowledgeRequest(
             group_id=self.group_id, member_id=self.member_id, share_session_epoch=epoch, is_renew_ack=renew,
             topics=[_AckTopic(topic_id=tid, partitions=parts) for tid, parts in topics.items()])
 
     # -- answers --------------------------------------------------------------------------------------------------
-    def _results(self, acks: dict[TopicPartition, dict[int, AckType]], codes: dict[TopicPartition, int],
+    def _results(self, acks: dict[TopicPartition, list[AckRun]], codes: dict[TopicPartition, int],
                  default: int, now: float) -> list[AckResult]:
         out = []
-        for tp, offsets in acks.items():
+        for tp, runs in acks.items():
             code = codes.get(tp, default)
-            for offset, type in sorted(offsets.items()):
+            for first, last, type in sorted(runs):
                 if type == AckType.GAP:
                     continue
                 if type == AckType.RENEW:
-                    held = self._acquired.get(tp, {}).get(offset)
+                    held = self._acquired.get(tp)
                     if held is not None:
                         if code == EC.NONE:
-                            held.deadline = now + self.lock_timeout_ms / 1000
-                        else:  # the broker does not hold it for us any more
-                            del self._acquired[tp][offset]
-                out.append(AckResult(tp[0], tp[1], offset, type, code))
+                            deadline = now + self.lock_timeout_ms / 1000
+                            for f, la, (c, _) in held.pieces(first, last):
+                                held.assign(f, la, (c, deadline))
+                        else:  # the broker does not hold them for us any more
+                            held.remove(first, last)
+                out.append(AckResult(tp[0], tp[1], first, type, code, last))
         return out
 
     def _reset(self) -> list[AckResult]:
@@ -376,8 +448,8 @@ class ShareSession:
         lost = self._pending
         self._pending = {}
         self._acquired = {}
-        return [AckResult(tp[0], tp[1], o, t, EC.SHARE_SESSION_NOT_FOUND)
-                for tp, acks in lost.items() for o, t in sorted(acks.items()) if t != AckType.GAP]
+        return [AckResult(tp[0], tp[1], f, t, EC.SHARE_SESSION_NOT_FOUND, la)
+                for tp, acks in lost.items() for f, la, t in acks if t != AckType.GAP]
 
     def _finish(self, kind: str) -> _InFlight:
         flight = self._in_flight
@@ -407,10 +479,11 @@ class ShareSession:
                 codes[tp] = p.acknowledge_error_code
                 ranges = [(a.first_offset, a.last_offset, a.delivery_count) for a in p.acquired_records]
                 if ranges:
-                    held = self._acquired.setdefault(tp, {})
+                    held = self._acquired.get(tp)
+                    if held is None:
+                        held = self._acquired[tp] = RunMap()
                     for first, last, count in ranges:
-                        for offset in range(first, last + 1):
-                            held[offset] = Acquired(count, now + lock)
+                        held.assign(first, last, (count, now + lock))
                 leader = p.current_leader
                 parts.append(FetchedPartition(t.topic_id, p.partition_index, p.error_code, p.error_message,
                                               p.records, ranges, leader.leader_id, leader.leader_epoch))
@@ -448,7 +521,7 @@ class ShareSession:
         results = []
         if flight is not None:
             for tp, acks in flight.acks.items():
-                results += [AckResult(tp[0], tp[1], o, t, NO_ANSWER) for o, t in sorted(acks.items())
+                results += [AckResult(tp[0], tp[1], f, t, NO_ANSWER, la) for f, la, t in sorted(acks)
                             if t != AckType.GAP]
             if flight.kind == "close":
                 self.closed = True

@@ -93,6 +93,97 @@ async def test_errors_are_the_full_routes_answers(app: Any) -> None:
         assert (full.status_code, full.content) == (status, body)
 
 
+async def test_share_records_and_outcomes_go_to_the_full_app_when_unusual(app: Any) -> None:
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    records = "/share-groups/g/instances/i/records"
+    for kwargs in ({"path": records, "method": "POST"}, {"path": "/share-groups/g/instances/i/subscription"},
+                   {"path": "/share-groups/g/instances/i/acknowledgements", "method": "POST"},
+                   {"path": records, "query": b"max_records=0"},
+                   {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
+                   {"path": records, "headers": [(b"accept", b"text/event-stream")]},
+                   {"path": records, "headers": [(b"content-length", b"3")]},
+                   {"path": "/share-groups/g/instances/i/x/records"}, {"path": "/share-groups/g"}):
+        before = rest.calls
+        status, _, body = await call(fast, app, **kwargs)
+        assert (status, body, rest.calls) == (299, b"full app", before + 1), kwargs
+
+
+async def test_share_errors_are_the_full_routes_answers(app: Any) -> None:
+    rest = Recorder()
+    fast = RecordsFastPath(rest)
+    import httpx
+
+    async with app.router.lifespan_context(app):
+        for path in ("/share-groups/g/instances/nobody/records", "/share-groups/g/instances/nobody/acknowledgements"):
+            status, headers, body = await call(fast, app, path)
+            assert rest.calls == 0
+            assert status == 404 and b'"error_code":40410' in body and b"nobody" in body, body
+            assert headers[b"content-type"] == b"application/vnd.kafka.v2+json"
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+                # (a repeated parameter: the full records route answers; outcomes ignore the query)
+                full = await http.get(path + "?max_records=1&max_records=1")
+            assert (full.status_code, full.content) == (status, body)
+
+
+async def test_share_acknowledgements_are_served_here_only_with_a_body_the_model_takes(app: Any) -> None:
+    """A valid body: answered here (an unknown instance: the app's own 404); anything else (malformed JSON, a
+    body the model refuses, not JSON) goes to the full route with the body it was sent, which answers as
+    always."""
+    import httpx
+
+    seen: list[bytes] = []
+
+    class BodyRecorder(Recorder):
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            body = b""
+            while True:
+                message = await receive()
+                body += message["body"]
+                if not message["more_body"]:
+                    break
+            seen.append(body)
+            await super().__call__(scope, receive, send)
+
+    rest = BodyRecorder()
+    fast = RecordsFastPath(rest)
+    path = "/share-groups/g/instances/nobody/acknowledgements"
+    good = b'{"acknowledgements": [{"topic": "t", "partition": 0, "first_offset": 1, "last_offset": 3}]}'
+
+    async def post(body: bytes, ct: bytes = b"application/vnd.kafka.v2+json") -> tuple[int, bytes]:
+        sent: list[dict[str, Any]] = []
+        messages = [{"type": "http.request", "body": body[:10], "more_body": True},
+                    {"type": "http.request", "body": body[10:], "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "headers": [(b"content-type", ct), (b"content-length", b"%d" % len(body))], "app": app,
+                 "state": {}, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080), "scheme": "http",
+                 "http_version": "1.1", "root_path": ""}
+        await fast(scope, receive, send)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        return start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    async with app.router.lifespan_context(app):
+        status, body = await post(good)
+        assert rest.calls == 0 and status == 404 and b'"error_code":40410' in body
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http:
+            full = await http.post(path, content=good, headers={"content-type": "application/json"})
+        assert (full.status_code, full.content) == (status, body)
+        for bad, ct in ((b'{"acknowledgements": [', b"application/json"),
+                        (b'{"acknowledgements": [], "extra": 1}', b"application/json"),
+                        (b'{"acknowledgements": [{"topic": "t", "partition": -1, "offset": 1}]}', b"application/json"),
+                        (good, b"text/plain")):
+            before = rest.calls
+            assert await post(bad, ct) == (299, b"full app")
+            assert rest.calls == before + 1 and seen[-1] == bad  # the full route reads the body it was sent
+
+
 async def test_healthz_is_answered_here_with_the_routes_answer(app: Any) -> None:
     rest = Recorder()
     status, headers, body = await call(RecordsFastPath(rest), app, "/healthz", headers=[])

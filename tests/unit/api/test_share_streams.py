@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from api.share.streams import settle_stream_end
-from service.instances.share import Held, ShareOptions
+from service.instances.share import AckRange, ShareInstance, ShareOptions
 from service.share.consumer import ShareRecord
+from service.share.ranges import RunMap
 from service.share.session import AckType
 
 
@@ -19,34 +20,30 @@ def rec(offset: int) -> ShareRecord:
     return ShareRecord("t", 0, offset, 0, None, b"v", (), 1, 1e12)
 
 
-class StubInstance:
+class StubInstance(ShareInstance):
+    """A share instance without a consumer: what it would acknowledge is recorded (and no longer held)."""
+
     def __init__(self, mode: str) -> None:
-        self.name = "w"
-        self.options = ShareOptions(ack_mode=mode)
-        self.closed = False
-        self.poll_lock = asyncio.Lock()
-        self.held: dict[tuple[str, int, int], Held] = {}
-        self.previous: list[tuple[str, int, int]] = []
-        self.sent: list[tuple[str, int, int, AckType]] = []
+        super().__init__("t", "g", "w", ShareOptions(ack_mode=mode), None)  # type: ignore[arg-type]
+        self.sent: list[AckRange] = []
         self.released = 0  # memory budget charge given back
 
     def release_charge(self, n: int) -> None:
         self.released += n
 
-    async def acknowledge(self, acks: list[tuple[str, int, int, AckType]], *, wait: bool,
-                          linger: float) -> list[Any]:
+    async def acknowledge(self, acks: list[AckRange], *, wait: bool, linger: float) -> list[Any]:
         self.sent += acks
-        for t, p, o, _ in acks:
-            self.held.pop((t, p, o), None)
+        for t, p, f, la, _ in acks:
+            self.held[(t, p)].remove(f, la)
         return []
 
 
 @pytest.mark.parametrize("mode", ["explicit", "implicit"])
 async def test_unwritten_and_in_flight_records_are_released(mode: str) -> None:
     inst = StubInstance(mode)
-    for o in range(6):
-        inst.held[("t", 0, o)] = Held(1, 1e12)
-    inst.previous = [("t", 0, o) for o in (4, 5)] if mode == "implicit" else []
+    inst.held[("t", 0)] = RunMap()
+    inst.held[("t", 0)].assign(0, 5, (1, 1e12))
+    inst.previous = [("t", 0, 4, 5, AckType.ACCEPT)] if mode == "implicit" else []
 
     async def acquiring() -> tuple[list[ShareRecord], int]:
         await asyncio.sleep(0)
@@ -54,8 +51,8 @@ async def test_unwritten_and_in_flight_records_are_released(mode: str) -> None:
 
     # 0-1 written (held, not settled here), 2-3 a chunk whose write did not complete, 4-5 in flight
     await settle_stream_end(inst, asyncio.ensure_future(acquiring()), [rec(2), rec(3)])  # type: ignore[arg-type]
-    assert inst.sent == [("t", 0, o, AckType.RELEASE) for o in (2, 3, 4, 5)]
-    assert sorted(inst.held) == [("t", 0, 0), ("t", 0, 1)]
+    assert inst.sent == [("t", 0, 2, 5, AckType.RELEASE)]
+    assert list(inst.held[("t", 0)]) == [(0, 1, (1, 1e12))]
     assert inst.previous == []
     assert inst.released == 70  # the in-flight acquisition's memory charge is given back
 

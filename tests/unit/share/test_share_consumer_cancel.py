@@ -12,7 +12,7 @@ from typing import Any
 
 from service.share.consumer import ShareConsumer
 from service.share.session import NO_ANSWER, AckType
-from tests.unit.share.test_share_session import opened
+from tests.unit.share.test_share_session import ack_resp, opened
 
 T = uuid.UUID(int=7)
 
@@ -67,3 +67,34 @@ async def test_a_cancelled_share_acknowledge_reports_its_acks_not_applied() -> N
     await cancelled(consumer.commit(), client)
     assert not session.in_flight
     assert [(r.offset, r.type, r.error_code) for r in consumer.take_results()] == [(3, AckType.ACCEPT, NO_ANSWER)]
+
+
+class AnswersWhenTold:
+    """A client whose ShareAcknowledge is answered (accepting everything) once ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def send(self, node: int, req: Any, timeout: float | None = None) -> Any:
+        self.started.set()
+        await self.go.wait()
+        return ack_resp({(T, 0): 0})
+
+
+async def test_results_taken_while_an_acknowledgement_is_in_flight_are_not_handed_out_twice() -> None:
+    """Results taken (by a poll) while a fetch round's ShareAcknowledge is in flight are not handed out again
+    with that request's results."""
+    client = AnswersWhenTold()
+    consumer = ShareConsumer(client, "g", ["t"])  # type: ignore[arg-type]
+    session = consumer.sessions[1] = opened((T, 0), acquired={(T, 0): (3, 4, 1)}, now=time.monotonic())
+    consumer._locks[1] = asyncio.Lock()
+    consumer._results = [earlier := session.acknowledge_range((T, 0), 9, 9, AckType.ACCEPT)[0]]  # (a refusal)
+    session.acknowledge_range((T, 0), 3, 4, AckType.RENEW)  # renewals travel in ShareAcknowledge
+    session.set_partitions([])  # (no ShareFetch this round: only the ShareAcknowledge)
+    fetching = asyncio.ensure_future(consumer._fetch(1, 0))
+    await asyncio.wait_for(client.started.wait(), 5)
+    assert consumer.take_results() == [earlier]  # taken meanwhile
+    client.go.set()
+    await asyncio.wait_for(fetching, 5)
+    assert [(r.offset, r.last, r.type) for r in consumer.take_results()] == [(3, 4, AckType.RENEW)]

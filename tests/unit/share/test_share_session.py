@@ -148,7 +148,7 @@ def test_acquired_records_carry_delivery_count_and_lock_deadline() -> None:
     assert part.acquired == [(10, 12, 1), (13, 13, 3)]
     # the blob holds the whole batch, 8..14: only 10-13 are ours; 11 is a gap (a control record, say)
     got = s.deliver(part, [8, 9, 10, 12, 13, 14])
-    assert [(d.offset, d.delivery_count, d.deadline) for d in got] == [(10, 1, 52.0), (12, 1, 52.0), (13, 3, 52.0)]
+    assert got == [(10, 10, 1, 52.0), (12, 12, 1, 52.0), (13, 13, 3, 52.0)]  # runs: (first, last, count, deadline)
     assert sorted(s.acquired(A)) == [10, 12, 13]
     assert s.holds(A, 12) and not s.holds(A, 11) and not s.holds(B, 12)
     # the gap is acknowledged with the partition's next acknowledgement, and never reported back
@@ -181,7 +181,7 @@ def test_acknowledgements_ride_on_the_next_fetch_and_map_back_per_partition() ->
     assert not s.has_pending
     # B's acknowledgement failed (the record's lock ran out on the broker): reported, never silently accepted
     out = s.handle_fetch_response(fetch_resp({A: {}, B: {"ack_error": EC.INVALID_RECORD_STATE}}), 101.0)
-    res = {(r.partition, r.offset): r for r in out.ack_results}
+    res = {(r.partition, o): r for r in out.ack_results for o in r.offsets}  # (results come as runs)
     assert sorted(res) == [(0, 0), (0, 1), (0, 2), (0, 4), (1, 7)]
     assert all(res[(0, o)].applied for o in (0, 1, 2, 4))
     assert res[(1, 7)].error_code == EC.INVALID_RECORD_STATE and not res[(1, 7)].applied
@@ -307,7 +307,7 @@ def test_close_releases_what_is_held_and_ends_with_epoch_minus_one() -> None:
     assert req.share_session_epoch == FINAL_EPOCH
     assert parts_of(req) == {A: [(0, 2, [1, 2, 2])], B: [(4, 4, [2])]}
     results = s.handle_acknowledge_response(ack_resp({A: 0, B: 0}), 101.0)
-    assert s.closed and len(results) == 4 and all(r.applied for r in results)
+    assert s.closed and sum(len(r.offsets) for r in results) == 4 and all(r.applied for r in results)
     with pytest.raises(SessionError):
         s.build_acknowledge()
 

@@ -564,6 +564,14 @@ async def test_rolling_restart_of_two_replicas_with_durable_consumer_instances(
                 procs[rid].stop()  # SIGTERM: drain, hand the instance off, leave, exit
                 produced |= await asyncio.to_thread(produce, fast_kafka.bootstrap, topic, nxt + 200, 200, parts)
                 nxt += 400
+                # the other replica takes the instance over (re-created from its descriptor at the first request
+                # that reaches it) before this one comes back: otherwise a quick restart could re-create it here
+                # first, and the hand-off this test is about would not happen
+                other, mine = ("b", names[0]) if rid == "a" else ("a", names[1])
+                deadline = time.monotonic() + 40
+                while f"re-created consumer instance {mine} " not in (tmp_path / f"gw-{other}.log").read_text():
+                    assert time.monotonic() < deadline, f"{other} never took {mine} over; {dict(statuses)}; {bad[:5]}"
+                    await asyncio.sleep(0.1)  # the client tasks poll; this watches the other replica's log
                 procs[rid].start()
                 await converged(list(procs.values()), {"a", "b"})
                 deadline = time.monotonic() + 40

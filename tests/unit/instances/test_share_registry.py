@@ -53,8 +53,9 @@ async def test_names_limits_expiry_and_close() -> None:
 
     # a record never delivered to the instance is reported not held, nothing is sent (no consumer yet)
     b = await reg.create("t", _Client(), "g", ShareOptions(), "b")  # type: ignore[arg-type]
-    [refused] = await b.acknowledge([("topic", 0, 5, AckType.ACCEPT)], wait=True, linger=0.0)
+    [refused] = await b.acknowledge([("topic", 0, 5, 7, AckType.ACCEPT)], wait=True, linger=0.0)  # 5 to 7
     assert (refused.applied, refused.error, refused.type) == (False, NOT_HELD, "accept")
+    assert (refused.offset, refused.last) == (5, 7)  # one answer for the run
 
     await reg.close()
     assert b.closed and reg.instance_count == 0

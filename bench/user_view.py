@@ -20,16 +20,18 @@ consume (one embedded Tansu broker, 4 partitions of N x 100-byte records, binary
   http_capacity.py times).
 - ``GET max_records=5000``, ``json GET``, ``ndjson stream`` (``curl -N``): subscribe, as a user.
 
-produce (same broker, after the consume rows): ``wrk`` with ``--connections`` (8) connections POSTing
-``--batch`` (100) binary records each for ``--seconds`` into a new topic, next to a confluent-kafka idempotent
-producer (acks=all, linger.ms 5) writing N records into another, timed from its creation to the end of
-``flush()``.
+produce (same broker, after the consume rows; ``--no-consume``: only these, on an empty broker): a fresh gateway,
+``wrk`` with ``--connections`` (8) connections POSTing ``--batch`` (100) binary records each for ``--seconds``
+into a new topic (a plain wrk script, as a user runs it: records counted from its 2xx answers, checked against the
+gateway's own count), next to a confluent-kafka idempotent producer (acks=all, linger.ms 5) writing N records into
+another, timed from its creation to the end of ``flush()``.
 
 Ratios: each GET row against ``direct, assign`` (the tuned baseline), json against the same
 (records of the same count and size), produce against the direct producer. The gateway runs as shipped except
 that the per-tenant request rate and poll limits are off (they are off by default already; explicit here).
 
-Usage: .venv/bin/python bench/user_view.py [--records N] [--seconds S] [--no-produce] [--gateway-env K=V]
+Usage: .venv/bin/python bench/user_view.py [--records N] [--seconds S] [--no-produce] [--no-consume]
+       [--gateway-env K=V]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +115,35 @@ def direct_produce(bootstrap: str, topic: str, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def consume_rows(broker: EmbeddedBroker, n: int, env: dict[str, str], tmp: Path,
+                 row: Callable[..., None]) -> None:
+    """The consume rows: direct (assign, subscribe), then the gateway's GET, json, stream rows."""
+    t = time.perf_counter()
+    produce_binary(broker.bootstrap, "u-binary", n, PARTITIONS, "none")
+    produce_json(broker.bootstrap, "u-json", n, PARTITIONS)
+    print(f"machine: {os.cpu_count()} cores shared by broker, gateway and clients; {n:,} binary + {n:,} JSON "
+          f"records of 100 B produced in {time.perf_counter() - t:.1f} s", flush=True)
+    assert broker.proc is not None
+    d = direct(broker.bootstrap, "u-binary", PARTITIONS, n, broker.proc.pid)
+    row("direct, assign", d.records / d.total_s, "")
+    row("direct, subscribe", direct_subscribe(broker.bootstrap, "u-binary", n))
+    with GatewayProc(broker.bootstrap, env, tmp / "gateway.log") as gw:
+        for name, fmt, query in (("GET, subscribe", "binary", ""),
+                                 ("GET max_records=5000, subscribe", "binary", "?max_records=5000"),
+                                 ("json GET, subscribe", "json", "")):
+            base, t0 = subscribed(gw.url, fmt, f"u-{fmt}")
+            r = cap.via_wrk(gw, name, base, fmt, n, query, tmp, t0=t0)
+            row(name, r.rate, note=f"(p99 {r.p99_ms} ms, {r.requests} requests, {r.gw_us_per_rec:.2f} µs/rec)")
+            cap.delete(gw, base)
+        base, t0 = subscribed(gw.url, "binary", "u-binary")
+        row("ndjson stream, subscribe", cap.via_curl_stream(gw, "ndjson", base, n, t0=t0).rate)
+        cap.delete(gw, base)
+        base = cap.make_instance(gw.url, f"user-assign-{time.time_ns()}", "binary", "u-binary")
+        r = cap.via_wrk(gw, "GET, assign", base, "binary", n, "", tmp)
+        row("GET, assign (http_capacity.py's way)", r.rate, note=f"(p99 {r.p99_ms} ms)")
+        cap.delete(gw, base)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=5_000_000)
@@ -119,6 +151,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--produce", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--consume", action=argparse.BooleanOptionalAction, default=True,
+                    help="the consume rows (--no-consume: only the produce rows, on an empty broker)")
     ap.add_argument("--gateway-env", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args()
     for tool in ("wrk", "curl"):
@@ -140,35 +174,13 @@ def main() -> None:
     try:
         asyncio.run(create_topics(broker.bootstrap, {"u-binary": PARTITIONS, "u-json": PARTITIONS,
                                                      "u-produce-http": PARTITIONS, "u-produce-direct": PARTITIONS}))
-        t = time.perf_counter()
-        produce_binary(broker.bootstrap, "u-binary", n, PARTITIONS, "none")
-        produce_json(broker.bootstrap, "u-json", n, PARTITIONS)
-        print(f"machine: {os.cpu_count()} cores shared by broker, gateway and clients; {n:,} binary + {n:,} JSON "
-              f"records of 100 B produced in {time.perf_counter() - t:.1f} s", flush=True)
-        assert broker.proc is not None
-        d = direct(broker.bootstrap, "u-binary", PARTITIONS, n, broker.proc.pid)
-        row("direct, assign", d.records / d.total_s, "")
-        row("direct, subscribe", direct_subscribe(broker.bootstrap, "u-binary", n))
-        with GatewayProc(broker.bootstrap, env, tmp / "gateway.log") as gw:
-            for name, fmt, query in (("GET, subscribe", "binary", ""),
-                                     ("GET max_records=5000, subscribe", "binary", "?max_records=5000"),
-                                     ("json GET, subscribe", "json", "")):
-                base, t0 = subscribed(gw.url, fmt, f"u-{fmt}")
-                r = cap.via_wrk(gw, name, base, fmt, n, query, tmp, t0=t0)
-                row(name, r.rate, note=f"(p99 {r.p99_ms} ms, {r.requests} requests, {r.gw_us_per_rec:.2f} µs/rec)")
-                cap.delete(gw, base)
-            base, t0 = subscribed(gw.url, "binary", "u-binary")
-            row("ndjson stream, subscribe", cap.via_curl_stream(gw, "ndjson", base, n, t0=t0).rate)
-            cap.delete(gw, base)
-            base = cap.make_instance(gw.url, f"user-assign-{time.time_ns()}", "binary", "u-binary")
-            r = cap.via_wrk(gw, "GET, assign", base, "binary", n, "", tmp)
-            row("GET, assign (http_capacity.py's way)", r.rate, note=f"(p99 {r.p99_ms} ms)")
-            cap.delete(gw, base)
-            if a.produce:
+        if a.consume:
+            consume_rows(broker, n, env, tmp, row)
+        if a.produce:
+            with GatewayProc(broker.bootstrap, env, tmp / "gateway.log") as gw:
                 rate, ok, note = prod.via_wrk(gw.url, "u-produce-http", a.seconds, a.batch, a.connections, tmp)
                 row(f"produce, wrk {a.connections} connections x {a.batch} records", rate, "direct produce",
                     f"({ok:,} records; {note})")
-        if a.produce:
             row("direct produce", direct_produce(broker.bootstrap, "u-produce-direct", n), "")
         print(f"\n{n:,} records x 100 B, 4 partitions, one broker, one run (no warm-up, no median)\n"
               f"{'row':48} {'rec/s':>11} {'ratio':>6}  vs")

@@ -158,6 +158,9 @@ class AuthFailureLimiter:
                 self._failures.popitem(last=False)
 
 
+_NO_HEADERS: Mapping[str, str] = {}
+
+
 def presents_credentials(headers: Mapping[str, str]) -> bool:
     """Whether a request carries tenant credentials (a request without any is not a guess)."""
     return "authorization" in headers or "x-api-key" in headers
@@ -173,6 +176,8 @@ def authenticate(request: Request) -> Tenant:
     credentials count against the client address; from a blocked address they answer 429/42901 instead
     of 401. Valid credentials always pass."""
     registry: TenantRegistry = request.app.state.tenants
+    if not registry.auth_required:  # open mode: the one tenant, whatever the headers say
+        return registry.authenticate(_NO_HEADERS)
     try:
         return registry.authenticate(request.headers)
     except TenantError as exc:

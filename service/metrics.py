@@ -60,6 +60,34 @@ def labelled(metric: Any, *values: str) -> Any:
     return child
 
 
+class TallyCounter(Collector):
+    """A counter with one label for the hottest paths: ``add`` is one dict update (a prometheus_client Counter
+    child's ``inc`` is four Python calls and a lock: ~4% of the gateway's CPU when it counted three per produce
+    request). Scrapes export it as that Counter would: ``<name>_total{<label>="..."}``, one sample per value
+    seen; values are never removed, so the counts never go down."""
+
+    def __init__(self, name: str, documentation: str, label: str, registry: CollectorRegistry | None) -> None:
+        self.name = name.removesuffix("_total")
+        self.documentation = documentation
+        self.label = label
+        self.counts: dict[str, float] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def add(self, value: str, amount: float) -> None:
+        counts = self.counts
+        counts[value] = counts.get(value, 0) + amount
+
+    def value(self, value: str) -> float:
+        return self.counts.get(value, 0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, amount in dict(self.counts).items():  # (a copy: scrapes may run in a worker thread)
+            family.add_metric([value], amount)
+        yield family
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -78,14 +106,15 @@ class GatewayMetrics:
                                         buckets=LATENCY_BUCKETS, registry=registry)
         self.commit_failures = Counter("kcg_commit_failures_total", "Failed offset commits", ["tenant"],
                                        registry=registry)
-        self.produced_records = Counter("kcg_records_produced_total",
-                                        "Records produced over HTTP and acknowledged by the broker", ["tenant"],
-                                        registry=registry)
-        self.produced_bytes = Counter("kcg_record_bytes_produced_total", "Key+value bytes produced over HTTP",
-                                      ["tenant"], registry=registry)
-        self.produce_failures = Counter("kcg_produce_failures_total",
-                                        "Records produced over HTTP that the broker did not acknowledge",
-                                        ["tenant"], registry=registry)
+        # counted on every produce request: plain additions, exported at scrape time
+        self.produced_records = TallyCounter("kcg_records_produced_total",
+                                             "Records produced over HTTP and acknowledged by the broker", "tenant",
+                                             registry)
+        self.produced_bytes = TallyCounter("kcg_record_bytes_produced_total", "Key+value bytes produced over HTTP",
+                                           "tenant", registry)
+        self.produce_failures = TallyCounter("kcg_produce_failures_total",
+                                             "Records produced over HTTP that the broker did not acknowledge", "tenant",
+                                             registry)
         # schema'd formats: keys/values delivered with key_error/value_error, polls given back
         self.schema_decode_errors = Counter("kcg_schema_decode_errors_total",
                                             "Keys and values of schema'd consumers delivered as null with an error "

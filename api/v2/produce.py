@@ -80,7 +80,6 @@ from api.produce_common import loads_exact as _loads_exact
 from api.v2.topics import catalog
 from service.cluster.topics import require_legal_topic_name
 from service.errors import GatewayError
-from service.metrics import labelled
 from service.producer import (
     Producer,
     ProducerConfig,
@@ -591,10 +590,10 @@ def _count_produced(request: Request, tenant: Tenant, acked: int, nbytes: int, f
     """The produce metrics for one request: records and bytes acknowledged, records failed."""
     metrics = request.app.state.metrics
     if acked:
-        labelled(metrics.produced_records, tenant.id).inc(acked)
-        labelled(metrics.produced_bytes, tenant.id).inc(nbytes)
+        metrics.produced_records.add(tenant.id, acked)
+        metrics.produced_bytes.add(tenant.id, nbytes)
     if failed:
-        metrics.produce_failures.labels(tenant.id).inc(failed)
+        metrics.produce_failures.add(tenant.id, failed)
 
 
 def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: int | None,
@@ -611,7 +610,8 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
         return False
     tenant.require_topic(topic)
     producer = producer_for(request, tenant)
-    if producer.cached_partition_count(topic) is None:
+    num = producer.cached_partition_count(topic)
+    if num is None:
         return False  # (before the body is parsed: produce_answer parses it)
     body, records, sizes = parse_body_records(request._body, fmt, path_partition,
                                               request.app.state.settings.produce_max_records)
@@ -636,7 +636,7 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
             return
         answer(content, status)
 
-    return producer.submit(topic, records, done)
+    return producer.submit(topic, records, done, num)
 
 
 @router.post("/topics/{topic}", response_model=ProduceResponse, responses=PRODUCE_ERRORS,

@@ -712,10 +712,10 @@ class _Producing:
             failure_texts(failures)
         tid = self.tenant.id
         if acked:
-            self.metrics.produced_records.labels(tid).inc(acked)
-            self.metrics.produced_bytes.labels(tid).inc(acked_bytes)
+            self.metrics.produced_records.add(tid, acked)
+            self.metrics.produced_bytes.add(tid, acked_bytes)
         if failed:
-            self.metrics.produce_failures.labels(tid).inc(failed)
+            self.metrics.produce_failures.add(tid, failed)
         return b"".join(out)  # type: ignore[arg-type]  # every slot is set
 
 

@@ -184,7 +184,8 @@ class Producer:
             await fut  # a cancelled caller cancels only its own future (done() then skips it)
         return self._settled(delivery)
 
-    def submit(self, topic: str, records: Sequence[Any], on_done: Callable[[Delivery], None]) -> bool:
+    def submit(self, topic: str, records: Sequence[Any], on_done: Callable[[Delivery], None],
+               partition_count: int | None = None) -> bool:
         """:meth:`send_many` for a caller that answers from a callback (the protocol-level produce path, issue
         24: no task, future or await per request). When nothing must be awaited first — the topic's partition
         count is in fresh metadata, the buffer has room, the producer is open — ``records`` are queued and True
@@ -192,8 +193,11 @@ class Producer:
         acknowledged or failed (possibly before this returns, for records failed at once). The delivery keeps
         acknowledged runs in ``delivery.offsets`` (first index, partition, base offset, count) rather than a
         RecordMetadata per record: ``delivery.metadata()`` gives the per-record results. Otherwise nothing is
-        done and False is returned: use send_many."""
-        num = self.cached_partition_count(topic) if records else None
+        done and False is returned: use send_many. ``partition_count``: what :meth:`cached_partition_count` just
+        gave the caller (not asked again)."""
+        if not records:
+            return False
+        num = partition_count if partition_count is not None else self.cached_partition_count(topic)
         if num is None or self._closing or self.acc.queued_bytes >= self.config.buffer_bytes:
             return False
         queued: list[Delivery] = []

@@ -13,16 +13,18 @@ the common request itself with plain checks and the route's own functions (``cur
 
 * Anything unusual goes to the full app untouched, before anything was charged or read: other methods
   or paths, a query parameter that is not a plain in-range integer (the full route then answers 422 as
-  always), a repeated parameter, a streaming ``Accept`` (ndjson / SSE), or a request with a body.
+  always), a repeated parameter, a streaming ``Accept`` (ndjson / SSE), or a request with a body (a GET's;
+  a POST's that is not JSON): one header rule for all of them, :func:`_declines`.
 * ``GET /healthz`` (liveness probes) is answered here with the route's body: probes every few seconds
   per replica should not pay for the framework.
 * Errors raised on the way (authentication, unknown instance, Accept mismatch, Kafka errors, anything
   else) are answered by the app's own exception handlers, so every error keeps its JSON body, status,
-  error code and headers.
+  error code and headers (:func:`_answer`, through which every lean route but produce answers).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import re
@@ -128,6 +130,81 @@ async def _error_response(scope: Scope, request: Request, exc: Exception) -> Any
     return response
 
 
+def _declines(headers: list[tuple[bytes, bytes]], *, streams: bool = False, json_body: bool = False) -> bool:
+    """Whether a request with these headers goes to the full route untouched (one rule for the lean records and
+    acknowledgements routes): a chunked body; a GET (not ``json_body``) with a body; a POST (``json_body``) whose
+    last ``Content-Type`` is not JSON (``application/json`` or ``application/*+json``); with ``streams``, an
+    ``Accept`` naming a stream (ndjson / SSE, in any case: media types are case-insensitive)."""
+    content_type = None
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            if not json_body and value != b"0":
+                return True  # a GET with a body: the full route judges it
+        elif name == b"content-type":
+            content_type = value
+        elif streams and name == b"accept":
+            value = value.lower()
+            if b"ndjson" in value or b"event-stream" in value:
+                return True  # streams: the full route
+    if not json_body:
+        return False
+    media = (content_type or b"").split(b";")[0].strip().lower()
+    return not (media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")))
+
+
+#: A lean route's answer: its content type, body, and what to call once the body was sent (or never will be)
+_Served = tuple[bytes, bytes, Callable[[], None] | None]
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send, request: Request, work: Awaitable[_Served]) -> None:
+    """A lean route's answer: 200 with what ``work`` served, or the app's own exception handler's answer to what it
+    raised (the full route's status, error code, body and headers)."""
+    try:
+        content_type, body, done = await work
+    except Exception as exc:
+        response = await _error_response(scope, request, exc)
+        await response(scope, receive, send)
+        return
+    try:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+    finally:
+        if done is not None:
+            done()
+
+
+async def _consumer_records(request: Request, group: str, name: str, query: dict[str, int]) -> _Served:
+    tenant = await current_tenant(request)
+    inst = await instance(request, tenant, group, name)
+    media = accepted_media(request, inst)
+    body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
+                              query.get("max_records"))
+    return media.encode(), body, None
+
+
+async def _share_get(request: Request, group: str, name: str, records: bool, query: dict[str, int]) -> _Served:
+    """Records, or (not ``records``) the acknowledgement outcomes."""
+    tenant = await current_tenant(request)
+    inst = share_instance(request, tenant, group, name)
+    charge = 0
+    if records:
+        body, charge = await poll_share_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
+                                                query.get("max_records"))
+    else:
+        body = outcomes_body(inst.take_outcomes())
+    # the records stay charged to the memory budget until they left (or never will: the client went away)
+    return _V2, body, functools.partial(inst.release_charge, charge)
+
+
+async def _share_acknowledge(request: Request, group: str, name: str, body: Acknowledgements) -> _Served:
+    tenant = await current_tenant(request)
+    inst = share_instance(request, tenant, group, name)
+    return _V2, await acknowledge_share(request, inst, body), None
+
+
 HEALTHZ_BODY = b'{"status":"ok"}'
 _HEALTHZ_START = {"type": "http.response.start", "status": 200,
                   "headers": [(b"content-length", b"%d" % len(HEALTHZ_BODY)), (b"content-type", b"application/json")]}
@@ -169,47 +246,20 @@ class RecordsFastPath:
             return
         match = _PATH.fullmatch(scope["path"])
         query = _query(scope["query_string"]) if match is not None else None
-        if match is None or query is None or "app" not in scope:
+        if match is None or query is None or "app" not in scope or _declines(scope["headers"], streams=True):
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if name == b"accept" and (b"ndjson" in value or b"event-stream" in value):
-                await self.app(scope, receive, send)  # streams: the full route
-                return
-            if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
-                await self.app(scope, receive, send)  # a GET with a body: the full route judges it
-                return
         scope["route"] = _ROUTE
         request = Request(scope, receive)
-        try:
-            tenant = await current_tenant(request)
-            inst = await instance(request, tenant, match[1], match[2])
-            media = accepted_media(request, inst)
-            body = await poll_records(request, inst, tenant, query.get("timeout"), query.get("max_bytes"),
-                                      query.get("max_records"))
-        except Exception as exc:
-            response = await _error_response(scope, request, exc)
-            await response(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", media.encode()), (b"content-length", b"%d" % len(body))]})
-        await send({"type": "http.response.body", "body": body})
+        await _answer(scope, receive, send, request, _consumer_records(request, match[1], match[2], query))
 
     async def _share_acks(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /share-groups/{group}/instances/{name}/acknowledgements`` with a JSON body the route's model
         accepts (read here, then judged by that model); any other body (malformed, refused by the model, not
         JSON) goes to the full route, which reads it again and answers as always."""
         match = _SHARE_PATH.fullmatch(scope["path"])
-        json_body = False
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                media = value.split(b";")[0].strip().lower()
-                json_body = media == b"application/json" or (media.startswith(b"application/")
-                                                             and media.endswith(b"+json"))
-            elif name == b"transfer-encoding":
-                json_body = False
-                break
-        if match is None or match[3] != "acknowledgements" or not json_body or "app" not in scope:
+        if (match is None or match[3] != "acknowledgements" or "app" not in scope
+                or _declines(scope["headers"], json_body=True)):
             await self.app(scope, receive, send)
             return
         chunks = []
@@ -229,17 +279,7 @@ class RecordsFastPath:
             return
         scope["route"] = _SHARE_ACK_ROUTE
         request = Request(scope, receive)
-        try:
-            tenant = await current_tenant(request)
-            inst = share_instance(request, tenant, match[1], match[2])
-            answer = await acknowledge_share(request, inst, body)
-        except Exception as exc:
-            response = await _error_response(scope, request, exc)
-            await response(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", _V2), (b"content-length", b"%d" % len(answer))]})
-        await send({"type": "http.response.body", "body": answer})
+        await _answer(scope, receive, send, request, _share_acknowledge(request, match[1], match[2], body))
 
     async def _share(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /share-groups/{group}/instances/{name}/records`` (not streams) and ``.../acknowledgements``
@@ -247,38 +287,12 @@ class RecordsFastPath:
         match = _SHARE_PATH.fullmatch(scope["path"])
         records = match is not None and match[3] == "records"
         query = _query(scope["query_string"]) if records else {}
-        if match is None or query is None or "app" not in scope:
+        if match is None or query is None or "app" not in scope or _declines(scope["headers"], streams=records):
             await self.app(scope, receive, send)
             return
-        for name, value in scope["headers"]:
-            if records and name == b"accept" and (b"ndjson" in value or b"event-stream" in value):
-                await self.app(scope, receive, send)  # streams: the full route
-                return
-            if (name == b"content-length" and value != b"0") or name == b"transfer-encoding":
-                await self.app(scope, receive, send)  # a GET with a body: the full route judges it
-                return
         scope["route"] = _SHARE_ROUTES[match[3]]
         request = Request(scope, receive)
-        charge = 0
-        inst = None
-        try:
-            tenant = await current_tenant(request)
-            inst = share_instance(request, tenant, match[1], match[2])
-            if records:
-                body, charge = await poll_share_records(request, inst, tenant, query.get("timeout"),
-                                                        query.get("max_bytes"), query.get("max_records"))
-            else:
-                body = outcomes_body(inst.take_outcomes())
-        except Exception as exc:
-            response = await _error_response(scope, request, exc)
-            await response(scope, receive, send)
-            return
-        try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", _V2), (b"content-length", b"%d" % len(body))]})
-            await send({"type": "http.response.body", "body": body})
-        finally:
-            inst.release_charge(charge)  # the records left (or never will: the client went away)
+        await _answer(scope, receive, send, request, _share_get(request, match[1], match[2], records, query))
 
 
 #: Headers after which the full app judges a produce request (chunked bodies, 100-continue, forwarded by a

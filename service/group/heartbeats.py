@@ -326,22 +326,29 @@ class HeartbeatWheel(TickGrid[tuple["HeartbeatTarget", int]]):
         send_frames_nowait(conn, CONSUMER_GROUP_HEARTBEAT, version, bodies, entries, on_done)
 
 
+def _to_machine(api: int, version: int, entry: tuple[Any, int], payload: bytes | None,
+                exc: BaseException | None) -> None:
+    """An answer the raw frame does not settle, or a failure, through the member's state machine: decoded by the
+    generic decoder (an undecodable answer fails the heartbeat, as from the connection)."""
+    coord, epoch = entry
+    resp: Any = None
+    if exc is None and payload is not None:
+        try:
+            resp = frames.decode_response(api, version, payload)
+        except KafkaProtocolError as e:
+            exc = e
+    coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, resp, exc)
+
+
 def _consumer_answered(version: int, entry: tuple[Any, int], payload: bytes | None,
                        exc: BaseException | None) -> None:
-    coord, epoch = entry
-    if exc is not None or payload is None:
-        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, exc)
-        return
-    idle = consumer_heartbeat_idle_answer(payload)
-    if idle is not None:
-        coord.on_consumer_heartbeat_ok(epoch, idle[0], idle[1])
-        return
-    try:
-        resp: Any = frames.decode_response(CONSUMER_GROUP_HEARTBEAT, version, payload)
-    except KafkaProtocolError as e:
-        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, e)
-        return
-    coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, resp, None)
+    if exc is None and payload is not None:
+        idle = consumer_heartbeat_idle_answer(payload)
+        if idle is not None:
+            coord, epoch = entry
+            coord.on_consumer_heartbeat_ok(epoch, idle[0], idle[1])
+            return
+    _to_machine(CONSUMER_GROUP_HEARTBEAT, version, entry, payload, exc)
 
 
 _consumer_answered_by_version = [functools.partial(_consumer_answered, v) for v in range(_CGH.schema.versions[1] + 1)]
@@ -349,23 +356,16 @@ _consumer_answered_by_version = [functools.partial(_consumer_answered, v) for v 
 
 def _answered(version: int, entry: tuple[HeartbeatTarget, int], payload: bytes | None,
               exc: BaseException | None) -> None:
-    coord, epoch = entry
-    if exc is not None or payload is None:
-        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, exc)
-        return
-    try:
-        code = heartbeat_error_code(version, payload)
-    except ProtocolDecodeError:
-        code = -1  # left to the generic decoder below
-    if code == 0:
-        coord.on_heartbeat_ok(epoch)
-        return
-    try:
-        resp: Any = frames.decode_response(HEARTBEAT, version, payload)
-    except KafkaProtocolError as e:  # an undecodable answer fails the heartbeat, as from the connection
-        coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, None, e)
-        return
-    coord.on_heartbeat_answer(epoch, coord.heartbeat_sent_at, resp, None)
+    if exc is None and payload is not None:
+        try:
+            code = heartbeat_error_code(version, payload)
+        except ProtocolDecodeError:
+            code = -1  # left to the generic decoder
+        if code == 0:
+            coord, epoch = entry
+            coord.on_heartbeat_ok(epoch)
+            return
+    _to_machine(HEARTBEAT, version, entry, payload, exc)
 
 
 def _answered_v4(entry: tuple[HeartbeatTarget, int], payload: bytes | None, exc: BaseException | None) -> None:

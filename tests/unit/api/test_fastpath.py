@@ -68,7 +68,11 @@ async def test_unusual_requests_go_to_the_full_app(app: Any) -> None:
                    {"path": records, "query": b"max_records=1&max_records=2"},
                    {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
                    {"path": records, "headers": [(b"accept", b"text/event-stream")]},
+                   # media types are case-insensitive: the full route streams these too
+                   {"path": records, "headers": [(b"accept", b"Application/X-NDJSON")]},
+                   {"path": records, "headers": [(b"accept", b"Text/Event-Stream")]},
                    {"path": records, "headers": [(b"content-length", b"3")]},
+                   {"path": records, "headers": [(b"transfer-encoding", b"chunked")]},
                    {"path": "/consumers/g/instances/i/x/records"}):
         before = rest.calls
         status, _, body = await call(fast, app, **kwargs)
@@ -102,7 +106,12 @@ async def test_share_records_and_outcomes_go_to_the_full_app_when_unusual(app: A
                    {"path": records, "query": b"max_records=0"},
                    {"path": records, "headers": [(b"accept", b"application/x-ndjson")]},
                    {"path": records, "headers": [(b"accept", b"text/event-stream")]},
+                   {"path": records, "headers": [(b"accept", b"Application/X-NDJSON")]},
+                   {"path": records, "headers": [(b"accept", b"TEXT/EVENT-STREAM")]},
                    {"path": records, "headers": [(b"content-length", b"3")]},
+                   {"path": "/share-groups/g/instances/i/acknowledgements", "headers": [(b"content-length", b"3")]},
+                   {"path": "/share-groups/g/instances/i/acknowledgements",
+                    "headers": [(b"transfer-encoding", b"chunked")]},
                    {"path": "/share-groups/g/instances/i/x/records"}, {"path": "/share-groups/g"}):
         before = rest.calls
         status, _, body = await call(fast, app, **kwargs)

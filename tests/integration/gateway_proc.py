@@ -138,3 +138,13 @@ def start_replicas(bootstrap: str, directory: Path, token: str, env: dict[str, s
             p.stop()
         raise
     return procs
+
+
+def tenants_replicas(bootstrap: str, tenants_yaml: str, directory: Path, token: str,
+                     env: dict[str, str] | None = None, ids: str = "ab") -> list[GatewayProcess]:
+    """:func:`start_replicas` serving the tenants of ``tenants_yaml`` (written to ``directory/tenants.yaml``),
+    their quota view synced every second (a cap counted across the set is seen soon); the caller stops them."""
+    path = Path(directory) / "tenants.yaml"
+    path.write_text(tenants_yaml)
+    return start_replicas(bootstrap, directory, token, {"GATEWAY_TENANTS_FILE": str(path),
+                                                        "GATEWAY_QUOTA_SYNC_S": "1", **(env or {})}, ids)

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.consumer.consumer import Consumer, ConsumerConfig
+from service.consumer.consumer import Consumer
 from service.consumer.subscription import TopicPartition
 from service.embedded.kafka import EmbeddedKafka
 from service.embedded.tansu import EmbeddedBroker
@@ -26,6 +26,7 @@ from service.group.coordinator import OffsetAndMetadata
 from service.group.coordinator_consumer import ConsumerProtocolCoordinator, consumer_protocol_supported
 from service.group.member_consumer import ConsumerGroupMember
 from service.protocol import messages as M
+from tests.integration.kip848 import kip848_consumer, settled
 
 pytestmark = pytest.mark.integration
 
@@ -219,34 +220,6 @@ async def test_static_member_gets_its_partitions_back_after_a_restart(fast_kafka
         await client.close()
 
 
-def kip848_consumer(client: KafkaClient, group: str) -> Consumer:
-    """A Consumer of ``group.protocol=consumer``: its group membership is the consumer protocol's driver (the same
-    hooks, commits and committed lookups as the classic one)."""
-    c = Consumer(client, ConsumerConfig(group_id=group, auto_offset_reset="earliest", fetch_max_wait_ms=100,
-                                        enable_auto_commit=True, auto_commit_interval_ms=200,
-                                        group_protocol="consumer", group_remote_assignor="uniform",
-                                        rebalance_timeout_ms=10000, retry_backoff_ms=50))
-    assert isinstance(c.coordinator, ConsumerProtocolCoordinator)
-    return c
-
-
-async def consumers_converge(consumers: list[Consumer], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        owned = [set(c.assignment()) for c in consumers]
-        if (all(owned) and sum(map(len, owned)) == 4 and len(set().union(*owned)) == 4
-                and all(c.coordinator is not None and c.coordinator.stable for c in consumers)):
-            return
-        left = deadline - time.monotonic()
-        assert left > 0, owned
-        for c in consumers:
-            c.assignment_changed.clear()
-        waits = [asyncio.ensure_future(c.assignment_changed.wait()) for c in consumers]
-        await asyncio.wait(waits, timeout=min(0.1, left), return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
-
-
 async def test_consumers_on_the_driver_lose_nothing_across_a_join(fast_kafka: EmbeddedKafka) -> None:
     """Two consumers on the driver, a third joins mid-stream: every record is delivered exactly once (each revoked
     partition's position is committed with the member epoch before its new owner starts there), and the group's
@@ -276,7 +249,7 @@ async def test_consumers_on_the_driver_lose_nothing_across_a_join(fast_kafka: Em
         consumers = [kip848_consumer(client, "kip848-consume") for _ in range(2)]
         for c in consumers:
             await c.subscribe([topic])
-        await consumers_converge(consumers)
+        await settled(consumers, 4, each_some=True)
         await asyncio.to_thread(produce, 0, n // 2)
         tasks = [asyncio.create_task(drain(c)) for c in consumers]
         await asyncio.wait_for(half.wait(), 20)
@@ -284,7 +257,7 @@ async def test_consumers_on_the_driver_lose_nothing_across_a_join(fast_kafka: Em
         consumers.append(third)
         await third.subscribe([topic])
         tasks.append(asyncio.create_task(drain(third)))
-        await consumers_converge(consumers)
+        await settled(consumers, 4, each_some=True)
         await asyncio.to_thread(produce, n // 2, n - n // 2)
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         assert len(seen) == n and len(set(seen)) == n, f"{len(seen)} delivered, {len(set(seen))} distinct"

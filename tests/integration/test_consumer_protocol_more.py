@@ -24,13 +24,13 @@ import pytest
 from confluent_kafka import Producer as CKProducer
 
 from service.client.client import KafkaClient
-from service.consumer.consumer import Consumer, ConsumerConfig
+from service.consumer.consumer import Consumer
 from service.consumer.subscription import TopicPartition
 from service.embedded.kafka import EmbeddedKafka
 from service.group.coordinator import HEARTBEAT_TICK_S
-from service.group.coordinator_consumer import ConsumerProtocolCoordinator
 from service.group.heartbeats import heartbeat_wheel
 from tests.integration.gateway_proc import GatewayProcess, start_replicas
+from tests.integration.kip848 import kip848_consumer, settled
 from tests.integration.replicas import BIN, SERVED_BY, TOKEN, V2, name_owned_by
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -67,33 +67,6 @@ def produce(bootstrap: str, topic: str, start: int, n: int, partitions: int) -> 
     return out
 
 
-def engine_consumer(client: KafkaClient, group: str) -> Consumer:
-    c = Consumer(client, ConsumerConfig(group_id=group, auto_offset_reset="earliest", fetch_max_wait_ms=100,
-                                        enable_auto_commit=True, auto_commit_interval_ms=200,
-                                        group_protocol="consumer", group_remote_assignor="uniform",
-                                        rebalance_timeout_ms=10000, retry_backoff_ms=50))
-    assert isinstance(c.coordinator, ConsumerProtocolCoordinator)
-    return c
-
-
-async def settled(consumers: list[Consumer], partitions: int, timeout: float = 20.0) -> None:
-    """Until every consumer is stable, each partition is owned once and the split is balanced."""
-    deadline = time.monotonic() + timeout
-    while True:
-        owned = [set(c.assignment()) for c in consumers]
-        if (sum(map(len, owned)) == partitions and len(set().union(*owned)) == partitions
-                and max(map(len, owned)) - min(map(len, owned)) <= 1
-                and all(c.coordinator is not None and c.coordinator.stable for c in consumers)):
-            return
-        assert time.monotonic() < deadline, owned
-        for c in consumers:
-            c.assignment_changed.clear()
-        waits = [asyncio.ensure_future(c.assignment_changed.wait()) for c in consumers]
-        await asyncio.wait(waits, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
-        for w in waits:
-            w.cancel()
-
-
 async def test_pause_and_resume_survive_an_assignment_change(fast_kafka: EmbeddedKafka) -> None:
     """A consumer-protocol consumer pauses three of its four partitions: nothing of them is returned while the
     rest is; a second member joins and takes half (commit on revocation, paused or not); what the first still owns
@@ -112,7 +85,7 @@ async def test_pause_and_resume_survive_an_assignment_change(fast_kafka: Embedde
     try:
         await client.create_topics({topic: parts})
         produced = await asyncio.to_thread(produce, fast_kafka.bootstrap, topic, 0, 80, parts)
-        first = engine_consumer(client, group)
+        first = kip848_consumer(client, group)
         consumers.append(first)
         await first.subscribe([topic])
         await settled(consumers, parts)
@@ -128,7 +101,7 @@ async def test_pause_and_resume_survive_an_assignment_change(fast_kafka: Embedde
         await poll(first, "first", 0.2)
         assert {p for p, _ in seen["first"]} == {3} and len(seen["first"]) == 20
 
-        second = engine_consumer(client, group)
+        second = kip848_consumer(client, group)
         consumers.append(second)
         await second.subscribe([topic])
         stop = asyncio.Event()

@@ -31,7 +31,7 @@ import pytest
 from service.embedded.kafka import EmbeddedKafka
 from service.instances.budget import MIN_GRANT
 from service.ring import SHARE_PREFIX, owner, routing_key
-from tests.integration.gateway_proc import GatewayProcess, start_replicas
+from tests.integration.gateway_proc import GatewayProcess, tenants_replicas
 from tests.integration.test_share_http import EARLIEST, JSON, ack, new_topic, produce
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -210,10 +210,7 @@ def names_on(group: str, replica: str, n: int) -> list[str]:
 
 
 async def test_max_instances_holds_for_share_instances_across_replicas(kafka: EmbeddedKafka, tmp_path: Path) -> None:
-    (tmp_path / "tenants.yaml").write_text(TENANTS)
-    a, b = await asyncio.to_thread(start_replicas, kafka.bootstrap, tmp_path, TOKEN,
-                                   {"GATEWAY_TENANTS_FILE": str(tmp_path / "tenants.yaml"),
-                                    "GATEWAY_QUOTA_SYNC_S": "1"})
+    a, b = await asyncio.to_thread(tenants_replicas, kafka.bootstrap, TENANTS, tmp_path, TOKEN)
     group = f"sgq-{uuid.uuid4().hex[:8]}"
     on_a, on_b = names_on(group, "a", 2), names_on(group, "b", 2)
 

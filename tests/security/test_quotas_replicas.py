@@ -20,7 +20,7 @@ import pytest
 
 from service.embedded.tansu import EmbeddedBroker
 from service.ring import owner, routing_key
-from tests.integration.gateway_proc import GatewayProcess, start_replicas
+from tests.integration.gateway_proc import GatewayProcess, tenants_replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 TOKEN = "quota-replicas-peer-token-0123456789"
@@ -49,9 +49,7 @@ def auth(key: str) -> dict[str, str]:
 
 
 def start_pair(bootstrap: str, d: Path, tenants: str = TENANTS) -> list[GatewayProcess]:
-    (d / "tenants.yaml").write_text(tenants)
-    return start_replicas(bootstrap, d, TOKEN, {"GATEWAY_TENANTS_FILE": str(d / "tenants.yaml"),
-                                                "GATEWAY_QUOTA_SYNC_S": "1"})
+    return tenants_replicas(bootstrap, tenants, d, TOKEN)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -17,9 +16,7 @@ import pytest
 from service.client.connection import BrokerConnection
 from service.client.errors import KafkaConnectionError
 from service.client.versions import NegotiatedVersions
-from service.consumer.subscription import TopicPartition
 from service.group.coordinator import HEARTBEAT_TICK_S
-from service.group.coordinator_consumer import ConsumerProtocolCoordinator
 from service.group.heartbeats import (
     consumer_heartbeat_body,
     consumer_heartbeat_idle_answer,
@@ -30,9 +27,9 @@ from service.group.member_consumer import ConsumerGroupMember, ConsumerMemberSta
 from service.protocol import error_codes as EC
 from service.protocol import frames
 from service.protocol import messages as M
+from tests.unit.group.driver_fakes import T1, fake_client, recording_hooks, scripted_driver
 from tests.unit.group.test_heartbeat_batches import FakeWriter, split_frames
 
-T1 = uuid.UUID(int=7)
 ReqTopic = M.struct("ConsumerGroupHeartbeatRequest", "TopicPartitions")
 RespTopic = M.struct("ConsumerGroupHeartbeatResponse", "TopicPartitions")
 RespAssignment = M.struct("ConsumerGroupHeartbeatResponse", "Assignment")
@@ -108,14 +105,6 @@ def broker_connection(loop: asyncio.AbstractEventLoop) -> tuple[BrokerConnection
     return conn, writer
 
 
-class Handle:
-    def __init__(self, conn: BrokerConnection) -> None:
-        self.current = conn
-
-    async def get(self) -> BrokerConnection:
-        return self.current
-
-
 class Wire:
     """The heartbeats the wheel writes on the coordinator's heartbeat connection, answered by the test."""
 
@@ -138,6 +127,14 @@ class Wire:
     def answer(self, corr: int, resp: Any) -> None:
         frame = frames.encode_response(resp, 1, corr)
         self.conn._on_frame(frame[4:], len(frame) - 4)
+
+
+def wheel_client(loop: asyncio.AbstractEventLoop) -> tuple[Any, BrokerConnection, Wire]:
+    """The driver's client, its coordinator's main and heartbeat connections writing to fakes: the client, the
+    heartbeat connection and what the wheel writes there."""
+    main, _ = broker_connection(loop)
+    hb, hb_writer = broker_connection(loop)
+    return fake_client(main, hb), hb, Wire(hb, hb_writer)
 
 
 class Scripted:
@@ -166,27 +163,10 @@ async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
 
 async def test_a_stable_member_heartbeats_from_the_wheel_and_its_task_takes_over_for_changes() -> None:
     loop = asyncio.get_running_loop()
-    main, _ = broker_connection(loop)
-    hb, hb_writer = broker_connection(loop)
-    wire = Wire(hb, hb_writer)
-    client = SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}, mark_stale=lambda *a: None),
-                             connection=lambda node: Handle(main), heartbeat_connection=lambda node: Handle(hb))
+    client, hb, wire = wheel_client(loop)
     script = Scripted()
     member = ConsumerGroupMember("g", member_id="m")
-
-    async def revoke(parts: list[TopicPartition]) -> None:
-        script.events.append(f"revoke {[p.partition for p in parts]}")
-
-    async def assign(assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
-        script.events.append(f"assign {[p.partition for p in assigned]}")
-
-    async def lost(parts: list[TopicPartition]) -> None:
-        script.events.append(f"lost {[p.partition for p in parts]}")
-
-    coord = ConsumerProtocolCoordinator(client, member, on_revoke=revoke, on_assign=assign,  # type: ignore[arg-type]
-                                        on_lost=lost, topics=lambda: ["t"], retry_backoff_ms=10)
-    coord.coordinator_id = 1
-    coord._send = script.send  # type: ignore[method-assign]
+    coord = scripted_driver(client, member, script.send, **recording_hooks(script.events))
     script.answers += [lambda r: response(1, [0, 1]), lambda r: response(1)]  # join, acknowledgement
     coord.start()
     try:
@@ -235,22 +215,14 @@ async def test_a_stable_member_heartbeats_from_the_wheel_and_its_task_takes_over
 
 
 async def test_closing_waits_for_the_wheels_heartbeat_in_flight_before_leaving() -> None:
-    loop = asyncio.get_running_loop()
-    main, _ = broker_connection(loop)
-    hb, hb_writer = broker_connection(loop)
-    wire = Wire(hb, hb_writer)
-    client = SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}, mark_stale=lambda *a: None),
-                             connection=lambda node: Handle(main), heartbeat_connection=lambda node: Handle(hb))
+    client, _, wire = wheel_client(asyncio.get_running_loop())
     script = Scripted()
     member = ConsumerGroupMember("g", member_id="m", group_instance_id="pod-1")
 
     async def nothing(*_a: Any) -> None:
         return None
 
-    coord = ConsumerProtocolCoordinator(client, member, on_revoke=nothing, on_assign=nothing,  # type: ignore
-                                        topics=lambda: ["t"], retry_backoff_ms=10)
-    coord.coordinator_id = 1
-    coord._send = script.send  # type: ignore[method-assign]
+    coord = scripted_driver(client, member, script.send, on_revoke=nothing, on_assign=nothing)
     script.answers += [lambda r: response(1, [0]), lambda r: response(1), lambda r: response(-2)]
     coord.start()
     corr, _ = await wire.next()  # in flight from the wheel

@@ -4,7 +4,6 @@ hooks and heartbeats in a hand-over, fencing, leaving, the commit's member epoch
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -19,8 +18,8 @@ from service.group.coordinator_consumer import ConsumerProtocolCoordinator, cons
 from service.group.member_consumer import ConsumerGroupMember
 from service.protocol import error_codes as EC
 from service.protocol import messages as M
+from tests.unit.group.driver_fakes import T1, fake_client, recording_hooks, scripted_driver
 
-T1 = uuid.UUID(int=7)
 RespTopic = M.struct("ConsumerGroupHeartbeatResponse", "TopicPartitions")
 RespAssignment = M.struct("ConsumerGroupHeartbeatResponse", "Assignment")
 CommitRespTopic = M.struct("OffsetCommitResponse", "OffsetCommitResponseTopic")
@@ -60,38 +59,13 @@ class Script:
 KAFKA_44 = {M.ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1), M.ApiKey.OFFSET_COMMIT: (2, 10)}
 
 
-def fake_client(broker_versions: dict[int, tuple[int, int]]) -> Any:
-    conn = SimpleNamespace(versions=NegotiatedVersions(broker_versions))
-
-    async def get() -> Any:
-        return conn
-
-    # no connection is current: the driver's task heartbeats itself (the wheel is tested elsewhere,
-    # test_consumer_heartbeat_wheel.py)
-    return SimpleNamespace(metadata=SimpleNamespace(topic_names={T1: "t"}),
-                           connection=lambda node: SimpleNamespace(get=get, current=None),
-                           heartbeat_connection=lambda node: SimpleNamespace(current=None))
-
-
 def driver(script: Script, broker_versions: dict[int, tuple[int, int]] = KAFKA_44,
            **kw: Any) -> tuple[ConsumerProtocolCoordinator, ConsumerGroupMember]:
     member = ConsumerGroupMember("g", **kw)
-    client = fake_client(broker_versions)
-
-    async def revoke(parts: list[TopicPartition]) -> None:
-        script.events.append(f"revoke {[p.partition for p in parts]}")
-
-    async def assign(assigned: list[TopicPartition], added: list[TopicPartition]) -> None:
-        script.events.append(f"assign {[p.partition for p in assigned]} added {[p.partition for p in added]}")
-
-    async def lost(parts: list[TopicPartition]) -> None:
-        script.events.append(f"lost {[p.partition for p in parts]}")
-
-    coord = ConsumerProtocolCoordinator(client, member, on_revoke=revoke, on_assign=assign,
-                                        on_lost=lost, topics=lambda: ["t"], retry_backoff_ms=10)
-    coord.coordinator_id = 1
-    coord._send = script.send  # type: ignore[method-assign]
-    return coord, member
+    # no connection is current: the driver's task heartbeats itself (the wheel is tested elsewhere,
+    # test_consumer_heartbeat_wheel.py)
+    client = fake_client(SimpleNamespace(versions=NegotiatedVersions(broker_versions)), connected=False)
+    return scripted_driver(client, member, script.send, **recording_hooks(script.events, added=True)), member
 
 
 async def test_hand_over_revokes_then_assigns_then_acknowledges_and_fencing_rejoins() -> None:

@@ -132,9 +132,9 @@ async def _error_response(scope: Scope, request: Request, exc: Exception) -> Any
 
 def _declines(headers: list[tuple[bytes, bytes]], *, streams: bool = False, json_body: bool = False) -> bool:
     """Whether a request with these headers goes to the full route untouched (one rule for the lean records and
-    acknowledgements routes): a chunked body; a GET (not ``json_body``) with a body; a POST (``json_body``) whose
-    last ``Content-Type`` is not JSON (``application/json`` or ``application/*+json``); with ``streams``, an
-    ``Accept`` naming a stream (ndjson / SSE, in any case: media types are case-insensitive)."""
+    acknowledgements routes): a chunked body; a GET (not ``json_body``) with a body; a POST (``json_body``) with
+    more than one ``Content-Type`` or one that is not JSON (``application/json`` or ``application/<name>+json``);
+    with ``streams``, an ``Accept`` naming a stream (ndjson / SSE, in any case: media types are case-insensitive)."""
     content_type = None
     for name, value in headers:
         if name == b"transfer-encoding":
@@ -143,6 +143,8 @@ def _declines(headers: list[tuple[bytes, bytes]], *, streams: bool = False, json
             if not json_body and value != b"0":
                 return True  # a GET with a body: the full route judges it
         elif name == b"content-type":
+            if content_type is not None:
+                return True  # two of them: the full route decides which one counts
             content_type = value
         elif streams and name == b"accept":
             value = value.lower()
@@ -151,7 +153,10 @@ def _declines(headers: list[tuple[bytes, bytes]], *, streams: bool = False, json
     if not json_body:
         return False
     media = (content_type or b"").split(b";")[0].strip().lower()
-    return not (media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json")))
+    if media == b"application/json":
+        return False
+    subtype = media[12:] if media.startswith(b"application/") else b""
+    return not (subtype.endswith(b"+json") and b"/" not in subtype)  # application/a/b+json is not JSON there
 
 
 #: A lean route's answer: its content type, body, and what to call once the body was sent (or never will be)

@@ -187,10 +187,28 @@ async def test_share_acknowledgements_are_served_here_only_with_a_body_the_model
         for bad, ct in ((b'{"acknowledgements": [', b"application/json"),
                         (b'{"acknowledgements": [], "extra": 1}', b"application/json"),
                         (b'{"acknowledgements": [{"topic": "t", "partition": -1, "offset": 1}]}', b"application/json"),
-                        (good, b"text/plain")):
+                        (good, b"text/plain"), (good, b"application/a/b+json")):
             before = rest.calls
             assert await post(bad, ct) == (299, b"full app")
             assert rest.calls == before + 1 and seen[-1] == bad  # the full route reads the body it was sent
+        # two Content-Type headers: the full route decides which one counts
+        before = rest.calls
+        sent2: list[dict[str, Any]] = []
+        chunks = [{"type": "http.request", "body": good, "more_body": False}]
+
+        async def receive2() -> dict[str, Any]:
+            return chunks.pop(0)
+
+        async def send2(message: dict[str, Any]) -> None:
+            sent2.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "headers": [(b"content-type", b"text/plain"), (b"content-type", b"application/json"),
+                             (b"content-length", b"%d" % len(good))], "app": app, "state": {},
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080), "scheme": "http", "http_version": "1.1",
+                 "root_path": ""}
+        await fast(scope, receive2, send2)
+        assert rest.calls == before + 1 and seen[-1] == good
 
 
 async def test_healthz_is_answered_here_with_the_routes_answer(app: Any) -> None:

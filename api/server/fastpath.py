@@ -343,11 +343,15 @@ class LeanProduce:
         if match is None or (match[2] is not None and int(match[2]) > INT32_MAX):
             return None
         length = -1
+        content_type = None
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length >= 0 or not value.isdigit():
                     return None
                 length = int(value)
+            elif name == b"content-type":
+                if content_type is None:  # the first, as the full route reads it
+                    content_type = value.decode("latin-1")
             elif name in _PRODUCE_DECLINE:
                 return None
         if not 0 <= length <= self.max_body_bytes or (self.guard is not None and not self.guard.permits(scope)):
@@ -360,7 +364,7 @@ class LeanProduce:
             charged = 2 * length
         scope["app"] = app
         return LeanProduceCall(self, scope, match[1], int(match[2]) if match[2] is not None else None, length,
-                               budget, charged)
+                               budget, charged, content_type or "")
 
     async def __call__(self, app: Any, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve a plain produce request and return True, or return False having done nothing: the ASGI form
@@ -396,11 +400,12 @@ class LeanProduceCall:
     headers, body: the route's answer or the app's exception handler's), or :meth:`abandon` ed when the client
     goes away first. Either way the memory charge is released and the duration histogram observed once."""
 
-    __slots__ = ("budget", "charged", "lean", "length", "partition", "scope", "started", "topic")
+    __slots__ = ("budget", "charged", "content_type", "lean", "length", "partition", "scope", "started", "topic")
 
     def __init__(self, lean: LeanProduce, scope: Scope, topic: str, partition: int | None, length: int,
-                 budget: Any, charged: int) -> None:
+                 budget: Any, charged: int, content_type: str = "") -> None:
         self.lean = lean
+        self.content_type = content_type
         self.scope = scope
         self.topic = topic
         self.partition = partition
@@ -460,7 +465,7 @@ class LeanProduceCall:
             respond(*INTERNAL_ERROR)
 
         try:
-            if produce_now(request, tenant, self.topic, self.partition, answer, failed):
+            if produce_now(request, tenant, self.topic, self.partition, answer, failed, self.content_type):
                 return None
         except Exception as exc:
             return self._error_answer(request, exc)

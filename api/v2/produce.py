@@ -243,7 +243,12 @@ def _invalid(message: str, code: int = 42206) -> GatewayError:
 
 
 def embedded_format(request: Request) -> str:
-    ct = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media_format(request.headers.get("content-type", ""))
+
+
+def media_format(content_type: str) -> str:
+    """The produce format a request's ``Content-Type`` names, or 415/41501."""
+    ct = content_type.split(";", 1)[0].strip().lower()
     if ct == BINARY:
         return "binary"
     if ct == JSONFMT:
@@ -597,15 +602,16 @@ def _count_produced(request: Request, tenant: Tenant, acked: int, nbytes: int, f
 
 
 def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: int | None,
-                answer: Callable[[bytes, int], None], failed: Callable[[Exception], None]) -> bool:
+                answer: Callable[[bytes, int], None], failed: Callable[[Exception], None],
+                content_type: str | None = None) -> bool:
     """:func:`produce_answer` without awaiting, for the protocol-level path (no task or future per
     request): a binary or json body (the request's body already read) whose topic's partitions are in fresh
     metadata, with room in the producer's buffer, is checked and queued at once, and True is returned; its
     answer then comes through ``answer(body, status)`` (or ``failed(exc)`` for a bug) once the records are
     acknowledged. False when something must be awaited first (a schema'd format, metadata to fetch, a topic
     to create, a full buffer): then produce_answer must answer it. Errors raise as produce_answer's do, in
-    the same order."""
-    fmt = embedded_format(request)
+    the same order. ``content_type``: the request's (first) Content-Type when the caller already read it."""
+    fmt = embedded_format(request) if content_type is None else media_format(content_type)
     if fmt not in ("binary", "json"):
         return False
     tenant.require_topic(topic)
@@ -616,8 +622,9 @@ def produce_now(request: Request, tenant: Tenant, topic: str, path_partition: in
     body, records, sizes = parse_body_records(request._body, fmt, path_partition,
                                               request.app.state.settings.produce_max_records)
     require_legal_topic_name(topic)
-    _check_partitions(topic, set(producer.client.metadata.partitions(topic)), () if body is None else records,
-                      path_partition)
+    if body is not None or path_partition is not None:  # (a plain binary body names no partitions)
+        _check_partitions(topic, set(producer.client.metadata.partitions(topic)), () if body is None else records,
+                          path_partition)
 
     def done(delivery: Delivery) -> None:
         try:

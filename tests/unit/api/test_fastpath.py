@@ -295,14 +295,18 @@ async def test_lean_produce_answers_as_the_full_route(guarded_app: Any) -> None:
 
     async with guarded_app.router.lifespan_context(guarded_app):
         cases = [(b"not json", [BINARY_CT]), (b"", [BINARY_CT]), (b'{"records":[{"value":"!!"}]}', [BINARY_CT]),
-                 (b'{"records":[{"value":null}]}', [(b"content-type", b"text/plain")])]
+                 (b'{"records":[{"value":null}]}', [(b"content-type", b"text/plain")]),
+                 (b'{"records":[{"value":null}]}', [(b"content-type", b"Text/Plain; charset=utf-8")]),
+                 (b'{"records":[{"value":null}]}', []),  # no Content-Type: 415 naming "(none)"
+                 # two: the first counts, as on the full route
+                 (b'{"records":[{"value":null}]}', [(b"content-type", b"text/plain"), BINARY_CT])]
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded_app),
                                      base_url="http://localhost") as http:
             for body, extra in cases:
                 served, status, headers, answer = await lean_call(
                     guarded_app, "/topics/t", body, [(b"host", b"localhost"), *extra,
                                                      (b"content-length", b"%d" % len(body))])
-                full = await http.post("/topics/t/", content=body, headers={k.decode(): v.decode() for k, v in extra})
+                full = await http.post("/topics/t/", content=body, headers=[(k.decode(), v.decode()) for k, v in extra])
                 assert served and (status, answer) == (full.status_code, full.content), body
                 assert status in (400, 415, 422) and b'"error_code"' in answer
                 assert headers[b"content-type"] == full.headers["content-type"].encode()

@@ -148,12 +148,17 @@ class GatewayProc(GatewayProcess):
 
     def metric(self, name: str) -> float | None:
         """Sum of a metric's samples from /metrics (None when absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=60).text
-        total = None
-        for line in text.splitlines():
-            if line.startswith(name) and (len(line) == len(name) or line[len(name)] in " {"):
-                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(self.url, name)
+
+
+def metric_sum(url: str, name: str, match: str = "") -> float | None:
+    """The sum of a metric's samples on a gateway's /metrics (those whose line contains ``match``; None when
+    there are none)."""
+    total = None
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{") and match in line:
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def run_client(args: list[str], timeout: float = 600) -> dict[str, Any]:

@@ -65,6 +65,7 @@ from confluent_kafka import TopicPartition as CKTopicPartition  # noqa: E402
 from api.v2.produce import parse_body_records  # noqa: E402
 from bench.http_capacity import Profiler  # noqa: E402
 from bench.http_consume import cpu_seconds, machine_busy_seconds  # noqa: E402
+from bench.http_consume import metric_sum as http_metric_sum  # noqa: E402
 from service.client.client import KafkaClient  # noqa: E402
 from service.embedded.tansu import EmbeddedBroker  # noqa: E402
 from service.producer import ProduceFailure, Producer  # noqa: E402
@@ -131,12 +132,7 @@ def create_topic(bootstrap: str, topic: str) -> None:
 
 
 def metric_sum(url: str, name: str, match: str = "") -> float:
-    """The sum of a metric's samples on the gateway's /metrics (those whose labels contain ``match``)."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{") and match in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return http_metric_sum(url, name, match) or 0.0
 
 
 def via_wrk(url: str, topic: str, seconds: float, batch: int, connections: int, tmp: Path) -> tuple[float, int, str]:

@@ -78,9 +78,6 @@ class TallyCounter(Collector):
         counts = self.counts
         counts[value] = counts.get(value, 0) + amount
 
-    def value(self, value: str) -> float:
-        return self.counts.get(value, 0)
-
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
         for value, amount in dict(self.counts).items():  # (a copy: scrapes may run in a worker thread)
